@@ -1,0 +1,1 @@
+"""Simulated GPU node: node directories, stand-in commands and a loopback mirror."""
