@@ -1,0 +1,236 @@
+"""Configuration: TOML in, a frozen, validated ``Config`` out (the spec of a run).
+
+Every key has a default, so an empty file is a valid config. Validation names the key
+and the problem; the CLI turns ``ConfigError`` into the config-invalid exit code.
+docs/config.md lists every key; a test keeps that page and ``DEFAULTS`` in step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DEFAULT_PATH", "DEFAULTS", "Config", "ConfigError", "load_config", "parse_config"]
+
+DEFAULT_PATH = "/etc/bootfsm/config.toml"
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names the key."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """[run]: the global deadline and where bootfsm keeps its state and journals."""
+
+    deadline: float = 720.0
+    state_dir: str = "/var/lib/bootfsm"
+    log_dir: str = "/var/log/bootfsm"
+    keep_journals: int = 20
+    backoff_scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class DetectSpec:
+    """[detect]: supported platforms and the optional cloud metadata lookup."""
+
+    supported_os: tuple[str, ...] = ("ubuntu:22.04", "ubuntu:24.04", "debian:12")
+    imds: bool = True
+    imds_url: str = "http://169.254.169.254/metadata/instance?api-version=2021-02-01"
+    imds_timeout: float = 2.0
+
+
+@dataclass(frozen=True)
+class DriverSpec:
+    """[driver]: which driver to install and how."""
+
+    install: bool = True
+    version: str = "570.211.01"
+    kind: str = "cuda"
+    module_type: str = "auto"
+    dpkg_lock_timeout: float = 120.0
+    command_timeout: float = 600.0
+
+
+@dataclass(frozen=True)
+class SourcesSpec:
+    """[sources]: where artifacts come from (mirrors) and the checksums not in an index."""
+
+    runfile_base: str = "https://us.download.nvidia.com/tesla"
+    runfile_sha256: str = ""
+    grid_runfile_url: str = ""
+    redist_base: str = "https://developer.download.nvidia.com/compute/nvidia-driver/redist"
+    cuda_repo: str = (
+        "https://developer.download.nvidia.com/compute/cuda/repos/{os_id}{os_version_nodot}"
+        "/{redist_arch}"
+    )
+    toolkit_repo: str = "https://nvidia.github.io/libnvidia-container/stable/deb/{debian_arch}"
+    toolkit_version: str = "1.17.2-1"
+    toolkit_packages: tuple[str, ...] = (
+        "libnvidia-container1",
+        "libnvidia-container-tools",
+        "nvidia-container-toolkit-base",
+        "nvidia-container-toolkit",
+    )
+    allow_unverified: bool = False
+
+
+@dataclass(frozen=True)
+class FetchSpec:
+    """[fetch]: the download cache and network limits."""
+
+    cache_dir: str = "/var/cache/bootfsm"
+    connect_timeout: float = 5.0
+    read_timeout: float = 30.0
+    allow_http_hosts: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class VerifySpec:
+    """[verify]: how long to wait for the NVLink fabric."""
+
+    fabric_timeout: float = 300.0
+    fabric_poll_interval: float = 5.0
+
+
+@dataclass(frozen=True)
+class JoinSpec:
+    """[join]: container runtime wiring and kubelet start-up."""
+
+    containerd_restart_timeout: float = 60.0
+    start_kubelet: bool = True
+    kubelet_healthz_url: str = "http://127.0.0.1:10248/healthz"
+    kubelet_timeout: float = 120.0
+    kubelet_poll_interval: float = 2.0
+
+
+@dataclass(frozen=True)
+class Config:
+    """The validated configuration of one run (frozen: the spec never changes mid-run)."""
+
+    run: RunSpec = RunSpec()
+    detect: DetectSpec = DetectSpec()
+    driver: DriverSpec = DriverSpec()
+    sources: SourcesSpec = SourcesSpec()
+    fetch: FetchSpec = FetchSpec()
+    verify: VerifySpec = VerifySpec()
+    join: JoinSpec = JoinSpec()
+
+    def digest(self) -> str:
+        """sha256 of the canonical JSON of the config: names it in journals and markers."""
+        blob = json.dumps(asdict(self), sort_keys=True, default=list).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as plain data (for `plan --json` and the docs test)."""
+        return asdict(self)
+
+
+DEFAULTS = Config()
+
+_SECTIONS: dict[str, type[Any]] = {f.name: type(getattr(DEFAULTS, f.name)) for f in fields(Config)}
+_CHOICES = {
+    ("driver", "kind"): ("cuda", "grid"),
+    ("driver", "module_type"): ("auto", "open", "proprietary"),
+}
+_POSITIVE = {
+    ("run", "deadline"),
+    ("driver", "dpkg_lock_timeout"),
+    ("driver", "command_timeout"),
+    ("fetch", "connect_timeout"),
+    ("fetch", "read_timeout"),
+    ("verify", "fabric_timeout"),
+    ("verify", "fabric_poll_interval"),
+    ("join", "containerd_restart_timeout"),
+    ("join", "kubelet_timeout"),
+    ("join", "kubelet_poll_interval"),
+    ("detect", "imds_timeout"),
+}
+
+
+def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
+    where = f"{section}.{key}"
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {value!r}")
+        return value
+    if isinstance(default, int | float):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        if (section, key) in _POSITIVE and value <= 0:
+            raise ConfigError(f"{where}: must be greater than 0, got {value!r}")
+        if isinstance(default, int) and not isinstance(default, bool):
+            if not isinstance(value, int) or value < 0:
+                raise ConfigError(f"{where}: expected a non-negative integer, got {value!r}")
+            return value
+        return float(value)
+    if isinstance(default, tuple):
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{where}: expected a list of strings, got {value!r}")
+        return tuple(value)
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: expected a string, got {value!r}")
+    choices = _CHOICES.get((section, key))
+    if choices and value not in choices:
+        raise ConfigError(f"{where}: must be one of {', '.join(choices)}; got {value!r}")
+    return value
+
+
+def _check(cfg: Config) -> None:
+    sha = cfg.sources.runfile_sha256
+    if sha and (len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha.lower())):
+        raise ConfigError("sources.runfile_sha256: expected 64 hex digits")
+    v = cfg.driver.version
+    if not v or any(not p.isdigit() for p in v.split(".")):
+        raise ConfigError(f"driver.version: expected a dotted version like 570.211.01, got {v!r}")
+    for key in ("state_dir", "log_dir"):
+        if not getattr(cfg.run, key).startswith("/"):
+            raise ConfigError(f"run.{key}: must be an absolute node path")
+    if not cfg.fetch.cache_dir.startswith("/"):
+        raise ConfigError("fetch.cache_dir: must be an absolute node path")
+
+
+def parse_config(data: Mapping[str, Any]) -> Config:
+    """Build a Config from parsed TOML data; unknown sections or keys are errors."""
+    sections: dict[str, Any] = {}
+    for name, table in data.items():
+        if name not in _SECTIONS:
+            raise ConfigError(f"unknown section [{name}]; known: {', '.join(_SECTIONS)}")
+        if not isinstance(table, dict):
+            raise ConfigError(f"[{name}] must be a table")
+        default = getattr(DEFAULTS, name)
+        known = {f.name for f in fields(default)}
+        values: dict[str, Any] = {}
+        for key, value in table.items():
+            if key not in known:
+                raise ConfigError(f"{name}.{key}: unknown key; known: {', '.join(sorted(known))}")
+            values[key] = _coerce(name, key, value, getattr(default, key))
+        sections[name] = _SECTIONS[name](**{**asdict(default), **values})
+    cfg = Config(**sections)
+    _check(cfg)
+    return cfg
+
+
+def load_config(path: Path, *, required: bool) -> Config:
+    """Read and validate a TOML file; a missing optional file gives the defaults."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        if required:
+            raise ConfigError(f"{path}: no such file") from None
+        return DEFAULTS
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
+    try:
+        return parse_config(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc

@@ -1,0 +1,364 @@
+"""The I/O boundary: node files under the root, commands on PATH, the clock.
+
+Every host fact bootfsm reads and every action it takes goes through a ``Host``; the
+network half lives in ``bootfsm.http``. Everything else in bootfsm is pure. Node paths
+are absolute (``/etc/os-release``) and are joined under ``root`` here and only here.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import glob as _glob
+import os
+import shutil
+import signal
+import subprocess  # noqa: TID251 - this module is the one place that runs commands
+import tempfile
+import tarfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from bootfsm.archive import check_member
+from bootfsm.codes import Code
+from bootfsm.errors import BootError
+
+__all__ = ["OUTPUT_TAIL_BYTES", "CommandResult", "Host", "fsync_dir"]
+
+OUTPUT_TAIL_BYTES = 4096
+_KILL_GRACE_S = 2.0
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What one command did: argv, exit code, duration and the tail of its output."""
+
+    argv: tuple[str, ...]
+    returncode: int
+    duration_s: float
+    output: str
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """True when the command exited 0 within its time limit."""
+        return self.returncode == 0 and not self.timed_out
+
+
+class Host:
+    """Files under ``root``, commands found on PATH, and a monotonic clock."""
+
+    def __init__(
+        self,
+        root: Path | str = "/",
+        *,
+        env: Mapping[str, str] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.root = Path(root).resolve()
+        self.env = dict(os.environ if env is None else env)
+        self.monotonic = monotonic
+        self.wall = wall
+        self.sleep = sleep
+        self.on_command: Callable[[CommandResult], None] | None = None
+        self._child: subprocess.Popen[bytes] | None = None
+
+    # -- paths -------------------------------------------------------------------------
+    def path(self, node_path: str) -> Path:
+        """The real path of absolute node path ``node_path`` under the root."""
+        if not node_path.startswith("/"):
+            raise ValueError(f"node path must be absolute: {node_path!r}")
+        parts = [p for p in node_path.split("/") if p not in ("", ".")]
+        if ".." in parts:
+            raise ValueError(f"node path must not contain '..': {node_path!r}")
+        return self.root.joinpath(*parts)
+
+    def node_path(self, real: Path) -> str:
+        """Inverse of ``path``: the node path of a real path under the root."""
+        rel = Path(real).resolve().relative_to(self.root)
+        return "/" + rel.as_posix() if str(rel) != "." else "/"
+
+    # -- reading -----------------------------------------------------------------------
+    def read_text(self, node_path: str) -> str | None:
+        """File content, or None when the file does not exist."""
+        try:
+            return self.path(node_path).read_text(encoding="utf-8", errors="replace")
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            raise BootError(Code.HOST_IO_ERROR, f"cannot read {node_path}: {exc}") from exc
+
+    def read_bytes(self, node_path: str, limit: int = 1 << 20) -> bytes | None:
+        """Up to ``limit`` bytes of a file, or None when it does not exist."""
+        try:
+            with self.path(node_path).open("rb") as fh:
+                return fh.read(limit)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            raise BootError(Code.HOST_IO_ERROR, f"cannot read {node_path}: {exc}") from exc
+
+    def exists(self, node_path: str) -> bool:
+        """True when the node path exists (links are followed)."""
+        return self.path(node_path).exists()
+
+    def is_symlink(self, node_path: str) -> bool:
+        """True when the node path is a symbolic link."""
+        return self.path(node_path).is_symlink()
+
+    def readlink(self, node_path: str) -> str | None:
+        """The target of a symbolic link, or None."""
+        try:
+            return os.readlink(self.path(node_path))
+        except OSError:
+            return None
+
+    def glob(self, pattern: str) -> list[str]:
+        """Sorted node paths matching an absolute glob pattern."""
+        real = _glob.glob(str(self.path(pattern)))
+        return sorted("/" + os.path.relpath(p, self.root) for p in real)
+
+    def listdir(self, node_path: str) -> list[str]:
+        """Sorted names in a directory; empty when it does not exist."""
+        try:
+            return sorted(os.listdir(self.path(node_path)))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def free_bytes(self, node_path: str) -> int:
+        """Free bytes on the filesystem holding ``node_path`` (or its nearest parent)."""
+        p = self.path(node_path)
+        while not p.exists() and p != self.root:
+            p = p.parent
+        st = os.statvfs(p)
+        return st.f_bavail * st.f_frsize
+
+    # -- writing -----------------------------------------------------------------------
+    def makedirs(self, node_path: str, mode: int = 0o755) -> Path:
+        """Create a directory (and parents) under the root; return its real path."""
+        p = self.path(node_path)
+        try:
+            p.mkdir(parents=True, exist_ok=True, mode=mode)
+        except OSError as exc:
+            raise BootError(Code.HOST_IO_ERROR, f"cannot create {node_path}: {exc}") from exc
+        return p
+
+    def write_atomic(self, node_path: str, data: bytes | str, mode: int = 0o644) -> None:
+        """Write a file so that readers see the old or the new content, never a mix.
+
+        Temporary file in the same directory, fsync, chmod, rename, fsync the directory.
+        """
+        p = self.path(node_path)
+        payload = data.encode() if isinstance(data, str) else data
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(payload)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.chmod(tmp, mode)
+                os.replace(tmp, p)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+            fsync_dir(p.parent)
+        except OSError as exc:
+            what = "disk full" if exc.errno == errno.ENOSPC else str(exc)
+            raise BootError(Code.HOST_IO_ERROR, f"cannot write {node_path}: {what}") from exc
+
+    def symlink_atomic(self, target: str, node_path: str) -> None:
+        """Point ``node_path`` at ``target`` (kept verbatim), replacing what was there."""
+        p = self.path(node_path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.parent / f".{p.name}.{os.getpid()}.lnk"
+        tmp.unlink(missing_ok=True)
+        os.symlink(target, tmp)
+        os.replace(tmp, p)
+
+    def remove(self, node_path: str) -> bool:
+        """Remove a file or link; return True when something was removed."""
+        try:
+            self.path(node_path).unlink()
+            return True
+        except FileNotFoundError:
+            return False
+
+    def rename(self, src: str, dst: str) -> None:
+        """Atomically move node path ``src`` to ``dst`` and fsync the directory."""
+        try:
+            os.replace(self.path(src), self.path(dst))
+        except OSError as exc:
+            raise BootError(Code.HOST_IO_ERROR, f"cannot rename {src} to {dst}: {exc}") from exc
+        fsync_dir(self.path(dst).parent)
+
+    def chmod(self, node_path: str, mode: int) -> None:
+        """Set a file's permission bits."""
+        os.chmod(self.path(node_path), mode)
+
+    def rmtree(self, node_path: str) -> None:
+        """Remove a directory tree if it exists."""
+        shutil.rmtree(self.path(node_path), ignore_errors=True)
+
+    def install_file(self, src: str, dst: str, mode: int | None = None) -> None:
+        """Copy node file ``src`` to ``dst`` atomically (temp, fsync, rename); keep links."""
+        sp, dp = self.path(src), self.path(dst)
+        if sp.is_symlink():
+            self.symlink_atomic(os.readlink(sp), dst)
+            return
+        try:
+            dp.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{dp.name}.", suffix=".tmp", dir=dp.parent)
+            try:
+                with os.fdopen(fd, "wb") as out, sp.open("rb") as inp:
+                    shutil.copyfileobj(inp, out, 1 << 20)
+                    out.flush()
+                    os.fsync(out.fileno())
+                os.chmod(tmp, mode if mode is not None else (sp.stat().st_mode & 0o7777))
+                os.replace(tmp, dp)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        except OSError as exc:
+            raise BootError(Code.HOST_IO_ERROR, f"cannot install {dst}: {exc}") from exc
+
+    def extract_tar(self, archive: Path, dest: str) -> list[str]:
+        """Extract a verified tar archive under node dir ``dest``, refusing unsafe members.
+
+        Absolute names, ``..``, links that leave ``dest``, devices and FIFOs are refused
+        before anything is written (``BootError``); Python's ``data`` filter applies too.
+        """
+        target = self.path(dest)
+        try:
+            with tarfile.open(archive, "r:*") as tf:
+                members = tf.getmembers()
+                for m in members:
+                    problem = check_member(m.name, m.type, m.linkname)
+                    if problem:
+                        raise BootError(
+                            Code.UNSAFE_ARCHIVE,
+                            f"refusing archive {archive.name}: {problem}",
+                        )
+                target.mkdir(parents=True, exist_ok=True, mode=0o700)
+                tf.extractall(target, members=members, filter="data")
+        except (tarfile.TarError, OSError) as exc:
+            raise BootError(Code.HOST_IO_ERROR, f"cannot extract {archive.name}: {exc}") from exc
+        return [m.name for m in members]
+
+    def lock_is_free(self, node_path: str) -> bool:
+        """Probe a POSIX (fcntl) lock, as dpkg takes it, without waiting for it."""
+        p = self.path(node_path)
+        if not p.exists():
+            return True
+        fd = os.open(p, os.O_RDWR)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False
+        else:
+            fcntl.lockf(fd, fcntl.LOCK_UN)
+            return True
+        finally:
+            os.close(fd)
+
+    # -- commands ----------------------------------------------------------------------
+    def which(self, name: str) -> str | None:
+        """Absolute path of ``name`` on this host's PATH, or None."""
+        if "/" in name:
+            return name if os.access(name, os.X_OK) else None
+        for d in self.env.get("PATH", os.defpath).split(os.pathsep):
+            cand = os.path.join(d or ".", name)
+            if os.path.isfile(cand) and os.access(cand, os.X_OK):
+                return cand
+        return None
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> CommandResult:
+        """Run argv (no shell) with a time limit; capture combined output, bounded.
+
+        Output goes to an unlinked temporary file so a command that prints megabytes
+        costs no memory; the last ``OUTPUT_TAIL_BYTES`` are kept. On timeout the whole
+        process group gets SIGTERM, then SIGKILL. A command not on PATH raises
+        ``BootError(COMMAND_MISSING)``.
+        """
+        exe = self.which(argv[0])
+        if exe is None:
+            raise BootError(Code.COMMAND_MISSING, f"command not found on PATH: {argv[0]}")
+        full_env = {**self.env, "LC_ALL": "C.UTF-8", **(env or {})}
+        start = self.monotonic()
+        timed_out = False
+        with tempfile.TemporaryFile() as out:
+            proc = subprocess.Popen(
+                [exe, *argv[1:]],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=full_env,
+                cwd=cwd,
+                start_new_session=True,
+            )
+            self._child = proc
+            try:
+                proc.wait(timeout=max(timeout, 0.01))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                self._kill_group(proc)
+            finally:
+                self._child = None
+            size = out.seek(0, os.SEEK_END)
+            out.seek(max(0, size - OUTPUT_TAIL_BYTES))
+            tail = out.read().decode("utf-8", errors="replace")
+        result = CommandResult(
+            argv=tuple(argv),
+            returncode=proc.returncode if proc.returncode is not None else -9,
+            duration_s=round(self.monotonic() - start, 4),
+            output=tail,
+            timed_out=timed_out,
+        )
+        if self.on_command is not None:
+            self.on_command(result)
+        return result
+
+    def stop_child(self) -> None:
+        """Stop the command in flight, if any (used by the signal handler)."""
+        proc = self._child
+        if proc is not None and proc.poll() is None:
+            self._kill_group(proc)
+
+    @staticmethod
+    def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+        for sig, wait in ((signal.SIGTERM, _KILL_GRACE_S), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                proc.wait(timeout=wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory so a rename inside it survives a crash."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

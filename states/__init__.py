@@ -1,0 +1,38 @@
+"""The states: one module each, with a read-only postcondition and an action.
+
+``REGISTRY`` maps every working state of the table to its module; ``CALLBACKS`` maps
+every transition callback name. mypy checks each module against ``StateModule``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from bootfsm.context import Context
+from bootfsm.states import detect, driver, fabric, fetch, imex, join, verify
+
+__all__ = ["CALLBACKS", "REGISTRY", "StateModule"]
+
+
+class StateModule(Protocol):
+    """What the engine needs of a state."""
+
+    NAME: str
+
+    def satisfied(self, ctx: Context) -> bool:
+        """Read-only: is this state's goal already true on the node?"""
+        ...
+
+    def run(self, ctx: Context) -> None:
+        """Make it true, or raise BootError / TransientError."""
+        ...
+
+
+REGISTRY: Mapping[str, StateModule] = {
+    m.NAME: m for m in (detect, fetch, driver, fabric, imex, verify, join)
+}
+
+CALLBACKS: Mapping[str, Callable[[Context], None]] = {
+    "disable_stale_fabric_manager": fabric.disable_stale_unit,
+}

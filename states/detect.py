@@ -1,0 +1,83 @@
+"""detect: read the node's facts and fail fast on anything permanent, before any download."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from bootfsm.codes import Code
+from bootfsm.context import Context
+from bootfsm.errors import BootError, TransientError
+from bootfsm.facts import NodeFacts, gather_facts
+from bootfsm.hardware import requires_open_module
+from bootfsm.parsers import ParseError
+from bootfsm.parsers.vmsize import parse_imds_vm_size
+
+NAME = "detect"
+
+
+def satisfied(ctx: Context) -> bool:
+    """Detect has run in this process (facts are known); it never persists anything."""
+    return ctx.facts_ is not None
+
+
+def judge(ctx: Context, f: NodeFacts) -> None:
+    """Raise the first permanent problem with these facts (pure; used by `plan` too)."""
+    cfg = ctx.config
+    if f.arch is None:
+        raise BootError(
+            Code.UNSUPPORTED_ARCH,
+            f"architecture {f.raw_arch or '(unknown)'!r} is not supported; x86_64 or aarch64",
+        )
+    if cfg.driver.kind == "grid" and f.raw_arch != "x86_64":
+        raise BootError(
+            Code.DRIVER_KIND_UNSUPPORTED_ON_ARCH,
+            f"GRID (vGPU) drivers exist for x86_64 only; this node is {f.raw_arch}",
+        )
+    os_key = f"{f.os_id}:{f.os_version}"
+    if os_key not in cfg.detect.supported_os:
+        raise BootError(
+            Code.UNSUPPORTED_OS,
+            f"OS {os_key} is not supported (detect.supported_os: "
+            f"{', '.join(cfg.detect.supported_os)})",
+        )
+    if not f.gpus:
+        raise BootError(Code.NO_GPU, "no NVIDIA GPU (vendor 0x10de, class 0x0302/0x0300) on PCI")
+    models = [g.model for g in f.gpus]
+    if cfg.driver.module_type == "proprietary" and requires_open_module(models):
+        raise BootError(
+            Code.MODULE_TYPE_UNSUPPORTED,
+            f"{f.gpu_model} (Blackwell) needs the open kernel modules; "
+            'driver.module_type is "proprietary"',
+        )
+    if cfg.driver.install and cfg.driver.kind == "grid" and not cfg.sources.grid_runfile_url:
+        raise BootError(Code.CONFIG_INVALID, "driver.kind = grid needs sources.grid_runfile_url")
+    if cfg.driver.install and not cfg.sources.runfile_sha256 and not cfg.sources.allow_unverified:
+        raise BootError(
+            Code.UNVERIFIED_ARTIFACT_REFUSED,
+            "the driver runfile has no sha256: set sources.runfile_sha256 "
+            "(or sources.allow_unverified = true)",
+        )
+
+
+def _vm_size(ctx: Context) -> str | None:
+    cfg = ctx.config.detect
+    if not cfg.imds:
+        return None
+    try:
+        r = ctx.http.get(
+            cfg.imds_url, headers={"Metadata": "true"}, timeout=cfg.imds_timeout, max_bytes=1 << 20
+        )
+        return parse_imds_vm_size(r.body.decode("utf-8", "replace"))
+    except (TransientError, BootError, ParseError) as exc:
+        ctx.event("imds.skipped", reason=str(exc)[:200])
+        return None
+
+
+def run(ctx: Context) -> None:
+    """Gather facts, journal them, and stop on the first permanent problem."""
+    facts = gather_facts(ctx.host)
+    if facts.arch is not None:
+        facts = replace(facts, vm_size=_vm_size(ctx))
+    ctx.journal.event("node.facts", durable=True, **facts.summary())
+    judge(ctx, facts)
+    ctx.facts_ = facts

@@ -1,0 +1,40 @@
+"""imex: the nvidia-imex host binary from the CUDA apt repo; its service stays masked.
+
+On Grace-Blackwell the NVIDIA DRA driver runs IMEX per ComputeDomain and CDI-injects
+this binary; a node-wide ``nvidia-imex.service`` must not run.
+"""
+
+from __future__ import annotations
+
+from bootfsm import dpkg
+from bootfsm.codes import Code
+from bootfsm.context import Context
+from bootfsm.store import resolved, verified
+from bootfsm.units import enabled_state, systemctl
+
+NAME = "imex"
+UNIT = "nvidia-imex.service"
+
+
+def _package(ctx: Context) -> str:
+    arts = resolved(ctx) or []
+    return next((a.name for a in arts if a.role == "imex"), "nvidia-imex")
+
+
+def satisfied(ctx: Context) -> bool:
+    """nvidia-imex of the driver version is installed and its unit is masked."""
+    v = dpkg.installed_version(ctx, _package(ctx)) or ""
+    want = ctx.config.driver.version
+    return (v == want or v.startswith(want + "-")) and enabled_state(ctx, UNIT) == "masked"
+
+
+def run(ctx: Context) -> None:
+    """dpkg -i --force-depends the verified deb, then disable and mask the host unit."""
+    v = dpkg.installed_version(ctx, _package(ctx)) or ""
+    want = ctx.config.driver.version
+    if not (v == want or v.startswith(want + "-")):
+        [(_, deb)] = verified(ctx, "imex")
+        dpkg.install_debs(ctx, [deb], force=["depends"], code=Code.IMEX_INSTALL_FAILED)
+    if enabled_state(ctx, UNIT) == "enabled":
+        systemctl(ctx, "disable", "--now", UNIT, code=Code.IMEX_INSTALL_FAILED)
+    systemctl(ctx, "mask", UNIT, code=Code.IMEX_INSTALL_FAILED)

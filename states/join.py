@@ -1,0 +1,115 @@
+"""join: containerd NVIDIA runtime, /dev/char symlinks, kubelet healthy, readiness marker."""
+
+from __future__ import annotations
+
+import json
+
+from bootfsm.codes import Code
+from bootfsm.context import Context
+from bootfsm.errors import BootError, TransientError
+from bootfsm.parsers import ParseError
+from bootfsm.parsers.driver_info import parse_containerd_version
+from bootfsm.units import is_active, systemctl
+
+NAME = "join"
+DROPIN = "/etc/containerd/conf.d/10-nvidia-runtime.toml"
+UDEV_RULE = "/etc/udev/rules.d/71-nvidia-dev-char.rules"
+UDEV_TEXT = (
+    'ACTION=="add", DEVPATH=="/bus/pci/drivers/nvidia", '
+    'RUN+="/usr/bin/nvidia-ctk system create-dev-char-symlinks --create-all"\n'
+)
+CRI_PLUGIN = {1: "io.containerd.grpc.v1.cri", 2: "io.containerd.cri.v1.runtime"}
+
+
+def dropin_text(major: int) -> str:
+    """The containerd drop-in registering the nvidia runtime (plugin path by major)."""
+    plugin = CRI_PLUGIN[2 if major >= 2 else 1]
+    version = 3 if major >= 2 else 2
+    base = f'[plugins."{plugin}".containerd.runtimes.nvidia]'
+    return (
+        f"# written by bootfsm for containerd {major}.x\n"
+        f"version = {version}\n\n"
+        f"{base}\n"
+        '  runtime_type = "io.containerd.runc.v2"\n\n'
+        f'[plugins."{plugin}".containerd.runtimes.nvidia.options]\n'
+        '  BinaryName = "/usr/bin/nvidia-container-runtime"\n'
+    )
+
+
+def _marker(ctx: Context) -> str:
+    return f"{ctx.config.run.state_dir}/ready"
+
+
+def _containerd_major(ctx: Context) -> int:
+    r = ctx.require(
+        ["containerd", "--version"], code=Code.CONTAINERD_RESTART_FAILED, timeout=30
+    )
+    try:
+        return parse_containerd_version(r.output)[0]
+    except ParseError as exc:
+        raise BootError(Code.CONTAINERD_RESTART_FAILED, str(exc)) from exc
+
+
+def _healthy(ctx: Context) -> bool | None:
+    try:
+        r = ctx.http.get(ctx.config.join.kubelet_healthz_url, timeout=3, check=False)
+    except (TransientError, BootError):
+        return None
+    return True if r.status == 200 and r.body.strip() == b"ok" else None
+
+
+def satisfied(ctx: Context) -> bool:
+    """Marker matches this driver and config, files in place, kubelet healthy."""
+    try:
+        marker = json.loads(ctx.host.read_text(_marker(ctx)) or "{}")
+    except ValueError:
+        return False
+    if marker.get("driver_version") != ctx.config.driver.version:
+        return False
+    if marker.get("config_digest") != ctx.config.digest():
+        return False
+    if not ctx.host.exists(DROPIN) or ctx.host.read_text(UDEV_RULE) != UDEV_TEXT:
+        return False
+    return not ctx.config.join.start_kubelet or bool(_healthy(ctx))
+
+
+def run(ctx: Context) -> None:
+    """Wire containerd, create device symlinks, start kubelet, write the ready marker."""
+    cfg = ctx.config.join
+    text = dropin_text(_containerd_major(ctx))
+    changed = ctx.host.read_text(DROPIN) != text
+    if changed:
+        ctx.host.write_atomic(DROPIN, text)
+    ctx.host.write_atomic(UDEV_RULE, UDEV_TEXT)
+    ctx.require(
+        ["nvidia-ctk", "system", "create-dev-char-symlinks", "--create-all"],
+        code=Code.DRIVER_NOT_STARTED,
+        timeout=60,
+    )
+    if changed or not is_active(ctx, "containerd.service"):
+        systemctl(
+            ctx,
+            "restart",
+            "containerd.service",
+            code=Code.CONTAINERD_RESTART_FAILED,
+            timeout=cfg.containerd_restart_timeout,
+        )
+    if cfg.start_kubelet:
+        systemctl(ctx, "enable", "kubelet.service", code=Code.KUBELET_NOT_HEALTHY)
+        systemctl(ctx, "start", "kubelet.service", code=Code.KUBELET_NOT_HEALTHY)
+        ctx.wait_until(
+            lambda: _healthy(ctx),
+            timeout=cfg.kubelet_timeout,
+            interval=cfg.kubelet_poll_interval,
+            on_timeout=lambda: BootError(
+                Code.KUBELET_NOT_HEALTHY,
+                f"{cfg.kubelet_healthz_url} did not answer ok within {cfg.kubelet_timeout:g} s",
+            ),
+        )
+    marker = {
+        "driver_version": ctx.config.driver.version,
+        "config_digest": ctx.config.digest(),
+        "run_id": ctx.journal.run_id,
+        "wall_time": ctx.host.wall(),
+    }
+    ctx.host.write_atomic(_marker(ctx), json.dumps(marker) + "\n")
