@@ -1,0 +1,136 @@
+"""Hardware knowledge table: NVIDIA PCI ids, GPU families and device roles."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from types import MappingProxyType
+
+__all__ = [
+    "GPU_CLASSES",
+    "GPU_MODELS",
+    "MELLANOX_VENDOR",
+    "NVIDIA_VENDOR",
+    "NVSWITCH_CLASS",
+    "NVSWITCH_MODELS",
+    "DeviceRole",
+    "Family",
+    "GpuModel",
+    "classify",
+    "model_for",
+    "requires_open_module",
+    "sku_family",
+]
+
+NVIDIA_VENDOR = 0x10DE
+MELLANOX_VENDOR = 0x15B3
+
+# 24-bit PCI classes as sysfs prints them (class, subclass, prog-if).
+GPU_CLASS_3D = 0x030200
+GPU_CLASS_VGA = 0x030000
+GPU_CLASSES = frozenset({GPU_CLASS_3D, GPU_CLASS_VGA})
+NVSWITCH_CLASS = 0x068000
+
+
+class Family(StrEnum):
+    """GPU architecture generation, as far as provisioning cares."""
+
+    AMPERE = "ampere"
+    HOPPER = "hopper"
+    BLACKWELL = "blackwell"
+    UNKNOWN = "unknown"
+
+
+class DeviceRole(StrEnum):
+    """What an NVIDIA PCI function is to the provisioner."""
+
+    GPU = "gpu"
+    NVSWITCH = "nvswitch"
+    OTHER = "other"
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    """One GPU PCI device id; `grace` marks a Grace superchip tray (arm64, C2C-attached)."""
+
+    device_id: int
+    name: str
+    family: Family
+    grace: bool
+
+
+def _table(*models: GpuModel) -> Mapping[int, GpuModel]:
+    """Index models by device id, refusing duplicates."""
+    table = {m.device_id: m for m in models}
+    if len(table) != len(models):
+        raise ValueError("duplicate device id in GPU table")
+    return MappingProxyType(table)
+
+
+_A, _H, _B = Family.AMPERE, Family.HOPPER, Family.BLACKWELL
+
+# Device ids from pci.ids, except GB300 (reported as 31c2/31c3, not confirmed in pci.ids).
+GPU_MODELS: Mapping[int, GpuModel] = _table(
+    GpuModel(0x20B0, "A100 SXM4 40GB", _A, grace=False),
+    GpuModel(0x20B2, "A100 SXM4 80GB", _A, grace=False),
+    GpuModel(0x2236, "A10", _A, grace=False),
+    GpuModel(0x2330, "H100 SXM5", _H, grace=False),
+    GpuModel(0x2331, "H100 PCIe", _H, grace=False),
+    GpuModel(0x2321, "H100 NVL", _H, grace=False),
+    GpuModel(0x2335, "H200 SXM", _H, grace=False),
+    GpuModel(0x233B, "H200 NVL", _H, grace=False),
+    GpuModel(0x2342, "GH200 480GB", _H, grace=True),
+    GpuModel(0x2348, "GH200 144GB HBM3e", _H, grace=True),
+    GpuModel(0x2901, "B200", _B, grace=False),
+    GpuModel(0x2941, "GB200", _B, grace=True),
+    GpuModel(0x31C2, "GB300", _B, grace=True),
+    GpuModel(0x31C3, "GB300", _B, grace=True),
+)
+
+NVSWITCH_MODELS: Mapping[int, str] = MappingProxyType(
+    {0x1AF1: "A100 NVSwitch", 0x22A3: "H100 NVSwitch"}
+)
+
+
+def _class24(pci_class: int) -> int:
+    """Widen a 16-bit lspci class (0x0302) to the 24-bit sysfs form (0x030200)."""
+    return pci_class << 8 if pci_class <= 0xFFFF else pci_class
+
+
+def classify(vendor: int, device: int, pci_class: int) -> DeviceRole:
+    """Give a PCI function's role from vendor and class (24-bit sysfs or 16-bit lspci).
+
+    The device id is accepted for call-site symmetry but the class decides: an unknown
+    future GPU is still a GPU. The prog-if byte is ignored.
+    """
+    del device
+    if vendor != NVIDIA_VENDOR:
+        return DeviceRole.OTHER
+    base = _class24(pci_class) & 0xFFFF00
+    if base in GPU_CLASSES:
+        return DeviceRole.GPU
+    if base == NVSWITCH_CLASS:
+        return DeviceRole.NVSWITCH
+    return DeviceRole.OTHER
+
+
+def model_for(device_id: int) -> GpuModel:
+    """Look up a GPU device id; unknown ids give family unknown and a name like "NVIDIA 0x1234"."""
+    known = GPU_MODELS.get(device_id)
+    if known is not None:
+        return known
+    return GpuModel(device_id, f"NVIDIA {device_id:#06x}", Family.UNKNOWN, grace=False)
+
+
+def requires_open_module(models: Iterable[GpuModel]) -> bool:
+    """Tell whether any GPU needs the open kernel module (all Blackwell parts do)."""
+    return any(m.family is Family.BLACKWELL for m in models)
+
+
+def sku_family(models: Sequence[GpuModel]) -> str:
+    """Give the most common model name as a short node label ("" when there are no GPUs)."""
+    if not models:
+        return ""
+    return Counter(m.name for m in models).most_common(1)[0][0]

@@ -1,0 +1,217 @@
+"""Parse a Debian `Packages` index (deb822), pick a package from it, compare dpkg versions."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cmp_to_key
+
+from bootfsm.parsers import ParseError
+
+__all__ = [
+    "PackageEntry",
+    "compare_debian_versions",
+    "parse_packages",
+    "safe_filename",
+    "select_package",
+]
+
+_FIELD = re.compile(r"([^\s:#-][^\s:]*):(.*)")
+_SHA256 = re.compile(r"[0-9a-fA-F]{64}")
+_SIZE = re.compile(r"[0-9]{1,20}")
+# dpkg's parseversion(): epoch digits, upstream starts with a digit, revision after the last "-".
+_EPOCH = re.compile(r"[0-9]{1,9}")
+_UPSTREAM = re.compile(r"[0-9][A-Za-z0-9.+~:-]*")
+_REVISION = re.compile(r"[A-Za-z0-9.+~]+")
+_REQUIRED = ("package", "version", "filename", "size", "sha256")
+
+
+@dataclass(frozen=True)
+class PackageEntry:
+    """One binary package stanza; `filename` is pool-relative and already checked safe."""
+
+    package: str
+    version: str
+    architecture: str
+    filename: str
+    size: int
+    sha256: str
+    depends: str
+
+
+def safe_filename(filename: str) -> str:
+    """Normalise a repository-relative Filename ("./pool/x.deb" -> "pool/x.deb") or refuse it."""
+    if not filename:
+        raise ParseError("Filename is empty")
+    if any(ord(c) < 0x20 or c == "\x7f" for c in filename):
+        raise ParseError(f"Filename {filename!r} contains a control character")
+    if "\\" in filename:
+        raise ParseError(f"Filename {filename!r} contains a backslash")
+    if filename.startswith("/"):
+        raise ParseError(f"Filename {filename!r} is absolute")
+    parts = [p for p in filename.split("/") if p != "."]
+    if ".." in parts:
+        raise ParseError(f"Filename {filename!r} climbs out of the repository with '..'")
+    if not parts or "" in parts:
+        raise ParseError(f"Filename {filename!r} has an empty path component")
+    return "/".join(parts)
+
+
+def _split_version(version: str) -> tuple[int, str, str]:
+    """Split a dpkg version into (epoch, upstream, revision) or raise ParseError."""
+    epoch_text, colon, rest = version.partition(":")
+    if not colon:
+        epoch_text, rest = "0", version
+    if not _EPOCH.fullmatch(epoch_text):
+        raise ParseError(f"Debian version {version!r}: epoch is not a small number")
+    upstream, dash, revision = rest.rpartition("-")
+    if not dash:
+        upstream, revision = rest, ""
+    elif not _REVISION.fullmatch(revision):
+        raise ParseError(f"Debian version {version!r}: bad revision {revision!r}")
+    if not _UPSTREAM.fullmatch(upstream):
+        raise ParseError(f"Debian version {version!r}: upstream must start with a digit")
+    return int(epoch_text), upstream, revision
+
+
+def _order(c: str) -> int:
+    """dpkg's per-character weight: "~" first, then end of string, letters, other symbols."""
+    if c == "~":
+        return -1
+    if c.isalpha():
+        return ord(c)
+    return ord(c) + 256
+
+
+def _digits_cmp(a: str, b: str) -> int:
+    """Compare two runs of ASCII digits by numeric value without converting them."""
+    a, b = a.lstrip("0"), b.lstrip("0")
+    if len(a) != len(b):
+        return len(a) - len(b)
+    return (a > b) - (a < b)
+
+
+def _verrevcmp(a: str, b: str) -> int:
+    """dpkg's verrevcmp(): alternate non-digit runs (by weight) and digit runs (by value)."""
+    i = j = 0
+    while i < len(a) or j < len(b):
+        while (i < len(a) and not a[i].isdigit()) or (j < len(b) and not b[j].isdigit()):
+            ac = _order(a[i]) if i < len(a) and not a[i].isdigit() else 0
+            bc = _order(b[j]) if j < len(b) and not b[j].isdigit() else 0
+            if ac != bc:
+                return ac - bc
+            i += 1
+            j += 1
+        i0, j0 = i, j
+        while i < len(a) and a[i].isdigit():
+            i += 1
+        while j < len(b) and b[j].isdigit():
+            j += 1
+        diff = _digits_cmp(a[i0:i], b[j0:j])
+        if diff:
+            return diff
+    return 0
+
+
+def compare_debian_versions(a: str, b: str) -> int:
+    """Compare two Debian versions like `dpkg --compare-versions`: -1, 0 or 1."""
+    ea, ua, ra = _split_version(a)
+    eb, ub, rb = _split_version(b)
+    result = (ea - eb) or _verrevcmp(ua, ub) or _verrevcmp(ra, rb)
+    return (result > 0) - (result < 0)
+
+
+def _stanzas(text: str) -> Iterable[tuple[int, dict[str, str]]]:
+    """Yield (stanza number, lower-cased field -> value) for each paragraph."""
+    fields: dict[str, str] = {}
+    last = ""
+    number = 1
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        line = line.removesuffix("\r")
+        if not line.strip():
+            if fields:
+                yield number, fields
+                number += 1
+            fields, last = {}, ""
+        elif line.startswith("#"):
+            continue
+        elif line[0] in " \t":
+            if not last:
+                raise ParseError(f"Packages line {lineno}: continuation line before any field")
+            fields[last] += "\n" + line.strip()
+        else:
+            match = _FIELD.fullmatch(line)
+            if match is None:
+                raise ParseError(f"Packages line {lineno} (stanza {number}): not a field: {line!r}")
+            last = match[1].lower()
+            if last in fields:
+                raise ParseError(f"Packages stanza {number}: field {match[1]!r} appears twice")
+            fields[last] = match[2].strip()
+    if fields:
+        yield number, fields
+
+
+def _entry(number: int, fields: dict[str, str]) -> PackageEntry:
+    """Validate one stanza and build its entry."""
+    missing = [name for name in _REQUIRED if not fields.get(name)]
+    if missing:
+        raise ParseError(f"Packages stanza {number}: missing {', '.join(missing)}")
+    where = f"Packages stanza {number} ({fields['package']})"
+    if not _SHA256.fullmatch(fields["sha256"]):
+        raise ParseError(f"{where}: SHA256 is not 64 hex digits: {fields['sha256'][:80]!r}")
+    if not _SIZE.fullmatch(fields["size"]):
+        raise ParseError(f"{where}: Size is not a number: {fields['size'][:40]!r}")
+    try:
+        _split_version(fields["version"])
+        filename = safe_filename(fields["filename"])
+    except ParseError as exc:
+        raise ParseError(f"{where}: {exc}") from None
+    return PackageEntry(
+        package=fields["package"],
+        version=fields["version"],
+        architecture=fields.get("architecture", ""),
+        filename=filename,
+        size=int(fields["size"]),
+        sha256=fields["sha256"].lower(),
+        depends=" ".join(fields.get("depends", "").split()),
+    )
+
+
+def parse_packages(text: str) -> list[PackageEntry]:
+    """Parse a `Packages` index; a stanza lacking Package/Version/Filename/Size/SHA256 fails."""
+    return [_entry(number, fields) for number, fields in _stanzas(text)]
+
+
+def _version_matches(entry_version: str, wanted: str) -> bool:
+    """True when `entry_version` is `wanted` plus at most a Debian revision (epoch ignored)."""
+    candidates = {entry_version, entry_version.partition(":")[2] or entry_version}
+    return any(v == wanted or v.startswith(wanted + "-") for v in candidates)
+
+
+def select_package(
+    entries: Iterable[PackageEntry],
+    names: Sequence[str],
+    version: str,
+    arch: str | None = None,
+) -> PackageEntry | None:
+    """Pick the highest-versioned entry named in `names` whose version is `version[-revision]`.
+
+    With `arch`, only that architecture or "all" qualifies. None when nothing matches.
+    """
+    wanted = {names} if isinstance(names, str) else set(names)  # a bare str is not a list
+    matches = [
+        e
+        for e in entries
+        if e.package in wanted
+        and _version_matches(e.version, version)
+        and (arch is None or e.architecture in (arch, "all"))
+    ]
+    if not matches:
+        return None
+    return max(matches, key=cmp_to_key(_compare_entries))
+
+
+def _compare_entries(a: PackageEntry, b: PackageEntry) -> int:
+    """Order entries by Debian version."""
+    return compare_debian_versions(a.version, b.version)

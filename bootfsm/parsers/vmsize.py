@@ -1,0 +1,33 @@
+"""Parse the VM size out of an Azure IMDS instance (or compute) document."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from bootfsm.parsers import ParseError
+
+__all__ = ["parse_imds_vm_size"]
+
+# Azure size names: "Standard_ND96isr_H100_v5", "Standard_ND128isr_NDR_GB200_v6".
+_VM_SIZE = re.compile(r"[A-Za-z0-9_-]{1,100}")
+
+
+def parse_imds_vm_size(text: str) -> str:
+    """Return the lower-cased `compute.vmSize` of an IMDS `/metadata/instance` document.
+
+    The bare `/metadata/instance/compute` document (vmSize at top level) is accepted too.
+    """
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+        raise ParseError(f"IMDS document: not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ParseError(f"IMDS document: top level must be an object, got {type(doc).__name__}")
+    compute = doc.get("compute", doc)
+    if not isinstance(compute, dict):
+        raise ParseError(f"IMDS document: 'compute' must be an object, got {compute!r:.80}")
+    size = compute.get("vmSize")
+    if not isinstance(size, str) or not _VM_SIZE.fullmatch(size):
+        raise ParseError(f"IMDS document: compute.vmSize is missing or malformed: {size!r:.80}")
+    return size.lower()

@@ -1,0 +1,99 @@
+"""Tests for bootfsm.hardware, the PCI id knowledge table."""
+
+from __future__ import annotations
+
+import pytest
+
+from bootfsm.hardware import (
+    GPU_MODELS,
+    MELLANOX_VENDOR,
+    NVIDIA_VENDOR,
+    NVSWITCH_CLASS,
+    NVSWITCH_MODELS,
+    DeviceRole,
+    Family,
+    GpuModel,
+    classify,
+    model_for,
+    requires_open_module,
+    sku_family,
+)
+from bootfsm.parsers.pci import parse_lspci_nn
+from tests.samples import sample
+
+
+@pytest.mark.parametrize(
+    ("device_id", "family", "grace"),
+    [
+        (0x20B0, Family.AMPERE, False),
+        (0x20B2, Family.AMPERE, False),
+        (0x2236, Family.AMPERE, False),
+        (0x2330, Family.HOPPER, False),
+        (0x2331, Family.HOPPER, False),
+        (0x2321, Family.HOPPER, False),
+        (0x2335, Family.HOPPER, False),
+        (0x233B, Family.HOPPER, False),
+        (0x2342, Family.HOPPER, True),
+        (0x2348, Family.HOPPER, True),
+        (0x2901, Family.BLACKWELL, False),
+        (0x2941, Family.BLACKWELL, True),
+        (0x31C2, Family.BLACKWELL, True),
+        (0x31C3, Family.BLACKWELL, True),
+    ],
+)
+def test_table(device_id: int, family: Family, grace: bool) -> None:
+    model = GPU_MODELS[device_id]
+    assert (model.device_id, model.family, model.grace) == (device_id, family, grace)
+    assert model_for(device_id) is model
+
+
+def test_names() -> None:
+    assert model_for(0x2330).name == "H100 SXM5"
+    assert model_for(0x2335).name == "H200 SXM"
+    assert model_for(0x2941).name == "GB200"
+    assert NVSWITCH_MODELS == {0x1AF1: "A100 NVSwitch", 0x22A3: "H100 NVSwitch"}
+
+
+def test_unknown_id() -> None:
+    assert model_for(0x1234) == GpuModel(0x1234, "NVIDIA 0x1234", Family.UNKNOWN, grace=False)
+
+
+@pytest.mark.parametrize(
+    ("vendor", "device", "pci_class", "role"),
+    [
+        (NVIDIA_VENDOR, 0x20B0, 0x030200, DeviceRole.GPU),  # sysfs form (NCCL dump)
+        (NVIDIA_VENDOR, 0x2330, 0x0302, DeviceRole.GPU),  # lspci -nn form
+        (NVIDIA_VENDOR, 0x1234, 0x030000, DeviceRole.GPU),  # unknown VGA-class NVIDIA GPU
+        (NVIDIA_VENDOR, 0x22A3, NVSWITCH_CLASS, DeviceRole.NVSWITCH),
+        (NVIDIA_VENDOR, 0x1AF1, 0x0680, DeviceRole.NVSWITCH),
+        (NVIDIA_VENDOR, 0x22BA, 0x040300, DeviceRole.OTHER),  # HDMI audio function
+        (MELLANOX_VENDOR, 0x101C, 0x020700, DeviceRole.OTHER),
+        (0x1A03, 0x2000, 0x030000, DeviceRole.OTHER),  # ASPEED BMC VGA
+    ],
+)
+def test_classify(vendor: int, device: int, pci_class: int, role: DeviceRole) -> None:
+    assert classify(vendor, device, pci_class) is role
+
+
+def test_classify_real_azure_nd96asr_v4() -> None:
+    devices = parse_lspci_nn(sample("lspci/lspci-nn_azure_nd96asr_a100_gpud.txt"))
+    roles = [classify(d.vendor, d.device, d.class_code) for d in devices]
+    assert roles.count(DeviceRole.GPU) == 8
+    assert roles.count(DeviceRole.NVSWITCH) == 6
+    gpus = [model_for(d.device) for d, r in zip(devices, roles) if r is DeviceRole.GPU]
+    assert sku_family(gpus) == "A100 SXM4 80GB"
+    assert not requires_open_module(gpus)
+
+
+def test_requires_open_module() -> None:
+    assert requires_open_module([model_for(0x2330), model_for(0x2901)])
+    assert requires_open_module(iter([model_for(0x2941)]))
+    assert not requires_open_module([model_for(0x2342), model_for(0x1234)])
+    assert not requires_open_module([])
+
+
+def test_sku_family() -> None:
+    assert sku_family([]) == ""
+    h100, h200 = model_for(0x2330), model_for(0x2335)
+    assert sku_family([h100] * 7 + [h200]) == "H100 SXM5"
+    assert sku_family([h200, h100]) == "H200 SXM"  # tie: first seen
