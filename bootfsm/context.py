@@ -136,7 +136,9 @@ class Context:
         if not result.ok:
             label = what or f"{argv[0]} failed"
             if result.timed_out:
-                label += f" (timed out after {timeout:g} s)" if timeout else " (timed out)"
+                # a hung command is this state's timeout class (e.g. 85 for the driver)
+                code = self.state_row.timeout_code if self.state_row else code
+                label += f" (timed out after {result.duration_s:.0f} s)"
             raise CommandError(code, argv, result.returncode, result.output[-1500:], label)
         return result
 

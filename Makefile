@@ -1,0 +1,52 @@
+# bootfsm developer entry points. Each target installs what it needs.
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed
+SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# Debian packages the simulator and tests use: makeself (runfiles), dpkg-deb (debs),
+# xz (tar.xz), systemd (systemd-analyze verify).
+APT_PKGS := makeself dpkg xz-utils systemd
+SKU     ?= gb300
+
+.PHONY: all demo test lint fmt bench fuzz deps clean
+
+all: test
+
+deps:
+	@missing=""; \
+	for c in makeself:makeself dpkg-deb:dpkg xz:xz-utils systemd-analyze:systemd; do \
+	  command -v $${c%%:*} >/dev/null 2>&1 || missing="$$missing $${c##*:}"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+demo: deps $(STAMP)
+	$(VENV)/bin/bootfsm demo --sku $(SKU)
+
+test: deps $(STAMP)
+	$(PY) -m pytest -n 2 --dist loadfile
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+fmt: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+bench: deps $(STAMP)
+	$(PY) bench/run.py
+
+fuzz: $(STAMP)
+	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -p no:xdist tests -k fuzz
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info

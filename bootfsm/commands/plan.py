@@ -1,0 +1,110 @@
+"""`bootfsm plan`: what a run would do here, with no side effects.
+
+Reads node facts, evaluates guards, checks each state's postcondition (read-only
+queries only), and resolves artifacts (GETs of manifests and indexes unless
+--offline). Reports whether the run would fail fast and with which code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from bootfsm.artifacts import index_urls, resolve
+from bootfsm.codes import Code
+from bootfsm.commands.common import load_or_exit
+from bootfsm.context import Context
+from bootfsm.deadline import Deadline
+from bootfsm.errors import BootError, TransientError
+from bootfsm.facts import gather_facts
+from bootfsm.guards import GUARDS
+from bootfsm.host import Host
+from bootfsm.http import Http, check_url
+from bootfsm.journal import Journal
+from bootfsm.redact import redact_url
+from bootfsm.table import TRANSITIONS
+
+__all__ = ["main", "make_plan"]
+
+
+def _path(ctx: Context) -> list[str]:
+    path, state = [], "detect"
+    while state not in ("done", "failed"):
+        path.append(state)
+        nxt = next(
+            t.dest
+            for t in TRANSITIONS
+            if t.source == state and t.trigger == "advance"
+            and all(GUARDS[g](ctx.facts) for g in t.guards)
+        )
+        state = nxt
+    return path
+
+
+def make_plan(ctx: Context, offline: bool) -> dict[str, Any]:
+    """The plan as data (pure apart from read-only node queries and index GETs)."""
+    from bootfsm.states import REGISTRY, detect
+
+    facts = gather_facts(ctx.host)
+    plan: dict[str, Any] = {"facts": facts.summary(), "fail_fast": None, "states": [],
+                            "guards": {}, "artifacts": [], "indexes": {}}
+    try:
+        detect.judge(ctx, facts)
+    except BootError as exc:
+        plan["fail_fast"] = {"state": "detect", "code": int(exc.code), "name": exc.code.name,
+                             "message": exc.message}
+        return plan
+    ctx.facts_ = facts
+    plan["guards"] = {name: fn(facts) for name, fn in GUARDS.items()}
+    for name in _path(ctx):
+        ctx.state = name
+        done = name != "detect" and REGISTRY[name].satisfied(ctx)
+        plan["states"].append({"state": name, "would_run": not done})
+    urls = index_urls(ctx.config, facts)
+    plan["indexes"] = {k: redact_url(v) for k, v in urls.items()}
+    if offline:
+        return plan
+    try:
+        texts = {}
+        for key, url in urls.items():
+            check_url(url, ctx.config.fetch.allow_http_hosts)
+            texts[key] = ctx.http.get(url, timeout=10).body.decode("utf-8", "replace")
+        arts = resolve(ctx.config, facts, texts)
+        plan["artifacts"] = [{**a.to_json(), "url": redact_url(a.url)} for a in arts]
+    except (BootError, TransientError) as exc:
+        plan["fail_fast"] = {"state": "fetch", "code": int(exc.code), "name": exc.code.name,
+                             "message": exc.message}
+    return plan
+
+
+def main(args: argparse.Namespace) -> int:
+    """Print the plan; exit 0, or the code the run would fail fast with."""
+    cfg = load_or_exit(args)
+    if isinstance(cfg, int):
+        return cfg
+    host = Host(Path(args.root))
+    ctx = Context(config=cfg, host=host,
+                  http=Http(connect_timeout=cfg.fetch.connect_timeout,
+                            read_timeout=cfg.fetch.read_timeout),
+                  journal=Journal(None, run_id="plan"),
+                  deadline=Deadline(cfg.run.deadline, host.monotonic))
+    plan = make_plan(ctx, args.offline)
+    if args.json:
+        print(json.dumps(plan, indent=1, default=str))
+    else:
+        f = plan["facts"]
+        print(f"node: {f['arch']} {f['os']} kernel {f['kernel']} {f['gpu_count']}x "
+              f"{f['gpu_model']} nvswitches={f['nvswitches']} nvlink5={f['nvlink5']}")
+        for name, value in plan["guards"].items():
+            print(f"guard {name} = {value}")
+        for s in plan["states"]:
+            print(f"  {s['state']:<8} {'run' if s['would_run'] else 'skip (satisfied)'}")
+        for a in plan["artifacts"]:
+            print(f"  artifact {a['name']}: {a['url']} sha256={a['sha256'] or '(none)'}")
+        if plan["fail_fast"]:
+            ff = plan["fail_fast"]
+            print(f"would fail in {ff['state']}: {ff['code']} {ff['name']}: {ff['message']}")
+    ff = plan["fail_fast"]
+    return int(ff["code"]) if ff else int(Code.OK)

@@ -1,0 +1,246 @@
+"""A simulated world: one node directory, a loopback mirror in real formats, a config.
+
+``World`` is the Python API the demo, the tests and the benchmarks share. It builds the
+node for a SKU (stand-in commands included), fills the mirror with a makeself runfile,
+dpkg-deb packages with their ``Packages`` indexes, a fabric manager tar.xz with its
+``redistrib_<ver>.json``, serves IMDS and kubelet health, and injects faults.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess  # noqa: TID251 - the simulator runs the real CLI as a child
+import sys
+import tempfile
+from collections.abc import Collection, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bootfsm.archnames import normalize_arch
+from bootfsm.sim import artifacts as art
+from bootfsm.sim.mirror import Corrupt, DropMidBody, Fault, Mirror, NotFound, Status
+from bootfsm.sim.node import FAULTS as NODE_FAULTS
+from bootfsm.sim.node import SKUS, DpkgLockHolder, build_node, calls, imds_instance
+from bootfsm.sim.node import kubelet_healthz, standin_script
+
+__all__ = ["DRIVER_VERSION", "FAULTS", "TOOLKIT_VERSION", "World"]
+
+DRIVER_VERSION = "570.211.01"
+TOOLKIT_VERSION = "1.17.2-1"
+TOOLKIT_PACKAGES = (
+    "libnvidia-container1",
+    "libnvidia-container-tools",
+    "nvidia-container-toolkit-base",
+    "nvidia-container-toolkit",
+)
+
+MIRROR_FAULTS: Mapping[str, str] = {
+    "artifact-404": "the mirror answers 404 for the driver runfile",
+    "checksum-mismatch": "the mirror serves a runfile whose bytes differ from its sha256",
+    "http-503x3": "the mirror answers 503 three times for the runfile, then serves it",
+    "drop-mid-body": "the connection drops halfway through the runfile, once",
+    "dpkg-lock-held": "another process holds the dpkg lock for the whole run",
+}
+FAULTS: Mapping[str, str] = {**MIRROR_FAULTS, **NODE_FAULTS}
+
+
+@dataclass
+class World:
+    """A node plus its mirror; use as a context manager (the mirror runs while inside)."""
+
+    base: Path
+    sku_name: str = "gb300"
+    faults: Collection[str] = ()
+    driver_kind: str = "cuda"
+    compile_seconds: float = 0.05
+    config_overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    root: Path = field(init=False)
+    docroot: Path = field(init=False)
+    config_path: Path = field(init=False)
+    bin_dir: Path = field(init=False)
+    mirror: Mirror = field(init=False)
+    runfile_sha256: str = field(init=False, default="")
+    _stack: contextlib.ExitStack = field(init=False, default_factory=contextlib.ExitStack)
+
+    def __post_init__(self) -> None:
+        unknown = [f for f in self.faults if f not in FAULTS]
+        if unknown:
+            raise ValueError(f"unknown fault(s): {', '.join(unknown)}; known: {', '.join(FAULTS)}")
+        if self.sku_name not in SKUS:
+            raise ValueError(f"unknown SKU {self.sku_name!r}; known: {', '.join(SKUS)}")
+        self.root = self.base / "node"
+        self.docroot = self.base / "mirror"
+        self.config_path = self.root / "etc/bootfsm/config.toml"
+
+    # -- building ----------------------------------------------------------------------
+    def __enter__(self) -> World:
+        sku = SKUS[self.sku_name]
+        node_faults = [f for f in self.faults if f in NODE_FAULTS]
+        self.bin_dir = build_node(self.root, sku, node_faults, compile_seconds=self.compile_seconds)
+        self._build_mirror()
+        self.mirror = self._stack.enter_context(Mirror(self.docroot).start())
+        self.mirror.add_route("/metadata/instance", lambda: imds_instance(self.root))
+        self.mirror.add_route("/healthz", lambda: kubelet_healthz(self.root))
+        self._inject()
+        self.write_config()
+        if "dpkg-lock-held" in self.faults:
+            self._stack.enter_context(DpkgLockHolder(self.root))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def _build_mirror(self) -> None:
+        sku = SKUS[self.sku_name]
+        names = normalize_arch(sku.arch)
+        assert names is not None
+        v = DRIVER_VERSION
+        tesla = self.docroot / "tesla" / v
+        tesla.mkdir(parents=True, exist_ok=True)
+        runfile = art.build_runfile(
+            tesla,
+            version=v,
+            runfile_arch=names.runfile,
+            installer_source=standin_script("nvidia-installer", self.root),
+        )
+        self.runfile_sha256 = art.sha256_file(runfile)
+        tk = self.docroot / "toolkit" / names.debian
+        tk.mkdir(parents=True, exist_ok=True)
+        debs = [
+            art.build_deb(
+                tk,
+                package=p,
+                version=TOOLKIT_VERSION,
+                arch=names.debian,
+                files={f"/usr/share/doc/{p}/copyright": b"NVIDIA container toolkit\n"},
+                description=f"{p} (simulated)",
+            )
+            for p in TOOLKIT_PACKAGES
+        ]
+        art.write_packages_index(tk, debs)
+        redist = self.docroot / "redist"
+        fm_dir = redist / "fabricmanager" / f"linux-{names.redist}"
+        fm_dir.mkdir(parents=True, exist_ok=True)
+        fm = art.build_fabricmanager_archive(
+            fm_dir,
+            version=v,
+            platform=f"linux-{names.redist}",
+            start_script_source=standin_script("nvidia-fabricmanager-start.sh", self.root),
+        )
+        art.write_redistrib_manifest(
+            redist, version=v, components={"fabricmanager": {f"linux-{names.redist}": fm}}
+        )
+        osdir = f"{sku.os_id}{sku.os_version.replace('.', '')}"
+        cuda = self.docroot / "cuda" / osdir / names.redist
+        cuda.mkdir(parents=True, exist_ok=True)
+        imex = art.build_deb(
+            cuda,
+            package="nvidia-imex",
+            version=f"{v}-1ubuntu1",
+            arch=names.debian,
+            files={
+                "/usr/bin/nvidia-imex": b"#!/bin/sh\necho nvidia-imex\n",
+                "/usr/bin/nvidia-imex-ctl": b"#!/bin/sh\necho READY\n",
+                "/lib/systemd/system/nvidia-imex.service": (
+                    b"[Unit]\nDescription=NVIDIA IMEX service\n\n[Service]\n"
+                    b"ExecStart=/usr/bin/nvidia-imex -c /etc/nvidia-imex/config.cfg\n\n"
+                    b"[Install]\nWantedBy=multi-user.target\n"
+                ),
+                "/etc/nvidia-imex/config.cfg": b"SERVER_PORT=50000\n",
+            },
+            depends="nvidia-modprobe",
+            description="NVIDIA IMEX daemon (simulated)",
+        )
+        art.write_packages_index(cuda, [imex])
+
+    def _inject(self) -> None:
+        names = normalize_arch(SKUS[self.sku_name].arch)
+        assert names is not None
+        runfile = f"NVIDIA-Linux-{names.runfile}-{DRIVER_VERSION}.run"
+        rules: dict[str, Fault] = {
+            "artifact-404": NotFound(),
+            "checksum-mismatch": Corrupt(),
+            "http-503x3": Status(503, times=3),
+            "drop-mid-body": DropMidBody(times=1, fraction=0.5),
+        }
+        for name, fault in rules.items():
+            if name in self.faults:
+                self.mirror.add_fault(runfile, fault)
+
+    def config_text(self) -> str:
+        """The node's config.toml: the real defaults, pointed at the loopback mirror."""
+        u = self.mirror.url
+        sections: dict[str, dict[str, Any]] = {
+            "run": {"deadline": 120.0, "backoff_scale": 0.05},
+            "detect": {"imds_url": f"{u}/metadata/instance?api-version=2021-02-01"},
+            "driver": {"version": DRIVER_VERSION, "kind": self.driver_kind,
+                       "dpkg_lock_timeout": 2.0, "command_timeout": 10.0},
+            "sources": {
+                "runfile_base": f"{u}/tesla",
+                "runfile_sha256": self.runfile_sha256,
+                "grid_runfile_url": f"{u}/grid/NVIDIA-Linux-x86_64-{DRIVER_VERSION}-grid.run",
+                "redist_base": f"{u}/redist",
+                "cuda_repo": f"{u}/cuda/{{os_id}}{{os_version_nodot}}/{{redist_arch}}",
+                "toolkit_repo": f"{u}/toolkit/{{debian_arch}}",
+                "toolkit_version": TOOLKIT_VERSION,
+            },
+            "fetch": {"allow_http_hosts": ["127.0.0.1"], "read_timeout": 10.0},
+            "verify": {"fabric_timeout": 5.0, "fabric_poll_interval": 0.1},
+            "join": {"kubelet_healthz_url": f"{u}/healthz", "kubelet_timeout": 3.0,
+                     "kubelet_poll_interval": 0.1},
+        }
+        for sec, values in self.config_overrides.items():
+            sections.setdefault(sec, {}).update(values)
+        return "".join(f"[{sec}]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in kv.items()) + "\n"
+                       for sec, kv in sections.items())
+
+    def write_config(self) -> None:
+        """(Re)write the node's config file."""
+        self.config_path.parent.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(self.config_text())
+
+    # -- running -----------------------------------------------------------------------
+    def env(self) -> dict[str, str]:
+        """The environment of a run on this node: stand-ins first on PATH."""
+        return {**os.environ, "PATH": f"{self.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+    def argv(self, *extra: str) -> list[str]:
+        """`bootfsm run` for this node, as argv."""
+        return [sys.executable, "-m", "bootfsm", "run", "--root", str(self.root), *extra]
+
+    def run_cli(self, *extra: str, timeout: float = 180.0) -> subprocess.CompletedProcess[str]:
+        """Run the real CLI as a child process on this node."""
+        return subprocess.run(
+            self.argv(*extra), env=self.env(), capture_output=True, text=True, timeout=timeout,
+            check=False,
+        )
+
+    def calls(self) -> list[dict[str, Any]]:
+        """Every stand-in command invocation so far."""
+        return calls(self.root)
+
+    def journals(self) -> list[Path]:
+        """This node's run journals, oldest first."""
+        return sorted((self.root / "var/log/bootfsm").glob("run-*.jsonl"))
+
+
+def _toml(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(_toml(x) for x in v) + "]"
+    s = str(v).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{s}"'
+
+
+@contextlib.contextmanager
+def world(sku: str = "gb300", faults: Collection[str] = (), **kw: Any) -> Iterator[World]:
+    """A World in a fresh temporary directory, removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="bootfsm-sim-") as d, World(
+        Path(d), sku, faults, **kw
+    ) as w:
+        yield w

@@ -1,0 +1,52 @@
+"""The exit-code table: distinct, outside reserved ranges, CSE numbers where they mean the same."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bootfsm.cli import main
+from bootfsm.codes import CODES, Code
+
+
+def test_codes_avoid_reserved_ranges() -> None:
+    for code in Code:
+        v = int(code)
+        assert not 64 <= v <= 78, code
+        assert not 200 <= v <= 244 and v != 255, code
+        assert not 124 <= v <= 165, code
+        assert v not in (1, 2), code
+
+
+def test_every_code_has_a_row_and_distinct_values() -> None:
+    assert set(CODES) == set(Code)
+    assert len({int(c) for c in Code}) == len(Code)
+    for row in CODES.values():
+        assert row.summary and row.hint
+
+
+def test_cse_numbers_are_reused_where_meaning_matches() -> None:
+    assert Code.DOWNLOAD_TIMEOUT == 83
+    assert Code.DRIVER_NOT_STARTED == 84
+    assert Code.DRIVER_INSTALL_TIMEOUT == 85
+    assert Code.INFOROM_CORRUPTED == 87
+
+
+def test_codes_json_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["codes", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["name"] for r in rows} == {c.name for c in Code}
+    assert all({"code", "name", "summary", "hint"} <= set(r) for r in rows)
+
+
+@pytest.mark.parametrize("arg", ["31", "checksum_mismatch", "CHECKSUM-MISMATCH"])
+def test_explain_by_number_or_name(arg: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", arg]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("31 CHECKSUM_MISMATCH") and "what to do" in out
+
+
+def test_explain_unknown_code(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", "199"]) == 2
+    assert "unknown exit code" in capsys.readouterr().err
