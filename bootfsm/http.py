@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Http", "HttpResult", "StreamResult", "check_url"]
 
-CHUNK = 1 << 20
+CHUNK = 256 << 10  # a drop loses at most one chunk; 1 MiB was no faster on loopback
 _TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 
 
