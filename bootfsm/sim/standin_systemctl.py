@@ -1,0 +1,269 @@
+"""Unit stand-ins: systemctl and the fabric manager's nvidia-fabricmanager-start.sh.
+
+Enablement is the real on-disk form (symlinks under etc/systemd/system); the active
+state is a file per unit under run/bootfsm-sim/{active,failed}/, cleared by a reboot.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from bootfsm.sim.nodestate import FABRIC_MANAGER, NVLSM, Node, unit_name
+
+__all__ = ["COMMANDS"]
+
+
+@dataclass
+class _Opts:
+    now: bool = False
+    quiet: bool = False
+    words: list[str] = field(default_factory=list)
+
+
+def _parse(argv: list[str]) -> _Opts | str:
+    """Split options from verb and units; a string is an error message."""
+    opts = _Opts()
+    skip = False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+        elif arg == "--root":
+            skip = True  # the node root is baked into the stand-in
+            if i + 1 >= len(argv):
+                return "systemctl: option '--root' requires an argument"
+        elif arg.startswith("--root="):
+            pass
+        elif arg == "--now":
+            opts.now = True
+        elif arg in ("--quiet", "-q"):
+            opts.quiet = True
+        elif arg in ("--no-reload", "--no-block", "--no-pager", "--system", "--no-ask-password",
+                     "--full", "-l", "--force"):  # fmt: skip
+            pass
+        elif arg.startswith("-"):
+            return f"systemctl: unrecognized option '{arg}'"
+        else:
+            opts.words.append(arg)
+    return opts
+
+
+def _say(opts: _Opts, message: str) -> None:
+    if message and not opts.quiet:
+        sys.stderr.write(message)
+
+
+def _enable(node: Node, units: list[str], opts: _Opts) -> int:
+    for unit in units:
+        if node.is_masked(unit):
+            sys.stderr.write(
+                f"Failed to enable unit: Unit file /etc/systemd/system/{unit} is masked.\n"
+            )
+            return 1
+        source = node.unit_file(unit)
+        if source is None:
+            sys.stderr.write(f"Failed to enable unit: Unit file {unit} does not exist.\n")
+            return 1
+        for target in node.wanted_by(unit):
+            link = f"etc/systemd/system/{target}.wants/{unit}"
+            if not os.path.lexists(node.p(link)):
+                node.symlink(source, link)
+                _say(opts, f"Created symlink /{link} \u2192 {source}.\n")
+    return _start(node, units, opts, "start") if opts.now else 0
+
+
+def _disable(node: Node, units: list[str], opts: _Opts) -> int:
+    for unit in units:
+        if node.unit_file(unit) is None and not node.enable_links(unit):
+            sys.stderr.write(f"Failed to disable unit: Unit file {unit} does not exist.\n")
+            return 1
+        for link in node.enable_links(unit):
+            link.unlink()
+            _say(opts, f'Removed "/{link.relative_to(node.root)}".\n')
+    return _stop(node, units, opts, "stop") if opts.now else 0
+
+
+def _mask(node: Node, units: list[str], opts: _Opts) -> int:
+    for unit in units:
+        path = node.p(f"etc/systemd/system/{unit}")
+        if node.is_masked(unit):
+            continue
+        if os.path.lexists(path):
+            sys.stderr.write(
+                f"Failed to mask unit: File /etc/systemd/system/{unit} already exists.\n"
+            )
+            return 1
+        node.symlink("/dev/null", f"etc/systemd/system/{unit}")
+        _say(opts, f"Created symlink /etc/systemd/system/{unit} \u2192 /dev/null.\n")
+    return _stop(node, units, opts, "stop") if opts.now else 0
+
+
+def _unmask(node: Node, units: list[str], opts: _Opts) -> int:
+    for unit in units:
+        for base in ("etc/systemd/system", "run/systemd/system"):
+            path = node.p(f"{base}/{unit}")
+            if path.is_symlink() and os.readlink(path) == "/dev/null":
+                path.unlink()
+                _say(opts, f'Removed "/{base}/{unit}".\n')
+    return 0
+
+
+def _start(node: Node, units: list[str], opts: _Opts, verb: str) -> int:
+    del opts
+    for unit in units:
+        rc, message = node.start_unit(unit, verb)
+        if rc:
+            sys.stderr.write(message)
+            return rc
+    return 0
+
+
+def _stop(node: Node, units: list[str], opts: _Opts, verb: str) -> int:
+    del opts
+    for unit in units:
+        rc, message = node.stop_unit(unit, verb)
+        if rc:
+            sys.stderr.write(message)
+            return rc
+    return 0
+
+
+def _is_active(node: Node, units: list[str], opts: _Opts) -> int:
+    states = [node.unit_state(unit) for unit in units]
+    if not opts.quiet:
+        for state in states:
+            print(state)
+    return 0 if states and all(s == "active" for s in states) else 3
+
+
+def _is_failed(node: Node, units: list[str], opts: _Opts) -> int:
+    states = [node.unit_state(unit) for unit in units]
+    if not opts.quiet:
+        for state in states:
+            print(state)
+    return 0 if any(s == "failed" for s in states) else 1
+
+
+def _is_enabled(node: Node, units: list[str], opts: _Opts) -> int:
+    rc = 1
+    for unit in units:
+        if node.is_masked(unit):
+            state = "masked"
+        elif node.unit_file(unit) is None:
+            sys.stderr.write(
+                f"Failed to get unit file state for {unit}: No such file or directory\n"
+            )
+            continue
+        elif node.is_enabled(unit):
+            state, rc = "enabled", 0
+        elif not node.wanted_by(unit):
+            state, rc = "static", 0
+        else:
+            state = "disabled"
+        if not opts.quiet:
+            print(state)
+    return rc
+
+
+def _status(node: Node, units: list[str], opts: _Opts) -> int:
+    del opts
+    rc = 0
+    for unit in units:
+        source = node.unit_file(unit)
+        if source is None and not node.is_masked(unit):
+            sys.stderr.write(f"Unit {unit} could not be found.\n")
+            rc = max(rc, 4)
+            continue
+        state = node.unit_state(unit)
+        enabled = (
+            "masked"
+            if node.is_masked(unit)
+            else ("enabled" if node.is_enabled(unit) else "disabled")
+        )
+        loaded = (
+            f"masked (Reason: Unit {unit} is masked.)"
+            if enabled == "masked"
+            else f"loaded ({source}; {enabled})"
+        )
+        sub = {"active": "active (running)", "failed": "failed (Result: exit-code)"}.get(
+            state, "inactive (dead)"
+        )
+        print(f"\u25cf {unit}\n     Loaded: {loaded}\n     Active: {sub}")
+        rc = rc if state == "active" else max(rc, 3)
+    return rc
+
+
+_Verb = Callable[[Node, list[str], _Opts], int]
+_VERBS: Mapping[str, _Verb] = {
+    "enable": _enable,
+    "disable": _disable,
+    "mask": _mask,
+    "unmask": _unmask,
+    "start": lambda n, u, o: _start(n, u, o, "start"),
+    "restart": lambda n, u, o: _start(n, u, o, "restart"),
+    "reload-or-restart": lambda n, u, o: _start(n, u, o, "reload-or-restart"),
+    "try-restart": lambda n, u, o: _start(
+        n, [x for x in u if n.unit_state(x) == "active"], o, "try-restart"
+    ),
+    "stop": lambda n, u, o: _stop(n, u, o, "stop"),
+    "is-active": _is_active,
+    "is-failed": _is_failed,
+    "is-enabled": _is_enabled,
+    "status": _status,
+}
+
+
+def systemctl(node: Node, argv: list[str]) -> int:
+    """systemctl over the node's unit files; accepts --root, --now, --quiet, --no-reload."""
+    opts = _parse(argv)
+    if isinstance(opts, str):
+        print(opts, file=sys.stderr)
+        return 1
+    if not opts.words:
+        print("systemctl: bootfsm simulator needs a verb", file=sys.stderr)
+        return 1
+    verb, units = opts.words[0], [unit_name(u) for u in opts.words[1:]]
+    if verb in ("daemon-reload", "daemon-reexec"):
+        return 0
+    if verb == "reset-failed":
+        for unit in units:
+            if node.unit_state(unit) == "failed":
+                node.set_unit_state(unit, "inactive")
+        return 0
+    handler = _VERBS.get(verb)
+    if handler is None:
+        print(f"Unknown command verb '{verb}'.", file=sys.stderr)
+        return 1
+    if not units:
+        print("Too few arguments.", file=sys.stderr)
+        return 1
+    return handler(node, units, opts)
+
+
+def fabricmanager_start(node: Node, argv: list[str]) -> int:
+    """nvidia-fabricmanager-start.sh --mode start|stop (the 570+ wrapper in the FM archive)."""
+    mode = ""
+    for i, arg in enumerate(argv):
+        if arg == "--mode" and i + 1 < len(argv):
+            mode = argv[i + 1]
+        elif arg.startswith("--mode="):
+            mode = arg.split("=", 1)[1]
+    if mode == "stop":
+        node.set_unit_state(FABRIC_MANAGER, "inactive")
+        node.set_unit_state(NVLSM, "inactive")
+        return 0
+    if mode != "start":
+        print("Usage: nvidia-fabricmanager-start.sh --mode start|stop", file=sys.stderr)
+        return 1
+    rc, out, err = node.fabric_start_script()
+    sys.stdout.write(out)
+    sys.stderr.write(err)
+    return rc
+
+
+COMMANDS: Mapping[str, Callable[[Node, list[str]], int]] = {
+    "systemctl": systemctl,
+    "nvidia-fabricmanager-start.sh": fabricmanager_start,
+}

@@ -1,0 +1,212 @@
+"""Stand-in commands of a simulated node: ``main(name, root, argv)`` dispatches by name.
+
+Each stand-in executable written by :func:`bootfsm.sim.node.build_node` is a tiny
+Python script that calls :func:`main` with its command name and the node root baked in.
+Every invocation appends one line to ``var/lib/bootfsm-sim/calls.jsonl``. Paths given
+as arguments are real paths (bootfsm joins them under the root); node facts come from
+the node directory. Driver commands live in :mod:`standin_driver`, units in
+:mod:`standin_systemctl`, packages in :mod:`standin_dpkg`; the small rest is here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from bootfsm.sim.nodestate import UVM_MAJOR, Node, log_call
+
+__all__ = ["ARTIFACT_STANDINS", "PATH_STANDINS", "main"]
+
+_CONTAINERD_COMMITS = {
+    "1.7.27": "05044ec0a9a75232cad458027ca83437aae3f4da",
+    "2.0.4": "1a43cb6a1035441f9aca8f5666a9b3ef9e70ab20",
+    "2.1.1": "cb1076646aa3740577fafbf3d914198b7fe8e3f7",
+}
+_TOOLKIT_BASE = "nvidia-container-toolkit-base"
+
+
+def _err(text: str) -> None:
+    print(text, file=sys.stderr)
+
+
+def update_initramfs(node: Node, argv: list[str]) -> int:
+    """`update-initramfs -u [-k KERNEL|all]`: writes boot/initrd.img-<kernel> (with modprobe.d)."""
+    if not any(a in ("-u", "-c") for a in argv):
+        _err("Usage: update-initramfs {-c|-d|-u} [-k version] [-v] [-b directory]")
+        return 2
+    kernel = argv[argv.index("-k") + 1] if "-k" in argv[:-1] else node.kernel
+    kernels = (
+        sorted(p.name for p in node.p("lib/modules").glob("*")) if kernel == "all" else [kernel]
+    )
+    modprobe_d = sorted(node.p("etc/modprobe.d").glob("*.conf"))
+    body = "".join(f"# /etc/modprobe.d/{p.name}\n{p.read_text()}" for p in modprobe_d)
+    for name in kernels:
+        print(f"update-initramfs: Generating /boot/initrd.img-{name}")
+        node.write(f"boot/initrd.img-{name}", f"initramfs for {name} (bootfsm simulator)\n{body}")
+    return 0
+
+
+def ldconfig(node: Node, argv: list[str]) -> int:
+    """`ldconfig`: writes etc/ld.so.cache listing the shared objects in the library dirs."""
+    del argv
+    entries: list[str] = []
+    for libdir in (node.libdir, "usr/lib", "lib"):
+        base = node.p(libdir)
+        if base.is_dir():
+            entries += [f"\t{p.name} => /{libdir}/{p.name}" for p in sorted(base.glob("*.so*"))]
+    header = f"{len(entries)} libs found in cache `/etc/ld.so.cache'\n"
+    node.write("etc/ld.so.cache", header + "".join(f"{e}\n" for e in entries))
+    return 0
+
+
+def containerd(node: Node, argv: list[str]) -> int:
+    """`containerd --version` in the real format of the SKU's containerd."""
+    if argv not in (["--version"], ["-v"]):
+        _err("containerd: only --version is simulated")
+        return 1
+    version = node.sku.containerd_version
+    commit = _CONTAINERD_COMMITS.get(version, "0" * 40)
+    if version.startswith("1."):
+        print(f"containerd containerd.io {version} {commit}")
+    else:
+        print(f"containerd github.com/containerd/containerd/v2 v{version} {commit}")
+    return 0
+
+
+def _ctk_log(level: str, message: str) -> None:
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    print(f'time="{stamp}" level={level} msg="{message}"', file=sys.stderr)
+
+
+def _cdi_yaml(node: Node) -> str:
+    gpus = node.visible_gpus()
+    lines = ["---", "cdiVersion: 0.5.0", "kind: nvidia.com/gpu", "devices:"]
+    for index, (address, _device) in enumerate(gpus):
+        for name in (str(index), node.gpu_uuid(address)):
+            lines += [f'- name: "{name}"', "  containerEdits:", "    deviceNodes:",
+                      f"    - path: /dev/nvidia{index}"]  # fmt: skip
+    lines += ["- name: all", "  containerEdits:", "    deviceNodes:"]
+    lines += [f"    - path: /dev/nvidia{i}" for i in range(len(gpus))]
+    lines += ["containerEdits:", "  deviceNodes:"]
+    lines += [f"  - path: /dev/{n}" for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")]
+    lines += ["  hooks:", "  - hookName: createContainer", "    path: /usr/bin/nvidia-cdi-hook",
+              "    args: [nvidia-cdi-hook, update-ldcache, --folder, /usr/lib/"
+              f"{node.arch}-linux-gnu]"]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def nvidia_ctk(node: Node, argv: list[str]) -> int:
+    """`nvidia-ctk system create-dev-char-symlinks [--create-all]` and `nvidia-ctk cdi generate`.
+
+    Like the real binary it exists only once the toolkit deb that ships it is installed.
+    """
+    if _TOOLKIT_BASE not in (node.read("var/lib/dpkg/status") or ""):
+        _err(f"nvidia-ctk: command not found (bootfsm simulator: {_TOOLKIT_BASE} is not installed)")
+        return 127
+    words = [a for a in argv if not a.startswith("-")]
+    if words[:2] == ["system", "create-dev-char-symlinks"]:
+        if node.loaded_module() is None:
+            _ctk_log(
+                "error",
+                "error creating symlinks: failed to create device nodes:"
+                " nvidia kernel module is not loaded",
+            )
+            return 1
+        for link in node.create_dev_char_links():
+            target = (node.p(link).parent / node.p(link).readlink()).name
+            _ctk_log("info", f"Creating link {link} => /dev/{target}")
+        return 0
+    if words[:2] == ["cdi", "generate"]:
+        return _cdi_generate(node, argv)
+    _ctk_log("error", f"unsupported command {' '.join(words)} (bootfsm simulator)")
+    return 1
+
+
+def _cdi_generate(node: Node, argv: list[str]) -> int:
+    output = ""
+    for i, arg in enumerate(argv):
+        if arg.startswith("--output="):
+            output = arg.split("=", 1)[1]
+        elif arg == "--output" and i + 1 < len(argv):
+            output = argv[i + 1]
+    if node.fault("cdi-fails") or node.loaded_module() is None or node.nvml_version() is None:
+        _ctk_log(
+            "error",
+            "failed to generate CDI spec: failed to create device CDI specs:"
+            " failed to initialize NVML: ERROR_UNKNOWN",
+        )
+        return 1
+    spec = _cdi_yaml(node)
+    if not output:
+        sys.stdout.write(spec)
+        return 0
+    path = Path(output)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(spec)
+    _ctk_log("info", f"Generated CDI spec with version 0.5.0 at {output} (uvm major {UVM_MAJOR})")
+    return 0
+
+
+_Command = Callable[[Node, list[str]], int]
+_HERE: Mapping[str, _Command] = {
+    "update-initramfs": update_initramfs,
+    "ldconfig": ldconfig,
+    "containerd": containerd,
+    "nvidia-ctk": nvidia_ctk,
+}
+_DRIVER = ("nvidia-installer", "dkms", "modprobe", "nvidia-modprobe", "nvidia-smi")
+_UNITS = ("systemctl", "nvidia-fabricmanager-start.sh")
+_PACKAGES = ("dpkg", "dpkg-query")
+
+
+def _handler(name: str) -> _Command | None:
+    """The command function for a stand-in name; imports only the module it lives in."""
+    if name in _DRIVER:
+        from bootfsm.sim import standin_driver
+
+        return standin_driver.COMMANDS[name]
+    if name in _UNITS:
+        from bootfsm.sim import standin_systemctl
+
+        return standin_systemctl.COMMANDS[name]
+    if name in _PACKAGES:
+        from bootfsm.sim import standin_dpkg
+
+        return standin_dpkg.COMMANDS[name]
+    return _HERE.get(name)
+
+
+ARTIFACT_STANDINS = ("nvidia-installer", "nvidia-fabricmanager-start.sh")
+"""Stand-ins that live inside artifacts (runfile, fabric manager archive), not on PATH."""
+
+PATH_STANDINS = tuple(sorted({*_HERE, *_DRIVER, *_UNITS, *_PACKAGES} - set(ARTIFACT_STANDINS)))
+"""Stand-ins written to the node's bin dir (put first on PATH)."""
+
+
+def main(name: str, root: str, argv: list[str]) -> int:
+    """Run stand-in `name` on the node at `root`; log the call; return its exit code."""
+    started = time.time()
+    handler = _handler(name)
+    try:
+        if handler is None:
+            _err(f"{name}: not a bootfsm simulator stand-in")
+            rc = 127
+        else:
+            rc = handler(Node(Path(root)), list(argv))
+    except SystemExit as exc:
+        rc = exc.code if isinstance(exc.code, int) else 1
+    except KeyboardInterrupt:
+        rc = 130
+    except Exception:
+        traceback.print_exc()
+        _err(f"{name}: bootfsm simulator stand-in crashed")
+        rc = 1
+    with contextlib.suppress(OSError):
+        sys.stdout.flush()
+    with contextlib.suppress(OSError):
+        log_call(Path(root), name, list(argv), rc, started)
+    return rc
