@@ -29,8 +29,8 @@ __all__ = [
     "cache_node_path",
     "expand",
     "index_urls",
-    "resolve",
     "resolution_key",
+    "resolve",
     "sha256_of",
 ]
 
@@ -142,7 +142,9 @@ def resolve(cfg: Config, facts: NodeFacts, indexes: Mapping[str, str]) -> list[A
             )
         )
     if "redistrib" in urls:
-        out.append(_fabricmanager(cfg, facts, urls["redistrib"], _index(indexes, "redistrib", urls)))
+        out.append(
+            _fabricmanager(cfg, facts, urls["redistrib"], _index(indexes, "redistrib", urls))
+        )
     if "cuda_packages" in urls:
         branch = cfg.driver.version.split(".", 1)[0]
         out.append(

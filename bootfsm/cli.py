@@ -35,11 +35,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="provision this node (detect -> ... -> join)")
     _common(p)
     p.add_argument("--json", action="store_true", help="JSON lines on the console")
-    p.add_argument("--deadline", type=float, default=None,
-                   help="global deadline in seconds (overrides run.deadline; "
-                        "env BOOTFSM_DEADLINE too)")
-    p.add_argument("--wait-lock", type=float, default=0.0, metavar="SECONDS",
-                   help="wait this long for another run's lock (default: exit at once)")
+    p.add_argument(
+        "--deadline",
+        type=float,
+        default=None,
+        help="global deadline in seconds (overrides run.deadline; env BOOTFSM_DEADLINE too)",
+    )
+    p.add_argument(
+        "--wait-lock",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="wait this long for another run's lock (default: exit at once)",
+    )
     p.add_argument("--quiet", action="store_true", help="print only the summary line")
 
     p = sub.add_parser("plan", help="what a run would do, without side effects")
@@ -49,7 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("trace", help="postmortem of a run from its journal")
     _common(p)
-    p.add_argument("target", nargs="?", default=None, help="run id or journal file (default: latest)")
+    p.add_argument(
+        "target", nargs="?", default=None, help="run id or journal file (default: latest)"
+    )
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("status", help="state and outcome of the current or last run")
@@ -73,8 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="boot a simulated node end to end and print the trace")
     p.add_argument("--sku", default="gb300", help="h100-hgx, h100-pcie, b200-hgx, gb200, gb300")
     p.add_argument("--driver-kind", choices=("cuda", "grid"), default="cuda")
-    p.add_argument("--fault", action="append", default=[], metavar="NAME",
-                   help="inject a fault (repeatable); --fault list shows them")
+    p.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="inject a fault (repeatable); --fault list shows them",
+    )
     p.add_argument("--keep", default=None, metavar="DIR", help="build the node in DIR and keep it")
     p.add_argument("--json", action="store_true", help="print the trace as JSON")
     return parser

@@ -109,7 +109,7 @@ CODES: dict[Code, CodeInfo] = {
         _row(
             Code.DRIVER_KIND_UNSUPPORTED_ON_ARCH,
             "driver kind is not available for this architecture",
-            "GRID (vGPU) drivers are x86_64 only; use driver.kind = \"cuda\" on arm64",
+            'GRID (vGPU) drivers are x86_64 only; use driver.kind = "cuda" on arm64',
         ),
         _row(
             Code.NO_GPU,
@@ -124,7 +124,7 @@ CODES: dict[Code, CodeInfo] = {
         _row(
             Code.MODULE_TYPE_UNSUPPORTED,
             "requested kernel module type cannot drive these GPUs",
-            "Blackwell GPUs need the open kernel modules: driver.module_type = \"open\" or \"auto\"",
+            'Blackwell GPUs need the open kernel modules: driver.module_type = "open" or "auto"',
         ),
         _row(
             Code.KERNEL_HEADERS_MISSING,

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_PATH", "DEFAULTS", "Config", "ConfigError", "load_config", "parse_config"]
+__all__ = ["DEFAULTS", "DEFAULT_PATH", "Config", "ConfigError", "load_config", "parse_config"]
 
 DEFAULT_PATH = "/etc/bootfsm/config.toml"
 

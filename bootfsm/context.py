@@ -106,9 +106,7 @@ class Context:
             self.sleep(min(interval, left))
 
     # -- commands ----------------------------------------------------------------------
-    def run(
-        self, argv: Sequence[str], *, timeout: float | None = None, **kw: Any
-    ) -> CommandResult:
+    def run(self, argv: Sequence[str], *, timeout: float | None = None, **kw: Any) -> CommandResult:
         """Run a command bounded by ``timeout`` and what remains; journaled by the host hook.
 
         Raises the time error when the remaining budget, not ``timeout``, cut it short.

@@ -51,5 +51,7 @@ def install_debs(ctx: Context, debs: Sequence[Path], *, force: Sequence[str], co
         ctx.require(argv, code=code, timeout=300, what="dpkg -i failed")
     except CommandError as exc:
         if "lock" in exc.output_tail and exc.returncode == 2:
-            raise TransientError(Code.DPKG_LOCK_TIMEOUT, "dpkg lock taken by another process") from exc
+            raise TransientError(
+                Code.DPKG_LOCK_TIMEOUT, "dpkg lock taken by another process"
+            ) from exc
         raise

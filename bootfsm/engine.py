@@ -122,17 +122,17 @@ class _Backoff:
         self.rng = rng
 
     def __call__(self, retry_state: Any) -> float:
-        exc = retry_state.outcome.exception() if retry_state.outcome else None
+        exc: BaseException | None = retry_state.outcome.exception() if retry_state.outcome else None
         if isinstance(exc, TransientError) and exc.retry_after is not None:
-            return float(min(exc.retry_after, self.policy.max_wait * max(self.scale, 0.01)))
-        n = retry_state.attempt_number
-        base = min(self.policy.initial_wait * 2 ** (n - 1), self.policy.max_wait)
+            return min(float(exc.retry_after), self.policy.max_wait * max(self.scale, 0.01))
+        n = int(retry_state.attempt_number)
+        base: float = min(self.policy.initial_wait * 2 ** (n - 1), self.policy.max_wait)
         return base * self.scale * (0.5 + self.rng.random() / 2)
 
 
 def _attempt(ctx: Context, srow: StateRow, action: Callable[[], None]) -> int:
     """Run ``action`` under the row's retry policy; return the number of attempts."""
-    from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
+    from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, stop_any
 
     attempts = 0
 
@@ -154,8 +154,8 @@ def _attempt(ctx: Context, srow: StateRow, action: Callable[[], None]) -> int:
         )
 
     retrying = Retrying(
-        stop=stop_after_attempt(srow.retry.attempts) | _StopOnBudget(ctx),
-        wait=_Backoff(srow.retry, ctx.config.run.backoff_scale, random.Random()),
+        stop=stop_any(stop_after_attempt(srow.retry.attempts), _StopOnBudget(ctx)),  # type: ignore[arg-type]
+        wait=_Backoff(srow.retry, ctx.config.run.backoff_scale, random.Random()),  # noqa: S311 - jitter, not crypto
         retry=retry_if_exception_type(TransientError),
         sleep=ctx.sleep,
         before=before,

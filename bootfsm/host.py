@@ -14,8 +14,8 @@ import os
 import shutil
 import signal
 import subprocess  # noqa: TID251 - this module is the one place that runs commands
-import tempfile
 import tarfile
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass

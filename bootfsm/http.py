@@ -22,7 +22,7 @@ from bootfsm.errors import BootError, TransientError
 from bootfsm.redact import redact_url
 
 if TYPE_CHECKING:
-    import requests
+    import requests  # noqa: TID251
 
 __all__ = ["Http", "HttpResult", "StreamResult", "check_url"]
 

@@ -8,11 +8,12 @@ The console gets a short human rendering of the same events (colours only on a T
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -64,10 +65,8 @@ class _LineSink:
 
     def sync(self) -> None:
         if self.fh is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.fsync(self.fh.fileno())
-            except OSError:
-                pass
 
 
 class _ConsoleSink:
@@ -84,7 +83,7 @@ class _ConsoleSink:
     info = debug = warning = error = critical = msg
 
 
-def _drop_private(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
+def _drop_private(_: Any, __: str, event: MutableMapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in event.items() if not k.startswith("_")}
 
 
@@ -136,7 +135,9 @@ class Journal:
         """Seconds since the journal (the run) started."""
         return self._mono() - self._t0
 
-    def event(self, event: str, *, durable: bool = False, level: str = "info", **fields: Any) -> None:
+    def event(
+        self, event: str, *, durable: bool = False, level: str = "info", **fields: Any
+    ) -> None:
         """Record one event; ``durable`` fsyncs the file before returning."""
         t = round(self.elapsed(), 4)
         getattr(self._file_log, level)(event, t=t, level=level, **fields)
@@ -159,9 +160,15 @@ _CONSOLE_KEEP = {
 }
 
 
-def _console_fields(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
+def _console_fields(_: Any, __: str, event: MutableMapping[str, Any]) -> dict[str, Any]:
     """Keep console lines short: drop bulky fields the file keeps."""
     keep = _CONSOLE_KEEP.get(event.get("event", ""))
     if keep is not None:
-        return {"event": event["event"], "t": event.get("t"), **{k: event[k] for k in keep if k in event}}
-    return {k: v for k, v in event.items() if k not in ("output", "detail", "argv_full", "guards_all")}
+        return {
+            "event": event["event"],
+            "t": event.get("t"),
+            **{k: event[k] for k in keep if k in event},
+        }
+    return {
+        k: v for k, v in event.items() if k not in ("output", "detail", "argv_full", "guards_all")
+    }

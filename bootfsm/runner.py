@@ -6,6 +6,7 @@ with a terminal journal event and a checkpoint, whatever happened.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -54,10 +55,9 @@ class RunResult:
 
 
 def _checkpoint(host: Host, cfg: Config, data: dict[str, Any]) -> None:
-    try:
+    # a read-only or full state dir must not hide the real outcome
+    with contextlib.suppress(BootError):
         host.write_atomic(f"{cfg.run.state_dir}/checkpoint.json", json.dumps(data) + "\n", 0o600)
-    except BootError:
-        pass  # a read-only or full state dir must not hide the real outcome
 
 
 def _prune(log_dir: Path, keep: int) -> None:
@@ -101,19 +101,32 @@ def _locked(cfg: Config, opts: RunOptions, host: Host) -> RunResult:
     log_dir = host.path(cfg.run.log_dir)
     jpath: Path | None = log_dir / f"run-{stamp}-{run_id}.jsonl"
     try:
-        journal = Journal(jpath, run_id=run_id, console=opts.console,
-                          console_json=opts.console_json, monotonic=host.monotonic)
+        journal = Journal(
+            jpath,
+            run_id=run_id,
+            console=opts.console,
+            console_json=opts.console_json,
+            monotonic=host.monotonic,
+        )
     except OSError as exc:
         if opts.console is not None:
             opts.console.write(f"bootfsm: journal unavailable ({exc}); console only\n")
         jpath = None
-        journal = Journal(None, run_id=run_id, console=opts.console,
-                          console_json=opts.console_json, monotonic=host.monotonic)
+        journal = Journal(
+            None,
+            run_id=run_id,
+            console=opts.console,
+            console_json=opts.console_json,
+            monotonic=host.monotonic,
+        )
     ctx = Context(
         config=cfg,
         host=host,
-        http=Http(connect_timeout=cfg.fetch.connect_timeout, read_timeout=cfg.fetch.read_timeout,
-                  env=host.env),
+        http=Http(
+            connect_timeout=cfg.fetch.connect_timeout,
+            read_timeout=cfg.fetch.read_timeout,
+            env=host.env,
+        ),
         journal=journal,
         deadline=Deadline(cfg.run.deadline, host.monotonic),
     )
@@ -145,12 +158,17 @@ def _locked(cfg: Config, opts: RunOptions, host: Host) -> RunResult:
         outcome = drive(ctx, _registry(), _callbacks(), on_transition)
     except Interrupted as exc:
         host.stop_child()
-        outcome = Outcome(Code.INTERRUPTED, ctx.state,
-                          f"interrupted by {exc.signame} in state {ctx.state or 'detect'}")
+        outcome = Outcome(
+            Code.INTERRUPTED,
+            ctx.state,
+            f"interrupted by {exc.signame} in state {ctx.state or 'detect'}",
+        )
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
-    kind = "done" if outcome.ok else ("interrupted" if outcome.code is Code.INTERRUPTED else "failed")
+    kind = (
+        "done" if outcome.ok else ("interrupted" if outcome.code is Code.INTERRUPTED else "failed")
+    )
     journal.event(
         "run.end",
         durable=True,
@@ -164,8 +182,17 @@ def _locked(cfg: Config, opts: RunOptions, host: Host) -> RunResult:
         duration_s=round(journal.elapsed(), 4),
     )
     journal.close()
-    _checkpoint(host, cfg, {**base, "state": outcome.state, "outcome": kind,
-                            "code": outcome.code.value, "code_name": outcome.code.name})
+    _checkpoint(
+        host,
+        cfg,
+        {
+            **base,
+            "state": outcome.state,
+            "outcome": kind,
+            "code": outcome.code.value,
+            "code_name": outcome.code.name,
+        },
+    )
     if jpath is not None:
         _prune(jpath.parent, cfg.run.keep_journals)
     return RunResult(outcome, run_id, jpath)
@@ -174,10 +201,10 @@ def _locked(cfg: Config, opts: RunOptions, host: Host) -> RunResult:
 def _registry() -> Mapping[str, Any]:
     from bootfsm.states import REGISTRY
 
-    return REGISTRY
+    return dict(REGISTRY)
 
 
 def _callbacks() -> Mapping[str, Callable[[Context], None]]:
     from bootfsm.states import CALLBACKS
 
-    return CALLBACKS
+    return dict(CALLBACKS)

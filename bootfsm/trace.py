@@ -75,7 +75,9 @@ def _apply(report: TraceReport, ev: dict[str, Any]) -> None:
         report.config_digest = str(ev.get("config_digest", ""))
         report.root = str(ev.get("root", ""))
     elif kind == "node.facts":
-        report.facts = {k: v for k, v in ev.items() if k not in ("event", "t", "ts", "run_id", "level")}
+        report.facts = {
+            k: v for k, v in ev.items() if k not in ("event", "t", "ts", "run_id", "level")
+        }
     elif kind == "state.skip":
         s = _span(report, state, t)
         s.outcome = "skipped"
@@ -103,11 +105,18 @@ def _apply(report: TraceReport, ev: dict[str, Any]) -> None:
     elif kind == "command":
         if report.spans:
             report.spans[-1].commands += 1
-        report.last_command = {k: ev.get(k) for k in ("state", "argv", "rc", "duration_s",
-                                                        "timed_out", "output")}
+        report.last_command = {
+            k: ev.get(k) for k in ("state", "argv", "rc", "duration_s", "timed_out", "output")
+        }
     elif kind == "transition":
-        report.transitions.append({k: ev.get(k) for k in ("source", "dest", "trigger", "guards", "t")})
-        if report.spans and report.spans[-1].outcome == "running" and ev.get("source") == report.spans[-1].state:
+        report.transitions.append(
+            {k: ev.get(k) for k in ("source", "dest", "trigger", "guards", "t")}
+        )
+        if (
+            report.spans
+            and report.spans[-1].outcome == "running"
+            and ev.get("source") == report.spans[-1].state
+        ):
             report.spans[-1].outcome = "done"
     elif kind == "run.end":
         report.outcome = str(ev.get("outcome", "unknown"))
@@ -118,7 +127,11 @@ def _apply(report: TraceReport, ev: dict[str, Any]) -> None:
             report.failed_state = str(ev.get("state", report.failed_state))
             report.message = str(ev.get("message", report.message))
             report.hint = str(ev.get("hint", report.hint))
-        if report.outcome == "interrupted" and report.spans and report.spans[-1].outcome == "running":
+        if (
+            report.outcome == "interrupted"
+            and report.spans
+            and report.spans[-1].outcome == "running"
+        ):
             report.spans[-1].outcome = "interrupted"
 
 
@@ -213,7 +226,8 @@ def render(report: TraceReport) -> str:
     out.append("  start   state     duration  attempts  outcome")
     for s in report.spans:
         out.append(
-            f"  {s.start_t:6.2f}  {s.state:<8}  {s.duration_s:7.2f}s  {s.attempts or '-':>8}  {s.outcome}"
+            f"  {s.start_t:6.2f}  {s.state:<8}  {s.duration_s:7.2f}s  "
+            f"{s.attempts or '-':>8}  {s.outcome}"
         )
         for r in s.retries:
             out.append(
@@ -233,8 +247,10 @@ def render(report: TraceReport) -> str:
         out.append(f"  hint:    {report.hint}")
         lc = report.last_command
         if lc:
-            out.append(f"  last command: {' '.join(map(str, lc.get('argv') or []))} -> rc {lc.get('rc')}"
-                       + (" (timed out)" if lc.get("timed_out") else ""))
+            out.append(
+                f"  last command: {' '.join(map(str, lc.get('argv') or []))} -> rc {lc.get('rc')}"
+                + (" (timed out)" if lc.get("timed_out") else "")
+            )
             tail = (report.failure_output or lc.get("output") or "").strip().splitlines()[-6:]
             out += [f"    | {line}" for line in tail]
     for w in report.warnings:

@@ -24,9 +24,7 @@ INSTALLER_LOG = "/var/log/nvidia-installer.log"
 
 def _toolkit_ok(ctx: Context) -> bool:
     want = ctx.config.sources.toolkit_version
-    return all(
-        dpkg.installed_version(ctx, p) == want for p in ctx.config.sources.toolkit_packages
-    )
+    return all(dpkg.installed_version(ctx, p) == want for p in ctx.config.sources.toolkit_packages)
 
 
 def _loaded(ctx: Context) -> str | None:

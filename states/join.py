@@ -12,7 +12,7 @@ from bootfsm.parsers.driver_info import parse_containerd_version
 from bootfsm.units import is_active, systemctl
 
 NAME = "join"
-DROPIN = "/etc/containerd/conf.d/10-nvidia-runtime.toml"
+DROPIN = "/etc/containerd/config.d/10-nvidia-runtime.toml"
 UDEV_RULE = "/etc/udev/rules.d/71-nvidia-dev-char.rules"
 UDEV_TEXT = (
     'ACTION=="add", DEVPATH=="/bus/pci/drivers/nvidia", '
@@ -41,9 +41,7 @@ def _marker(ctx: Context) -> str:
 
 
 def _containerd_major(ctx: Context) -> int:
-    r = ctx.require(
-        ["containerd", "--version"], code=Code.CONTAINERD_RESTART_FAILED, timeout=30
-    )
+    r = ctx.require(["containerd", "--version"], code=Code.CONTAINERD_RESTART_FAILED, timeout=30)
     try:
         return parse_containerd_version(r.output)[0]
     except ParseError as exc:

@@ -22,11 +22,15 @@ def _query(ctx: Context) -> SmiReport:
     r = ctx.run(["nvidia-smi", "-q"], timeout=60)
     failure = classify_smi_failure(r.output)
     if failure is SmiFailure.DRIVER_LIBRARY_MISMATCH:
-        raise BootError(Code.DRIVER_LIBRARY_MISMATCH, "NVML: Driver/library version mismatch",
-                        output=r.output[-1000:])
+        raise BootError(
+            Code.DRIVER_LIBRARY_MISMATCH,
+            "NVML: Driver/library version mismatch",
+            output=r.output[-1000:],
+        )
     if failure is SmiFailure.INFOROM_CORRUPTED:
-        raise BootError(Code.INFOROM_CORRUPTED, "nvidia-smi: infoROM is corrupted",
-                        output=r.output[-1000:])
+        raise BootError(
+            Code.INFOROM_CORRUPTED, "nvidia-smi: infoROM is corrupted", output=r.output[-1000:]
+        )
     if not r.ok:
         raise TransientError(
             Code.DRIVER_NOT_STARTED, f"nvidia-smi -q exit {r.returncode}: {r.output.strip()[-300:]}"

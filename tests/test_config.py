@@ -60,7 +60,9 @@ def test_validate_command_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 
 def test_digest_changes_with_config() -> None:
-    other = dataclasses.replace(DEFAULTS, driver=dataclasses.replace(DEFAULTS.driver, version="1.2"))
+    other = dataclasses.replace(
+        DEFAULTS, driver=dataclasses.replace(DEFAULTS.driver, version="1.2")
+    )
     assert other.digest() != DEFAULTS.digest()
 
 

@@ -93,11 +93,15 @@ def test_lock_probe_sees_a_held_posix_lock(tmp_path: Path) -> None:
     assert h.lock_is_free("/var/lib/dpkg/lock-frontend")
     lock = tmp_path / "var/lib/dpkg/lock-frontend"
     holder = subprocess.Popen(
-        [sys.executable, "-c",
-         "import fcntl, os, sys, time\n"
-         f"fd = os.open({str(lock)!r}, os.O_RDWR)\n"
-         "fcntl.lockf(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(30)"],
-        stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys, time\n"
+            f"fd = os.open({str(lock)!r}, os.O_RDWR)\n"
+            "fcntl.lockf(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(30)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"

@@ -26,8 +26,11 @@ def _ranged(request: Request) -> Response:
         if start >= len(BODY):
             return Response(status=416, headers={"Content-Range": f"bytes */{len(BODY)}"})
         part = BODY[start:]
-        return Response(part, status=206, headers={
-            "Content-Range": f"bytes {start}-{len(BODY) - 1}/{len(BODY)}", "ETag": ETAG})
+        return Response(
+            part,
+            status=206,
+            headers={"Content-Range": f"bytes {start}-{len(BODY) - 1}/{len(BODY)}", "ETag": ETAG},
+        )
     return Response(BODY, status=200, headers={"ETag": ETAG})
 
 
@@ -82,8 +85,9 @@ def test_416_discards_the_partial_file(httpserver: HTTPServer, tmp_path: Path) -
 
 
 def test_503_is_transient_with_retry_after(httpserver: HTTPServer, tmp_path: Path) -> None:
-    httpserver.expect_request("/a").respond_with_data("busy", status=503,
-                                                      headers={"Retry-After": "7"})
+    httpserver.expect_request("/a").respond_with_data(
+        "busy", status=503, headers={"Retry-After": "7"}
+    )
     with pytest.raises(TransientError) as info:
         Http().stream_to(httpserver.url_for("/a"), tmp_path / "p")
     assert info.value.retry_after == 7.0
@@ -97,7 +101,9 @@ def test_client_errors_are_permanent(httpserver: HTTPServer, tmp_path: Path, sta
     assert info.value.code is Code.ARTIFACT_NOT_FOUND
 
 
-def test_short_body_is_transient_and_keeps_the_prefix(httpserver: HTTPServer, tmp_path: Path) -> None:
+def test_short_body_is_transient_and_keeps_the_prefix(
+    httpserver: HTTPServer, tmp_path: Path
+) -> None:
     def handler(request: Request) -> Response:
         def gen() -> Iterator[bytes]:
             yield BODY[: len(BODY) // 2]
@@ -124,7 +130,7 @@ def test_stalled_server_hits_the_read_timeout(httpserver: HTTPServer, tmp_path: 
         return Response(gen(), headers={"Content-Length": "2"})
 
     httpserver.expect_request("/a").respond_with_handler(handler)
-    with pytest.raises(TransientError, match="Timeout|timed out"):
+    with pytest.raises(TransientError, match=r"Timeout|timed out"):
         Http(read_timeout=0.5).stream_to(httpserver.url_for("/a"), tmp_path / "p")
 
 

@@ -30,7 +30,7 @@ def test_every_state_guard_and_callback_name_resolves() -> None:
             assert a in CALLBACKS, a
     for s in STATES:
         assert s.failure_code in CODES and s.timeout_code in CODES
-        assert REGISTRY[s.name].NAME == s.name
+        assert s.name == REGISTRY[s.name].NAME
     assert INITIAL in names
 
 

@@ -24,8 +24,13 @@ def lookup(text: str) -> CodeInfo | None:
 
 
 def _as_dict(r: CodeInfo) -> dict[str, object]:
-    return {"code": int(r.code), "name": r.name, "summary": r.summary, "hint": r.hint,
-            "transient": r.transient}
+    return {
+        "code": int(r.code),
+        "name": r.name,
+        "summary": r.summary,
+        "hint": r.hint,
+        "transient": r.transient,
+    }
 
 
 def main(args: argparse.Namespace) -> int:

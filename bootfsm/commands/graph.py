@@ -40,14 +40,22 @@ def table_json() -> dict[str, Any]:
                 "time_limit_s": s.time_limit,
                 "failure_code": {"code": int(s.failure_code), "name": s.failure_code.name},
                 "timeout_code": {"code": int(s.timeout_code), "name": s.timeout_code.name},
-                "retry": {"attempts": s.retry.attempts, "initial_wait_s": s.retry.initial_wait,
-                          "max_wait_s": s.retry.max_wait},
+                "retry": {
+                    "attempts": s.retry.attempts,
+                    "initial_wait_s": s.retry.initial_wait,
+                    "max_wait_s": s.retry.max_wait,
+                },
             }
             for s in STATES
         ],
         "transitions": [
-            {"trigger": t.trigger, "source": t.source, "dest": t.dest, "guards": list(t.guards),
-             "after": list(t.after)}
+            {
+                "trigger": t.trigger,
+                "source": t.source,
+                "dest": t.dest,
+                "guards": list(t.guards),
+                "after": list(t.after),
+            }
             for t in TRANSITIONS
         ],
     }

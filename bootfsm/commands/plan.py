@@ -36,7 +36,8 @@ def _path(ctx: Context) -> list[str]:
         nxt = next(
             t.dest
             for t in TRANSITIONS
-            if t.source == state and t.trigger == "advance"
+            if t.source == state
+            and t.trigger == "advance"
             and all(GUARDS[g](ctx.facts) for g in t.guards)
         )
         state = nxt
@@ -48,13 +49,23 @@ def make_plan(ctx: Context, offline: bool) -> dict[str, Any]:
     from bootfsm.states import REGISTRY, detect
 
     facts = gather_facts(ctx.host)
-    plan: dict[str, Any] = {"facts": facts.summary(), "fail_fast": None, "states": [],
-                            "guards": {}, "artifacts": [], "indexes": {}}
+    plan: dict[str, Any] = {
+        "facts": facts.summary(),
+        "fail_fast": None,
+        "states": [],
+        "guards": {},
+        "artifacts": [],
+        "indexes": {},
+    }
     try:
         detect.judge(ctx, facts)
     except BootError as exc:
-        plan["fail_fast"] = {"state": "detect", "code": int(exc.code), "name": exc.code.name,
-                             "message": exc.message}
+        plan["fail_fast"] = {
+            "state": "detect",
+            "code": int(exc.code),
+            "name": exc.code.name,
+            "message": exc.message,
+        }
         return plan
     ctx.facts_ = facts
     plan["guards"] = {name: fn(facts) for name, fn in GUARDS.items()}
@@ -74,8 +85,12 @@ def make_plan(ctx: Context, offline: bool) -> dict[str, Any]:
         arts = resolve(ctx.config, facts, texts)
         plan["artifacts"] = [{**a.to_json(), "url": redact_url(a.url)} for a in arts]
     except (BootError, TransientError) as exc:
-        plan["fail_fast"] = {"state": "fetch", "code": int(exc.code), "name": exc.code.name,
-                             "message": exc.message}
+        plan["fail_fast"] = {
+            "state": "fetch",
+            "code": int(exc.code),
+            "name": exc.code.name,
+            "message": exc.message,
+        }
     return plan
 
 
@@ -85,18 +100,22 @@ def main(args: argparse.Namespace) -> int:
     if isinstance(cfg, int):
         return cfg
     host = Host(Path(args.root))
-    ctx = Context(config=cfg, host=host,
-                  http=Http(connect_timeout=cfg.fetch.connect_timeout,
-                            read_timeout=cfg.fetch.read_timeout),
-                  journal=Journal(None, run_id="plan"),
-                  deadline=Deadline(cfg.run.deadline, host.monotonic))
+    ctx = Context(
+        config=cfg,
+        host=host,
+        http=Http(connect_timeout=cfg.fetch.connect_timeout, read_timeout=cfg.fetch.read_timeout),
+        journal=Journal(None, run_id="plan"),
+        deadline=Deadline(cfg.run.deadline, host.monotonic),
+    )
     plan = make_plan(ctx, args.offline)
     if args.json:
         print(json.dumps(plan, indent=1, default=str))
     else:
         f = plan["facts"]
-        print(f"node: {f['arch']} {f['os']} kernel {f['kernel']} {f['gpu_count']}x "
-              f"{f['gpu_model']} nvswitches={f['nvswitches']} nvlink5={f['nvlink5']}")
+        print(
+            f"node: {f['arch']} {f['os']} kernel {f['kernel']} {f['gpu_count']}x "
+            f"{f['gpu_model']} nvswitches={f['nvswitches']} nvlink5={f['nvlink5']}"
+        )
         for name, value in plan["guards"].items():
             print(f"guard {name} = {value}")
         for s in plan["states"]:

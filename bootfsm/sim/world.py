@@ -22,8 +22,15 @@ from bootfsm.archnames import normalize_arch
 from bootfsm.sim import artifacts as art
 from bootfsm.sim.mirror import Corrupt, DropMidBody, Fault, Mirror, NotFound, Status
 from bootfsm.sim.node import FAULTS as NODE_FAULTS
-from bootfsm.sim.node import SKUS, DpkgLockHolder, build_node, calls, imds_instance
-from bootfsm.sim.node import kubelet_healthz, standin_script
+from bootfsm.sim.node import (
+    SKUS,
+    DpkgLockHolder,
+    build_node,
+    calls,
+    imds_instance,
+    kubelet_healthz,
+    standin_script,
+)
 
 __all__ = ["DRIVER_VERSION", "FAULTS", "TOOLKIT_VERSION", "World"]
 
@@ -80,7 +87,7 @@ class World:
         node_faults = [f for f in self.faults if f in NODE_FAULTS]
         self.bin_dir = build_node(self.root, sku, node_faults, compile_seconds=self.compile_seconds)
         self._build_mirror()
-        self.mirror = self._stack.enter_context(Mirror(self.docroot).start())
+        self.mirror = self._stack.enter_context(Mirror(self.docroot))
         self.mirror.add_route("/metadata/instance", lambda: imds_instance(self.root))
         self.mirror.add_route("/healthz", lambda: kubelet_healthz(self.root))
         self._inject()
@@ -175,8 +182,12 @@ class World:
         sections: dict[str, dict[str, Any]] = {
             "run": {"deadline": 120.0, "backoff_scale": 0.05},
             "detect": {"imds_url": f"{u}/metadata/instance?api-version=2021-02-01"},
-            "driver": {"version": DRIVER_VERSION, "kind": self.driver_kind,
-                       "dpkg_lock_timeout": 2.0, "command_timeout": 10.0},
+            "driver": {
+                "version": DRIVER_VERSION,
+                "kind": self.driver_kind,
+                "dpkg_lock_timeout": 2.0,
+                "command_timeout": 10.0,
+            },
             "sources": {
                 "runfile_base": f"{u}/tesla",
                 "runfile_sha256": self.runfile_sha256,
@@ -188,13 +199,18 @@ class World:
             },
             "fetch": {"allow_http_hosts": ["127.0.0.1"], "read_timeout": 10.0},
             "verify": {"fabric_timeout": 5.0, "fabric_poll_interval": 0.1},
-            "join": {"kubelet_healthz_url": f"{u}/healthz", "kubelet_timeout": 3.0,
-                     "kubelet_poll_interval": 0.1},
+            "join": {
+                "kubelet_healthz_url": f"{u}/healthz",
+                "kubelet_timeout": 3.0,
+                "kubelet_poll_interval": 0.1,
+            },
         }
         for sec, values in self.config_overrides.items():
             sections.setdefault(sec, {}).update(values)
-        return "".join(f"[{sec}]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in kv.items()) + "\n"
-                       for sec, kv in sections.items())
+        return "".join(
+            f"[{sec}]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in kv.items()) + "\n"
+            for sec, kv in sections.items()
+        )
 
     def write_config(self) -> None:
         """(Re)write the node's config file."""
@@ -213,7 +229,11 @@ class World:
     def run_cli(self, *extra: str, timeout: float = 180.0) -> subprocess.CompletedProcess[str]:
         """Run the real CLI as a child process on this node."""
         return subprocess.run(
-            self.argv(*extra), env=self.env(), capture_output=True, text=True, timeout=timeout,
+            self.argv(*extra),
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
             check=False,
         )
 
@@ -240,7 +260,8 @@ def _toml(v: Any) -> str:
 @contextlib.contextmanager
 def world(sku: str = "gb300", faults: Collection[str] = (), **kw: Any) -> Iterator[World]:
     """A World in a fresh temporary directory, removed afterwards."""
-    with tempfile.TemporaryDirectory(prefix="bootfsm-sim-") as d, World(
-        Path(d), sku, faults, **kw
-    ) as w:
+    with (
+        tempfile.TemporaryDirectory(prefix="bootfsm-sim-") as d,
+        World(Path(d), sku, faults, **kw) as w,
+    ):
         yield w

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import shutil
-import subprocess  # noqa: TID251 - test-only cross-check against the real dpkg
+import subprocess
 from functools import cmp_to_key
 
 import pytest

@@ -7,7 +7,7 @@ import json
 import os
 import shutil
 import stat
-import subprocess  # noqa: TID251 - the test drives the real tools
+import subprocess
 import tarfile
 from pathlib import Path
 

@@ -6,7 +6,7 @@ import errno
 import fcntl
 import json
 import os
-import subprocess  # noqa: TID251 - the tests run the stand-ins as real processes
+import subprocess
 from pathlib import Path
 
 import pytest

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess  # noqa: TID251 - the tests run the stand-ins as real processes
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
