@@ -92,6 +92,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--keep", default=None, metavar="DIR", help="build the node in DIR and keep it")
     p.add_argument("--json", action="store_true", help="print the trace as JSON")
+
+    p = sub.add_parser("fetch", help="fetch and verify this node's artifacts into the cache")
+    _common(p)
+    p.add_argument(
+        "--prefetch", action="store_true", help="image build: fill the offline cache ahead of time"
+    )
+
+    p = sub.add_parser("bake", help="image build: prefetch artifacts and prebuild the driver")
+    _common(p)
+    p.add_argument("--kernel", default=None, help="target kernel (default: newest with headers)")
+
+    p = sub.add_parser("install-unit", help="install and enable systemd/bootfsm.service")
+    p.add_argument("--root", default="/", help="image root (systemctl --root, works offline)")
+    p = sub.add_parser("uninstall-unit", help="disable and remove the bootfsm unit")
+    p.add_argument("--root", default="/", help="image root")
     return parser
 
 
@@ -105,6 +120,10 @@ _COMMANDS = {
     "graph": "graph",
     "validate": "validate",
     "demo": "demo",
+    "fetch": "fetch",
+    "bake": "bake",
+    "install-unit": "unit",
+    "uninstall-unit": "unit",
 }
 
 

@@ -1,0 +1,54 @@
+"""Shared fixtures: simulated worlds (node + loopback mirror) and in-process runs."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import settings
+
+from bootfsm.config import load_config
+from bootfsm.runner import RunOptions, RunResult, execute
+from bootfsm.sim.world import World
+
+settings.register_profile("default", max_examples=100, deadline=None)
+settings.register_profile("fuzz", max_examples=20_000, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+MakeWorld = Callable[..., World]
+
+
+@pytest.fixture
+def make_world(tmp_path: Path) -> Iterator[MakeWorld]:
+    """Factory: make_world(sku, faults=(), **World kwargs) -> an entered World."""
+    worlds: list[World] = []
+
+    def make(sku: str = "gb300", faults: tuple[str, ...] = (), **kw: Any) -> World:
+        w = World(tmp_path / f"world{len(worlds)}", sku, faults, **kw).__enter__()
+        worlds.append(w)
+        return w
+
+    yield make
+    for w in worlds:
+        w.__exit__(None, None, None)
+
+
+def run_in_process(w: World, **opts: Any) -> RunResult:
+    """Run the machine on the world's node in this process (faster than the CLI)."""
+    cfg = load_config(w.config_path, required=True)
+    return execute(
+        cfg, RunOptions(root=w.root, env=w.env(), config_path=str(w.config_path), **opts)
+    )
+
+
+def installer_calls(w: World) -> list[dict[str, Any]]:
+    """Install invocations of nvidia-installer (not -x or --print-recommended...)."""
+    return [
+        c
+        for c in w.calls()
+        if c["cmd"] == "nvidia-installer"
+        and not {"-x", "--extract-only", "--print-recommended-kernel-module-type"} & set(c["argv"])
+    ]
