@@ -138,12 +138,21 @@ def _patch_makeself_header(run: Path) -> None:
     run.write_bytes(header + payload)
 
 
-def build_runfile(out_dir: Path, *, version: str, runfile_arch: str, installer_source: str) -> Path:
+def build_runfile(
+    out_dir: Path,
+    *,
+    version: str,
+    runfile_arch: str,
+    installer_source: str,
+    blob_bytes: int = 0,
+) -> Path:
     """Build ``out_dir/NVIDIA-Linux-<arch>-<version>.run``, a real makeself archive.
 
     The payload directory ``NVIDIA-Linux-<arch>-<version>/`` holds an executable
     ``nvidia-installer`` (= installer_source, which must carry its own shebang),
-    ``LICENSE``, ``kernel/`` and ``kernel-open/``; the startup script is
+    ``LICENSE``, ``kernel/`` and ``kernel-open/`` (with ``blob_bytes`` of incompressible
+    bytes as ``kernel/nv-kernel.o_binary``, like the real prebuilt blob, so downloads
+    are big enough to drop and resume); the startup script is
     ``./nvidia-installer``. ``--info``, ``--check`` and ``--list`` work as usual.
 
     Extraction without installing -- use, as on the real NVIDIA runfile::
@@ -170,6 +179,13 @@ def build_runfile(out_dir: Path, *, version: str, runfile_arch: str, installer_s
         for sub in ("kernel", "kernel-open"):
             (stage / sub).mkdir(parents=True)
             (stage / sub / "nvidia.c").write_text(f"/* {sub} placeholder for {version} */\n")
+        if blob_bytes:
+            seed = hashlib.sha256(version.encode()).digest()
+            blocks = (blob_bytes + 31) // 32
+            blob = b"".join(
+                hashlib.sha256(seed + i.to_bytes(8, "big")).digest() for i in range(blocks)
+            )
+            (stage / "kernel" / "nv-kernel.o_binary").write_bytes(blob[:blob_bytes])
         (stage / "LICENSE").write_text("NVIDIA Software License (bootfsm simulator stand-in)\n")
         installer = stage / "nvidia-installer"
         installer.write_text(installer_source)

@@ -62,6 +62,7 @@ class World:
     faults: Collection[str] = ()
     driver_kind: str = "cuda"
     compile_seconds: float = 0.05
+    runfile_blob_bytes: int = 1 << 20
     config_overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     root: Path = field(init=False)
     docroot: Path = field(init=False)
@@ -111,6 +112,7 @@ class World:
             version=v,
             runfile_arch=names.runfile,
             installer_source=standin_script("nvidia-installer", self.root),
+            blob_bytes=self.runfile_blob_bytes,
         )
         self.runfile_sha256 = art.sha256_file(runfile)
         tk = self.docroot / "toolkit" / names.debian
