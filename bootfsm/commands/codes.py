@@ -33,6 +33,26 @@ def _as_dict(r: CodeInfo) -> dict[str, object]:
     }
 
 
+def markdown() -> str:
+    """docs/codes.md, generated from the table (a test keeps the file in step)."""
+    out = [
+        "# Exit codes",
+        "",
+        "Generated from `bootfsm/codes.py` (`bootfsm codes --markdown`); do not edit.",
+        "Codes avoid 1-2, 64-78 (sysexits), 124-165 (timeout and signals), 200-244 and 255",
+        "(systemd). 83, 84, 85 and 87 mean exactly what the cloud provisioning codes mean.",
+        "",
+        "| code | name | meaning | what to do | transient |",
+        "|---|---|---|---|---|",
+    ]
+    for r in sorted(CODES.values(), key=lambda r: int(r.code)):
+        out.append(
+            f"| {int(r.code)} | `{r.name}` | {r.summary} | {r.hint} | "
+            f"{'yes' if r.transient else 'no'} |"
+        )
+    return "\n".join(out) + "\n"
+
+
 def main(args: argparse.Namespace) -> int:
     """Print the whole table, or explain one code."""
     if args.command == "explain":
@@ -45,6 +65,9 @@ def main(args: argparse.Namespace) -> int:
             print("  transient: a later run may succeed without changes")
         return 0
     rows = sorted(CODES.values(), key=lambda r: int(r.code))
+    if getattr(args, "markdown", False):
+        print(markdown(), end="")
+        return 0
     if args.json:
         print(json.dumps([_as_dict(r) for r in rows], indent=1))
         return 0
