@@ -59,7 +59,7 @@ def main() -> str:
         calls1 = _installer_calls(w)
         reruns = []
         for _ in range(RUNS):
-            t, rc = _wall(w.argv(), w.env())
+            t, _ = _wall(w.argv(), w.env())
             reruns.append(t)
         calls2 = _installer_calls(w) - calls1
     out += [
