@@ -28,8 +28,8 @@ def machine() -> str:
     except OSError:
         pass
     return (
-        f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, {cpu or 'unknown CPU'}, "
-        f"Python {platform.python_version()}"
+        f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, "
+        f"{cpu or 'unknown CPU'}, Python {platform.python_version()}"
     )
 
 
