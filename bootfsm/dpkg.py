@@ -38,9 +38,15 @@ def wait_for_lock(ctx: Context) -> None:
 
 
 def installed_version(ctx: Context, package: str) -> str | None:
-    """The installed version of ``package``, or None."""
-    r = ctx.run(["dpkg-query", "-W", "-f=${Version}", package], timeout=30)
-    return r.output.strip() or None if r.ok else None
+    """The version of ``package`` when fully installed (status ``ii``), else None.
+
+    A package dpkg only unpacked (failed configure, unmet dependencies) is not installed.
+    """
+    r = ctx.run(["dpkg-query", "-W", "-f=${db:Status-Abbrev}|${Version}", package], timeout=30)
+    if not r.ok:
+        return None
+    status, _, version = r.output.strip().partition("|")
+    return version.strip() or None if status.strip() == "ii" else None
 
 
 def install_debs(ctx: Context, debs: Sequence[Path], *, force: Sequence[str], code: Code) -> None:

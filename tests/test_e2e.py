@@ -214,3 +214,12 @@ def test_sigkill_in_the_middle_of_driver_then_rerun_ends_done(make_world: MakeWo
     rerun = w.run_cli()
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     assert len(w.journals()) == 2
+
+
+def test_global_deadline_names_the_running_state(make_world: MakeWorld) -> None:
+    w = make_world("h100-pcie", compile_seconds=20.0, config_overrides={"run": {"deadline": 3.0}})
+    result = run_in_process(w)
+    assert result.outcome.code is Code.DEADLINE_EXCEEDED
+    assert result.outcome.state == "driver"
+    assert "global deadline of 3 s ran out in state driver" in result.outcome.message
+    assert load_run(result.journal).duration_s < 10  # type: ignore[arg-type,operator]
