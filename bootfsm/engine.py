@@ -178,7 +178,8 @@ def _run_state(ctx: Context, name: str, module: Any) -> None:
     start = ctx.journal.elapsed()
     ctx.check_time()
     if module.satisfied(ctx):
-        ctx.event("state.skip", reason="postcondition holds")
+        explain = getattr(module, "skip_reason", None)  # optional: states/__init__.ExplainsSkip
+        ctx.event("state.skip", reason=(explain(ctx) if explain else None) or "postcondition holds")
         return
     ctx.event("state.enter", time_limit_s=srow.time_limit, attempts_max=srow.retry.attempts)
     attempts = _attempt(ctx, srow, lambda: module.run(ctx))

@@ -12,7 +12,7 @@ from typing import Protocol
 from bootfsm.context import Context
 from bootfsm.states import detect, driver, fabric, fetch, imex, join, verify
 
-__all__ = ["CALLBACKS", "REGISTRY", "StateModule"]
+__all__ = ["CALLBACKS", "EXPLAINS_SKIP", "REGISTRY", "ExplainsSkip", "StateModule"]
 
 
 class StateModule(Protocol):
@@ -28,6 +28,17 @@ class StateModule(Protocol):
         """Make it true, or raise BootError / TransientError."""
         ...
 
+
+class ExplainsSkip(Protocol):
+    """Optional for a state: the engine journals this as ``state.skip``'s reason."""
+
+    def skip_reason(self, ctx: Context) -> str | None:
+        """Read-only, called only after ``satisfied`` held; None: "postcondition holds"."""
+        ...
+
+
+EXPLAINS_SKIP: tuple[ExplainsSkip, ...] = (driver,)
+"""States that explain a skip (listed so mypy checks their ``skip_reason``)."""
 
 REGISTRY: Mapping[str, StateModule] = {
     m.NAME: m for m in (detect, fetch, driver, fabric, imex, verify, join)

@@ -19,6 +19,9 @@ UDEV_TEXT = (
     'RUN+="/usr/bin/nvidia-ctk system create-dev-char-symlinks --create-all"\n'
 )
 CRI_PLUGIN = {1: "io.containerd.grpc.v1.cri", 2: "io.containerd.cri.v1.runtime"}
+CDI_SPEC = "/etc/cdi/nvidia.yaml"
+CDI_UNIT = "nvidia-cdi-refresh.service"
+CDI_UNIT_DIRS = ("/etc/systemd/system", "/lib/systemd/system", "/usr/lib/systemd/system")
 
 
 def dropin_text(major: int) -> str:
@@ -71,8 +74,28 @@ def satisfied(ctx: Context) -> bool:
     return not ctx.config.join.start_kubelet or bool(_healthy(ctx))
 
 
+def refresh_cdi(ctx: Context) -> None:
+    """Regenerate the CDI spec: the toolkit's refresh unit when installed (reset-failed,
+    restart), else `nvidia-ctk cdi generate`; CDI_REFRESH_FAILED when it fails."""
+    if any(ctx.host.exists(f"{d}/{CDI_UNIT}") for d in CDI_UNIT_DIRS):
+        ctx.run(["systemctl", "reset-failed", CDI_UNIT, "nvidia-cdi-refresh.path"], timeout=15)
+        systemctl(ctx, "restart", CDI_UNIT, code=Code.CDI_REFRESH_FAILED, what="CDI refresh")
+        return
+    ctx.host.makedirs(CDI_SPEC.rsplit("/", 1)[0])
+    ctx.require(
+        ["nvidia-ctk", "cdi", "generate", f"--output={ctx.host.path(CDI_SPEC)}"],
+        code=Code.CDI_REFRESH_FAILED,
+        timeout=120,
+        what="CDI refresh (nvidia-ctk cdi generate) failed",
+    )
+
+
 def run(ctx: Context) -> None:
-    """Wire containerd, create device symlinks, start kubelet, write the ready marker."""
+    """Wire containerd, device symlinks, CDI spec, start kubelet, write the ready marker.
+
+    Order as the runtime needs it: toolkit (driver state), containerd drop-in, udev
+    rule, /dev/char symlinks, then the CDI refresh.
+    """
     cfg = ctx.config.join
     text = dropin_text(_containerd_major(ctx))
     changed = ctx.host.read_text(DROPIN) != text
@@ -84,6 +107,8 @@ def run(ctx: Context) -> None:
         code=Code.DRIVER_NOT_STARTED,
         timeout=60,
     )
+    if cfg.cdi_refresh:
+        refresh_cdi(ctx)
     if changed or not is_active(ctx, "containerd.service"):
         systemctl(
             ctx,
@@ -110,4 +135,4 @@ def run(ctx: Context) -> None:
         "run_id": ctx.journal.run_id,
         "wall_time": ctx.host.wall(),
     }
-    ctx.host.write_atomic(_marker(ctx), json.dumps(marker) + "\n")
+    ctx.host.write_atomic(_marker(ctx), json.dumps(marker) + "\n", 0o600)

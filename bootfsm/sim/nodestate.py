@@ -503,6 +503,10 @@ class Node:
             return "no NVLink5 switch-management port found"
         if unit == "nvidia-imex.service" and self.loaded_module() is None:
             return "IMEX failed to open the NVIDIA driver: driver not loaded"
+        if unit == "nvidia-cdi-refresh.service" and (
+            self.fault("cdi-fails") or self.loaded_module() is None
+        ):
+            return "failed to generate CDI spec: failed to initialize NVML: ERROR_UNKNOWN"
         if (
             unit == "containerd.service"
             and verb == "restart"

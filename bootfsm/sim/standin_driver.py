@@ -1,4 +1,4 @@
-"""Driver stand-ins: nvidia-installer, dkms, modprobe, nvidia-modprobe and nvidia-smi.
+"""Driver stand-ins: nvidia-installer, dkms, modprobe, modinfo, nvidia-modprobe, nvidia-smi.
 
 Each command is ``fn(node, argv) -> exit code`` writing to stdout/stderr like the real
 tool (messages copied from real output where the samples show it).
@@ -86,7 +86,8 @@ class _InstallerArgs:
 _FLAGS = frozenset(
     {"-s", "--silent", "-a", "--accept-license", "--no-drm", "--dkms", "--no-dkms", "-q",
      "--no-questions", "--ui=none", "--no-peermem", "-N", "--no-network", "--disable-nouveau",
-     "--no-x-check", "--no-nouveau-check", "--install-compat32-libs", "--no-install-compat32-libs"}
+     "--no-x-check", "--no-nouveau-check", "--install-compat32-libs", "--no-install-compat32-libs",
+     "--skip-module-load"}
 )  # fmt: skip
 
 
@@ -364,6 +365,48 @@ def _rmmod_nvidia(node: Node) -> int:
     return 0
 
 
+def modinfo(node: Node, argv: list[str]) -> int:
+    """`modinfo [-k KERNEL] [-F FIELD] nvidia[-uvm|-modeset]` for DKMS-installed modules."""
+    kernel, field_name, names = node.kernel, "", []
+    rest = iter(argv)
+    for arg in rest:
+        if arg in ("-k", "--set-version"):
+            kernel = next(rest, kernel)
+        elif arg in ("-F", "--field"):
+            field_name = next(rest, "")
+        elif arg.startswith("--field="):
+            field_name = arg.split("=", 1)[1]
+        elif not arg.startswith("-"):
+            names.append(arg)
+    if len(names) != 1:
+        _err("modinfo: ERROR: missing module or filename.")
+        return 1
+    name = names[0].replace("_", "-")
+    path = f"lib/modules/{kernel}/updates/dkms/{name}.ko"
+    text = node.read(path) if name in _NVIDIA_MODULES else None
+    if text is None:
+        _err(f"modinfo: ERROR: Module {names[0]} not found.")
+        return 1
+    keys = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+    fields = [
+        ("filename", f"/{path}"),
+        ("alias", "char-major-195-*"),
+        ("version", keys.get("version", "")),
+        ("supported", "external"),
+        ("license", keys.get("license", "")),
+        ("depends", ""),
+        ("retpoline", "Y"),
+        ("name", keys.get("name", name).replace("-", "_")),
+        ("vermagic", keys.get("vermagic", "")),
+    ]
+    for key, value in fields:
+        if not field_name:
+            print(f"{key + ':':<16}{value}".rstrip())
+        elif key == field_name and value:
+            print(value)
+    return 0
+
+
 def nvidia_modprobe(node: Node, argv: list[str]) -> int:
     """`nvidia-modprobe [-u] [-c N] ...`: load the module and create device nodes; silent."""
     del argv
@@ -489,4 +532,5 @@ COMMANDS: Mapping[str, Callable[[Node, list[str]], int]] = {
     "modprobe": modprobe,
     "nvidia-modprobe": nvidia_modprobe,
     "nvidia-smi": nvidia_smi,
+    "modinfo": modinfo,
 }

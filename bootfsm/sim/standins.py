@@ -158,7 +158,7 @@ _HERE: Mapping[str, _Command] = {
     "containerd": containerd,
     "nvidia-ctk": nvidia_ctk,
 }
-_DRIVER = ("nvidia-installer", "dkms", "modprobe", "nvidia-modprobe", "nvidia-smi")
+_DRIVER = ("nvidia-installer", "dkms", "modprobe", "nvidia-modprobe", "nvidia-smi", "modinfo")
 _UNITS = ("systemctl", "nvidia-fabricmanager-start.sh")
 _PACKAGES = ("dpkg", "dpkg-query")
 

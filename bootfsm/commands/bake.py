@@ -1,0 +1,53 @@
+"""`bootfsm bake`: image build; prefetch verified artifacts and prebuild the driver module.
+
+The exit code is the bake's code (0 baked or already baked); docs/image-build.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from bootfsm.bake import BakeOptions, BakeResult, bake, marker_path
+from bootfsm.codes import info
+from bootfsm.commands.common import config_path, load_or_exit
+
+__all__ = ["main", "summary_line"]
+
+
+def summary_line(result: BakeResult, marker: str) -> str:
+    """The one line a build log shows at the end."""
+    if not result.ok:
+        first = result.message.splitlines()[0] if result.message else ""
+        return (
+            f"bootfsm: bake FAILED code={int(result.code)} {result.code.name}: {first}"
+            f" | hint: {info(result.code).hint}"
+        )
+    m = result.marker
+    what = (
+        f"driver {m.driver_version} ({m.driver_kind}, {m.module_type}) for kernel {m.kernel}"
+        f" [{m.arch}], marker {marker}"
+        if m
+        else "driver.install = false: artifacts only, no module"
+    )
+    did = ", ".join(result.changed) if result.changed else "nothing (already baked)"
+    return f"bootfsm: baked {what}; did: {did}"
+
+
+def main(args: argparse.Namespace) -> int:
+    """Bake the image root ``--root`` for ``--kernel`` (default: newest with headers)."""
+    cfg = load_or_exit(args)
+    if isinstance(cfg, int):
+        return cfg
+    result = bake(
+        cfg,
+        BakeOptions(
+            root=Path(args.root),
+            kernel=args.kernel,
+            config_path=str(config_path(args)[0]),
+            console=sys.stderr,
+        ),
+    )
+    print(summary_line(result, marker_path(cfg)))
+    return int(result.code)
