@@ -1,39 +1,172 @@
-"""`bootfsm trace [RUN-ID | FILE]`: the story of a run, for a person or as JSON."""
+"""`bootfsm trace`: the story of a run, of a node's runs, or of a fleet.
+
+    bootfsm trace [RUN-ID | FILE] [--json] [--html OUT]   one run (default: the latest)
+    bootfsm trace --history [--json]                      every run kept on the node
+    bootfsm trace --fleet DIR [--json] [--top N]          journals collected from many nodes
+
+Exit codes: 0 the trace was printed (whatever the run's outcome); 1 nothing to read
+(no journal, unknown run id, fleet directory without journals); 10 invalid config;
+2 usage errors (argparse).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 from bootfsm.commands.common import load_or_exit
-from bootfsm.trace import latest_journal, load_run, render, to_json
+from bootfsm.config import Config
+from bootfsm.liveness import annotate
+from bootfsm.trace import TRACE_SCHEMA, TraceReport, journals, latest_journal, load_run
 
-__all__ = ["main"]
+__all__ = ["history_json", "main", "render_history"]
+
+NOTHING = 1
 
 
-def _find(args: argparse.Namespace, log_dir: Path) -> Path | None:
-    if args.target is None:
+def _dirs(args: argparse.Namespace, cfg: Config) -> tuple[Path, Path]:
+    root = Path(args.root)
+    return root / cfg.run.log_dir.lstrip("/"), root / cfg.run.state_dir.lstrip("/")
+
+
+def _find(target: str | None, log_dir: Path) -> Path | None:
+    if target is None:
         return latest_journal(log_dir)
-    p = Path(args.target)
+    p = Path(target)
     if p.is_file():
         return p
-    matches = sorted(log_dir.glob(f"run-*{args.target}*.jsonl"))
+    matches = sorted(log_dir.glob(f"run-*{target}*.jsonl"))
     return matches[-1] if matches else None
 
 
+def _load(path: Path, log_dir: Path, state_dir: Path) -> TraceReport:
+    report = load_run(path)
+    local = path.resolve().parent == log_dir.resolve()
+    # liveness only means something for this node's own journals
+    return annotate(report, state_dir / "lock") if local else report
+
+
+def _between(prev: TraceReport, cur: TraceReport) -> str:
+    if prev.boot_id and cur.boot_id:
+        return "reboot" if prev.boot_id != cur.boot_id else "rerun (same boot)"
+    return "then"
+
+
+def history_json(reports: list[TraceReport]) -> dict[str, Any]:
+    """The runs of one node, oldest first, and the story they tell."""
+    runs = []
+    for i, r in enumerate(reports):
+        runs.append(
+            {
+                "run_id": r.run_id,
+                "source": r.source,
+                "started": r.started,
+                "duration_s": r.duration_s,
+                "outcome": r.outcome,
+                "code": r.code,
+                "code_name": r.code_name,
+                "state": r.failed_state if r.outcome != "done" else "",
+                "boot_id": r.boot_id,
+                "retries": sum(len(s.retries) for s in r.spans),
+                "after": _between(reports[i - 1], r) if i else "",
+                "warnings": len(r.warnings),
+            }
+        )
+    story = ""
+    for rep, row in zip(reports, runs, strict=True):
+        step = rep.outcome
+        if rep.outcome not in ("done", "running"):
+            step += f" ({rep.code_name or 'no verdict'} in {row['state'] or '?'})"
+        story += (f" -> {row['after']} -> " if row["after"] else "") + step
+    return {"schema": TRACE_SCHEMA, "kind": "history", "runs": runs, "story": story}
+
+
+def render_history(data: dict[str, Any], where: str) -> str:
+    """The history screen."""
+    runs = data["runs"]
+    out = [f"history of {where}: {len(runs)} run(s), oldest first", ""]
+    out.append("  started                      run       duration  outcome      code / state")
+    for r in runs:
+        if r["after"]:
+            out.append(f"    -- {r['after']} --")
+        dur = f"{r['duration_s']:8.2f} s" if r["duration_s"] is not None else "       ? "
+        code = "" if r["outcome"] == "done" else f"{r['code'] if r['code'] is not None else '-'} "
+        code += r["code_name"] if r["outcome"] != "done" else ""
+        where_ = f" in {r['state']}" if r["state"] else ""
+        retries = f"  ({r['retries']} retries)" if r["retries"] else ""
+        out.append(
+            f"  {r['started'] or '?':<28} {r['run_id'] or '?':<8}  {dur}  {r['outcome']:<11}  "
+            f"{code}{where_}{retries}"
+        )
+    out += ["", f"story: {data['story'].strip() or '-'}"]
+    return "\n".join(out) + "\n"
+
+
+def _fleet(args: argparse.Namespace) -> int:
+    from bootfsm.fleet import render_fleet, scan
+
+    root = Path(args.fleet)
+    if not root.is_dir():
+        print(f"bootfsm: fleet directory {root} does not exist", file=sys.stderr)
+        return NOTHING
+    t0 = time.monotonic()
+    stats = scan(root, top=args.top)
+    data = stats.to_json(str(root), time.monotonic() - t0)
+    if stats.files == 0:
+        print(f"bootfsm: no *.jsonl journals under {root}", file=sys.stderr)
+        return NOTHING
+    print(json.dumps(data, indent=1) if args.json else render_fleet(data), end="\n" * args.json)
+    return 0
+
+
+def _history(log_dir: Path, state_dir: Path, as_json: bool) -> int:
+    paths = journals(log_dir)
+    if not paths:
+        print(f"bootfsm: no journal found in {log_dir}", file=sys.stderr)
+        return NOTHING
+    reports = [_load(p, log_dir, state_dir) for p in paths]
+    data = history_json(reports)
+    print(
+        json.dumps(data, indent=1, default=str) if as_json else render_history(data, str(log_dir))
+    )
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
-    """Print the trace; exit 1 when there is no journal to read."""
+    """Dispatch to the run, history or fleet view."""
+    if getattr(args, "fleet", None):
+        return _fleet(args)
     cfg = load_or_exit(args)
     if isinstance(cfg, int):
         return cfg
-    log_dir = Path(args.root) / cfg.run.log_dir.lstrip("/")
-    path = _find(args, log_dir)
+    log_dir, state_dir = _dirs(args, cfg)
+    if getattr(args, "history", False):
+        return _history(log_dir, state_dir, args.json)
+    path = _find(args.target, log_dir)
     if path is None:
-        print(f"bootfsm: no journal found in {log_dir}", file=sys.stderr)
-        return 1
-    report = load_run(path)
+        what = f"no journal matching {args.target!r}" if args.target else "no journal"
+        print(f"bootfsm: {what} found in {log_dir}", file=sys.stderr)
+        return NOTHING
+    report = _load(path, log_dir, state_dir)
+    if getattr(args, "html", None):
+        from bootfsm.trace_html import render_html
+
+        out = Path(args.html)
+        try:
+            out.write_text(render_html(report), encoding="utf-8")
+        except OSError as exc:
+            print(f"bootfsm: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
+            return NOTHING
+        print(
+            f"bootfsm: wrote {out} (run {report.run_id or '?'}, {report.outcome})", file=sys.stderr
+        )
+        return 0
+    from bootfsm.trace import render, to_json
+
     if args.json:
         print(json.dumps(to_json(report), indent=1, default=str))
     else:

@@ -1,0 +1,195 @@
+"""`bootfsm status [--json] [--wait --timeout SECONDS]`: where the current or last run is.
+
+Reads ``<state_dir>/checkpoint.json`` (written by the runner at every transition and at
+the end), who holds ``<state_dir>/lock`` (``/proc/locks``, without taking the lock) and
+the run's journal. ``--wait`` polls until the run ends or ``--timeout`` passes (never
+forever), and also waits for a run that has not started yet.
+
+Exit codes, distinct from every outcome code of the exit-code table:
+
+====  =====================================================================
+0     the last run provisioned the node (done)
+3     a run is in progress (``--wait``: still running when the timeout passed)
+4     no run has started on this node (``--wait``: none before the timeout)
+5     the last run ended without a verdict (killed, crashed or power lost)
+N     the last run failed or was interrupted: its own exit code (10-110)
+====  =====================================================================
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bootfsm.codes import Code, info
+from bootfsm.commands.common import load_or_exit
+from bootfsm.config import Config
+from bootfsm.errors import BootError
+from bootfsm.host import Host
+from bootfsm.liveness import lock_holders, pid_exists
+from bootfsm.trace import latest_journal, load_run
+
+__all__ = ["DONE", "KILLED", "NEVER_STARTED", "RUNNING", "Status", "main", "probe"]
+
+DONE = 0
+RUNNING = 3
+NEVER_STARTED = 4
+KILLED = 5
+STATUS_SCHEMA = 1
+_POLL_S = 0.2
+_WARNED: list[str] = []  # checkpoint warnings already printed by this process
+
+
+@dataclass
+class Status:
+    """What ``bootfsm status`` reports (the JSON form is this, plus ``schema``)."""
+
+    status: str  # done | failed | interrupted | running | killed | never-started
+    exit: int
+    state: str = ""
+    run_id: str = ""
+    pid: int | None = None
+    code: int | None = None
+    code_name: str = ""
+    message: str = ""
+    hint: str = ""
+    journal: str = ""
+    waited_s: float = 0.0
+    timed_out: bool = False
+
+
+def _checkpoint(host: Host, cfg: Config) -> dict[str, Any] | None:
+    try:
+        text = host.read_text(f"{cfg.run.state_dir}/checkpoint.json")
+        data = json.loads(text) if text is not None else None  # empty: truncated
+    except (BootError, ValueError) as exc:  # unreadable or torn: the journal still tells
+        data, problem = None, str(exc)[:120]
+    else:
+        problem = "" if data is None or isinstance(data, dict) else "not a JSON object"
+    if problem and not _WARNED:  # once, not at every --wait poll
+        _WARNED.append(problem)
+        print(
+            f"bootfsm: warning: {cfg.run.state_dir}/checkpoint.json is unreadable ({problem}); "
+            "treated as absent, the journal tells instead",
+            file=sys.stderr,
+        )
+    return data if isinstance(data, dict) else None
+
+
+def _from_journal(host: Host, cfg: Config) -> dict[str, Any] | None:
+    """A checkpoint-like record from the newest journal (checkpoint missing or unreadable)."""
+    path = latest_journal(host.path(cfg.run.log_dir))
+    if path is None:
+        return None
+    r = load_run(path)
+    return {
+        "run_id": r.run_id,
+        "journal": str(path),
+        "pid": r.pid,
+        "state": r.failed_state or (r.spans[-1].state if r.spans else ""),
+        "outcome": r.outcome,
+        "code": r.code,
+        "code_name": r.code_name,
+    }
+
+
+def _finished(cp: dict[str, Any]) -> Status:
+    outcome = str(cp.get("outcome"))
+    code = cp.get("code")
+    try:
+        c = Code(int(code)) if code is not None else Code.INTERNAL_ERROR
+    except ValueError:
+        c = Code.INTERNAL_ERROR
+    if outcome == "done":
+        return Status("done", DONE, code=0, code_name="OK", message="node provisioned")
+    return Status(outcome, int(c), code=int(c), code_name=c.name, hint=info(c).hint)
+
+
+def probe(host: Host, cfg: Config) -> Status:
+    """The status right now (no waiting)."""
+    holders = lock_holders(host.path(f"{cfg.run.state_dir}/lock"))
+    cp = _checkpoint(host, cfg) or _from_journal(host, cfg)
+    if holders:  # someone holds the node lock: a run is in progress (maybe just starting)
+        st = Status("running", RUNNING)
+        if cp and cp.get("outcome") == "running":
+            st.state = str(cp.get("state", ""))
+    elif cp is None:
+        return Status("never-started", NEVER_STARTED, message="no checkpoint and no journal")
+    elif cp.get("outcome") == "running":
+        pid = cp.get("pid")
+        alive = False if holders is not None else pid_exists(pid) if isinstance(pid, int) else None
+        if alive is False:
+            st = Status("killed", KILLED, hint="rerun `bootfsm run`; it resumes where it stopped")
+            st.message = "no process holds the node lock and the run never recorded an end"
+        else:
+            st = Status("running", RUNNING)
+        st.state = str(cp.get("state", ""))
+    else:
+        st = _finished(cp)
+        st.state = str(cp.get("state", ""))
+    if cp is not None and (st.status != "running" or cp.get("outcome") == "running"):
+        st.run_id = str(cp.get("run_id", ""))
+        st.journal = str(cp.get("journal", ""))
+        st.pid = cp.get("pid") if isinstance(cp.get("pid"), int) else None
+    return st
+
+
+def _details(st: Status) -> None:
+    """Fill the message from the run's journal for a failed or interrupted run."""
+    if st.status in ("failed", "interrupted") and st.journal:
+        r = load_run(Path(st.journal))
+        if r.run_id == st.run_id and r.message:
+            st.message = r.message.splitlines()[0]
+
+
+def _line(st: Status, timeout: float) -> str:
+    run = f"run {st.run_id}" if st.run_id else "run ?"
+    if st.status == "done":
+        return f"bootfsm: done: {run} provisioned the node (code 0)"
+    if st.status == "running":
+        late = f" (still running after --timeout {timeout:g} s)" if st.timed_out else ""
+        return f"bootfsm: running: {run} pid {st.pid or '?'} in state {st.state or '?'}{late}"
+    if st.status == "never-started":
+        late = f" (none started within --timeout {timeout:g} s)" if st.timed_out else ""
+        return f"bootfsm: never started: no bootfsm run on this node yet{late}"
+    if st.status == "killed":
+        return (
+            f"bootfsm: killed: {run} stopped in state {st.state or '?'} without a verdict"
+            f" | hint: {st.hint}"
+        )
+    return (
+        f"bootfsm: {st.status}: {run} code={st.code} {st.code_name} state={st.state or '-'}: "
+        f"{st.message} | hint: {st.hint}"
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    """Print the status (after waiting, with --wait); exit with the status's code."""
+    cfg = load_or_exit(args)
+    if isinstance(cfg, int):
+        return cfg
+    if args.timeout < 0:
+        print("bootfsm: --timeout must be >= 0", file=sys.stderr)
+        return 2
+    host = Host(Path(args.root))
+    start = host.monotonic()
+    end = start + args.timeout
+    st = probe(host, cfg)
+    while args.wait and st.status in ("running", "never-started"):
+        left = end - host.monotonic()
+        if left <= 0:
+            st.timed_out = True
+            break
+        host.sleep(min(_POLL_S, left))
+        st = probe(host, cfg)
+    st.waited_s = round(host.monotonic() - start, 3)
+    _details(st)
+    if args.json:
+        print(json.dumps({"schema": STATUS_SCHEMA, "kind": "status", **asdict(st)}, indent=1))
+    else:
+        print(_line(st, args.timeout))
+    return st.exit

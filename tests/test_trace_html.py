@@ -1,0 +1,111 @@
+"""`bootfsm trace --html`: one self-contained page, checked in real headless Chromium.
+
+Chromium loads the file, runs its script and dumps the resulting DOM; the test reads the
+bars, retry marks and the script-built state table from that DOM. Without a `chromium`
+binary (`make deps` installs the Debian package) the browser tests skip, saying so.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from bootfsm.cli import main
+from bootfsm.trace import load_run, parse_events
+from bootfsm.trace_html import render_html
+from tests.conftest import MakeWorld, run_in_process
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="chromium not installed (Debian package `chromium`; `make deps`)"
+)
+
+
+class _Dom(HTMLParser):
+    """Every start tag as (tag, attributes), in document order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict[str, str]]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, {k: v or "" for k, v in attrs}))
+
+    def having(self, tag: str, cls: str) -> list[dict[str, str]]:
+        return [a for t, a in self.tags if t == tag and cls in a.get("class", "").split()]
+
+
+def _dump_dom(page: Path, tmp_path: Path) -> _Dom:
+    assert CHROMIUM is not None
+    proc = subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    dom = _Dom()
+    dom.feed(proc.stdout)
+    return dom
+
+
+def test_page_is_self_contained() -> None:
+    """Nothing to fetch: no src/href/url()/@import; the SVG namespace is the only URL."""
+    report = parse_events(['{"event": "run.start", "t": 0, "run_id": "ab12cd34"}'])
+    page = render_html(report)
+    assert not re.search(r"\b(src|href)\s*=|url\(|@import", page)
+    assert set(re.findall(r"https?://[^\"' ]+", page)) == {"http://www.w3.org/2000/svg"}
+
+
+def test_untrusted_text_is_escaped() -> None:
+    """Command output with markup or a closing script tag stays text."""
+    lines = [
+        '{"event": "run.start", "t": 0, "run_id": "x"}',
+        '{"event": "state.enter", "t": 0.1, "state": "driver"}',
+        '{"event": "command", "t": 0.5, "state": "driver", "argv": ["<b>x</b>"], "rc": 1,'
+        ' "duration_s": 0.2, "output": "</script><script>alert(1)</script>"}',
+        '{"event": "state.failed", "t": 0.6, "state": "driver", "code": 41,'
+        ' "code_name": "DRIVER_INSTALL_FAILED", "message": "<img onerror=x>",'
+        ' "detail": {"argv": ["<b>x</b>"], "returncode": 1}, "output": "</script>"}',
+    ]
+    page = render_html(parse_events(lines))
+    assert "<b>x</b>" not in page and "<img" not in page
+    assert page.count("<script") == 2 and page.count("</script>") == 2
+
+
+@needs_chromium
+def test_failed_run_with_retries_in_chromium(make_world: MakeWorld, tmp_path: Path) -> None:
+    """503 x3 then a DKMS failure: one bar per state, the driver bar marked failed, three
+    retry marks and back-off sleeps on fetch, and the script ran (data-ready, table)."""
+    w = make_world("h100-pcie", ("http-503x3", "installer-fails"))
+    result = run_in_process(w)
+    assert result.journal is not None and result.outcome.code.name == "DRIVER_INSTALL_FAILED"
+    page = tmp_path / "trace.html"
+    assert main(["trace", "--root", str(w.root), "--html", str(page)]) == 0
+    report = load_run(result.journal)
+    dom = _dump_dom(page, tmp_path)
+    html_tag = next(a for t, a in dom.tags if t == "html")
+    assert html_tag.get("data-ready") == "1"  # set by the page's script
+    bars = dom.having("rect", "bar")
+    assert [b["data-state"] for b in bars] == [s.state for s in report.spans]
+    assert [b["data-state"] for b in dom.having("rect", "failed")] == ["driver"]
+    rows = [a for t, a in dom.tags if t == "tr" and "data-state" in a]  # built by the script
+    assert [r["data-state"] for r in rows] == [s.state for s in report.spans]
+    assert [r["data-state"] for r in rows if "failed" in r.get("class", "")] == ["driver"]
+    assert len(dom.having("line", "retry")) == 3 and len(dom.having("rect", "sleep")) == 3
+    assert dom.having("rect", "cmd") and dom.having("rect", "bad")
+    assert any(a.get("id") == "root-cause" for _, a in dom.tags)
