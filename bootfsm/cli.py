@@ -14,6 +14,15 @@ from collections.abc import Sequence
 __all__ = ["build_parser", "main"]
 
 
+_STATUS_EPILOG = """exit codes (bootfsm/commands/status.py, docs/trace.md):
+  0       the last run provisioned the node (done)
+  3       a run is in progress (with --wait: still running when the timeout passed)
+  4       no run has started on this node (with --wait: none started before the timeout)
+  5       the last run ended without a verdict (killed, crashed or power lost)
+  10-110  the last run failed or was interrupted: its own exit code (bootfsm codes)
+"""
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--root", default="/", help="node root directory (default: /)")
     p.add_argument(
@@ -49,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="wait this long for another run's lock (default: exit at once)",
     )
     p.add_argument("--quiet", action="store_true", help="print only the summary line")
+    p.add_argument(
+        "--no-start-kubelet",
+        action="store_true",
+        help="leave kubelet to systemd (join.start_kubelet = false); bootfsm.service uses it",
+    )
 
     p = sub.add_parser("plan", help="what a run would do, without side effects")
     _common(p)
@@ -60,16 +74,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "target", nargs="?", default=None, help="run id or journal file (default: latest)"
     )
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="the stable JSON form (docs/trace.md)")
+    p.add_argument(
+        "--history", action="store_true", help="every run kept on the node, oldest first"
+    )
+    p.add_argument(
+        "--html", default=None, metavar="FILE", help="write the run as one self-contained HTML page"
+    )
+    p.add_argument(
+        "--fleet",
+        default=None,
+        metavar="DIR",
+        help="aggregate journals collected from many nodes (DIR/**/*.jsonl)",
+    )
+    p.add_argument("--top", type=int, default=10, help="with --fleet: slowest runs to list")
 
-    p = sub.add_parser("status", help="state and outcome of the current or last run")
+    p = sub.add_parser(
+        "status",
+        help="state and outcome of the current or last run",
+        epilog=_STATUS_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _common(p)
     p.add_argument("--json", action="store_true")
     p.add_argument("--wait", action="store_true", help="block until the run ends")
-    p.add_argument("--timeout", type=float, default=600.0, help="with --wait: give up after")
+    p.add_argument(
+        "--timeout", type=float, default=600.0, help="with --wait: give up after SECONDS"
+    )
 
     p = sub.add_parser("codes", help="the exit-code table")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--markdown", action="store_true", help=argparse.SUPPRESS)
 
     p = sub.add_parser("explain", help="one exit code: meaning and what to do")
     p.add_argument("code", help="number or name, e.g. 31 or CHECKSUM_MISMATCH")
@@ -105,6 +140,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("install-unit", help="install and enable systemd/bootfsm.service")
     p.add_argument("--root", default="/", help="image root (systemctl --root, works offline)")
+    p.add_argument(
+        "--exec",
+        default=None,
+        metavar="PATH",
+        help="bootfsm's path on the node for ExecStart (default: this bootfsm)",
+    )
     p = sub.add_parser("uninstall-unit", help="disable and remove the bootfsm unit")
     p.add_argument("--root", default="/", help="image root")
     return parser

@@ -9,42 +9,91 @@ import os
 import sys
 from pathlib import Path
 
-from bootfsm.codes import info
-from bootfsm.commands.common import config_path, load_or_exit
+from bootfsm.codes import Code, info
+from bootfsm.commands.common import config_path
+from bootfsm.config import ConfigError, load_config
+from bootfsm.engine import Outcome
+from bootfsm.notify import Notifier, state_status
 from bootfsm.runner import RunOptions, RunResult, execute
 
 __all__ = ["main", "summary_line"]
 
 
 def summary_line(result: RunResult, seconds: float) -> str:
-    """One line a human sees at the end (and the provisioning hook shows)."""
+    """One line a human sees at the end (and the provisioning hook shows):
+    verdict, code, code name, state, message, hint, run id."""
     o = result.outcome
+    run = f" | run {result.run_id}" if result.run_id else ""
     if o.ok:
-        return f"bootfsm: OK code=0 node provisioned in {seconds:.1f} s (run {result.run_id})"
+        return f"bootfsm: OK code=0 OK state=done: node provisioned in {seconds:.1f} s{run}"
+    verdict = "INTERRUPTED" if o.code is Code.INTERRUPTED else "FAILED"
     return (
-        f"bootfsm: FAILED code={int(o.code)} {o.code.name} state={o.state or '-'}: "
-        f"{o.message.splitlines()[0] if o.message else ''} | hint: {info(o.code).hint}"
+        f"bootfsm: {verdict} code={int(o.code)} {o.code.name} state={o.state or '-'}: "
+        f"{o.message.splitlines()[0] if o.message else ''} | hint: {info(o.code).hint}{run}"
     )
+
+
+def _deadline(args: argparse.Namespace) -> float | str:
+    """--deadline, else $BOOTFSM_DEADLINE, else 0 (the config's); a message when invalid."""
+    if args.deadline is not None:
+        value, where = args.deadline, "--deadline"
+    else:
+        raw = os.environ.get("BOOTFSM_DEADLINE", "").strip()
+        if not raw:
+            return 0.0
+        where = "BOOTFSM_DEADLINE"
+        try:
+            value = float(raw)
+        except ValueError:
+            return f"{where}: expected seconds, got {raw!r}"
+    if not 0 < value < float("inf"):
+        return f"{where}: must be a positive number of seconds, got {value:g}"
+    return float(value)
+
+
+def _refused(code: Code, message: str) -> int:
+    """Print the summary line for a run that never started (bad arguments)."""
+    print(summary_line(RunResult(Outcome(code, "", message), "", None), 0.0))
+    return int(code)
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run the machine and print the summary line."""
-    cfg = load_or_exit(args)
-    if isinstance(cfg, int):
-        return cfg
-    deadline = args.deadline or float(os.environ.get("BOOTFSM_DEADLINE", "0") or 0)
+    """Run the machine, notify systemd of each state, print the summary line."""
+    path, required = config_path(args)
+    try:
+        cfg = load_config(path, required=required)
+    except ConfigError as exc:
+        print(f"bootfsm: config invalid: {exc}", file=sys.stderr)
+        return _refused(Code.CONFIG_INVALID, f"config invalid: {exc}")
+    deadline = _deadline(args)
+    if isinstance(deadline, str):
+        return _refused(Code.CONFIG_INVALID, deadline)
     if deadline > 0:
         cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, deadline=deadline))
+    if getattr(args, "no_start_kubelet", False):
+        cfg = dataclasses.replace(cfg, join=dataclasses.replace(cfg.join, start_kubelet=False))
+    notifier = Notifier.from_env(os.environ)
+    notifier.status(state_status("detect"))
+
+    def on_state(state: str) -> None:
+        notifier.status(state_status(state))
+
     console = io.StringIO() if args.quiet else sys.stderr
     opts = RunOptions(
         root=Path(args.root),
-        config_path=str(config_path(args)[0]),
+        config_path=str(path),
         console=console,
         console_json=args.json,
         wait_lock=args.wait_lock,
+        # commands bootfsm runs must not talk to systemd on its behalf
+        env={k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"},
+        on_state=on_state,
     )
     result = execute(cfg, opts)
-    print(summary_line(result, _elapsed(result)))
+    line = summary_line(result, _elapsed(result))
+    notifier.status(line.removeprefix("bootfsm: "))
+    notifier.close()
+    print(line)
     return int(result.outcome.code)
 
 

@@ -1,0 +1,226 @@
+"""`bootfsm install-unit` / `uninstall-unit`: the systemd unit, its drop-in, its environment.
+
+``install-unit`` places under ROOT (``/``, or an image being built):
+
+- ``/etc/systemd/system/bootfsm.service``: ExecStart names this bootfsm (or ``--exec``),
+  RestartPreventExitStatus is regenerated from the code table;
+- ``/etc/systemd/system/kubelet.service.d/10-bootfsm.conf``: kubelet after bootfsm;
+- ``/etc/systemd/system/bootfsm.service.d/10-restart-mode.conf``: only for systemd 254+;
+- ``/etc/default/bootfsm``: only when absent, so local edits survive a reinstall;
+
+then enables the unit with ``systemctl --root=ROOT enable``, which works offline (no
+running systemd needed). Without systemctl it creates the ``multi-user.target.wants``
+link exactly as systemctl does. ``uninstall-unit`` disables and removes the same files
+(the environment file only when unedited) and nothing else. On a booted system both
+end with ``systemctl daemon-reload``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from pathlib import Path
+
+from bootfsm.codes import CODES, Code
+from bootfsm.errors import BootError
+from bootfsm.host import Host
+
+__all__ = [
+    "ENV_FILE",
+    "RESTART_MODE_PATH",
+    "UNIT",
+    "UNIT_PATH",
+    "default_exec",
+    "has_restart_mode",
+    "install",
+    "main",
+    "render_unit",
+    "restart_prevent_codes",
+    "source_dir",
+    "uninstall",
+]
+
+UNIT = "bootfsm.service"
+UNIT_PATH = f"/etc/systemd/system/{UNIT}"
+DROPIN_PATH = "/etc/systemd/system/kubelet.service.d/10-bootfsm.conf"
+RESTART_MODE_PATH = "/etc/systemd/system/bootfsm.service.d/10-restart-mode.conf"
+ENV_FILE = "/etc/default/bootfsm"
+WANTS_DIR = "/etc/systemd/system/multi-user.target.wants"
+SHIPPED_EXEC = "/usr/local/bin/bootfsm"
+_SYSTEMCTL_TIMEOUT = 60.0
+
+# source file (under source_dir()) -> node path
+_FILES = {
+    "bootfsm.service": UNIT_PATH,
+    "kubelet.service.d/10-bootfsm.conf": DROPIN_PATH,
+    "bootfsm.service.d/10-restart-mode.conf": RESTART_MODE_PATH,
+    "bootfsm.default": ENV_FILE,
+}
+
+
+def source_dir() -> Path:
+    """Where the shipped unit files are: package data when installed, the repo's
+    ``systemd/`` in a checkout. Raises FileNotFoundError when neither has them."""
+    package = Path(__file__).resolve().parent.parent
+    for candidate in (package / "systemd", package.parent / "systemd"):
+        if (candidate / UNIT).is_file():
+            return candidate
+    raise FileNotFoundError(f"{UNIT} is in neither {package}/systemd nor {package.parent}/systemd")
+
+
+def restart_prevent_codes() -> list[int]:
+    """Every failure code not marked transient: systemd must never restart on these."""
+    return sorted(int(c) for c, row in CODES.items() if c is not Code.OK and not row.transient)
+
+
+def render_unit(text: str, exec_path: str) -> str:
+    """The shipped unit with ExecStart's program replaced and RestartPreventExitStatus
+    regenerated from the code table."""
+    if not exec_path.startswith("/"):
+        raise ValueError(f"ExecStart program must be an absolute path, got {exec_path!r}")
+    text = text.replace(f"ExecStart={SHIPPED_EXEC} ", f"ExecStart={exec_path} ", 1)
+    codes = " ".join(str(c) for c in restart_prevent_codes())
+    return re.sub(
+        r"^RestartPreventExitStatus=.*$", f"RestartPreventExitStatus={codes}", text, flags=re.M
+    )
+
+
+def default_exec(host: Host) -> str:
+    """This bootfsm as a command line: the console script beside the interpreter, else
+    ``bootfsm`` on PATH, else ``python -m bootfsm``."""
+    beside = Path(sys.executable).parent / "bootfsm"
+    if os.access(beside, os.X_OK):
+        return str(beside)
+    found = host.which("bootfsm")
+    if found:
+        return os.path.abspath(found)
+    return f"{sys.executable} -m bootfsm"
+
+
+def has_restart_mode(host: Host) -> bool:
+    """True when the root's systemd knows RestartMode= (254+): it also ships
+    systemd-soft-reboot.service, new in the same release."""
+    return any(
+        host.exists(f"{d}/systemd-soft-reboot.service")
+        for d in ("/usr/lib/systemd/system", "/lib/systemd/system")
+    )
+
+
+def _booted(root: Path) -> bool:
+    """True when ROOT is the running system and systemd manages it (sd_booted)."""
+    return root == Path("/") and os.path.isdir("/run/systemd/system")
+
+
+def _systemctl(host: Host, verb: str) -> str:
+    """`systemctl --root=ROOT VERB bootfsm.service`; '' when systemctl is missing."""
+    try:
+        r = host.run(["systemctl", f"--root={host.root}", verb, UNIT], timeout=_SYSTEMCTL_TIMEOUT)
+    except BootError as exc:
+        if exc.code is Code.COMMAND_MISSING:
+            return ""
+        raise
+    if not r.ok:
+        raise BootError(
+            Code.HOST_IO_ERROR, f"systemctl {verb} {UNIT} failed (exit {r.returncode}): {r.output}"
+        )
+    return f"systemctl --root={host.root} {verb} {UNIT}"
+
+
+def _reload(host: Host, log: list[str]) -> None:
+    if _booted(host.root):
+        r = host.run(["systemctl", "daemon-reload"], timeout=_SYSTEMCTL_TIMEOUT)
+        log.append("systemctl daemon-reload" + ("" if r.ok else f" failed: {r.output.strip()}"))
+
+
+def install(host: Host, exec_path: str) -> list[str]:
+    """Place the unit files under ``host.root`` and enable the unit; return what was done.
+
+    Raises BootError: COMMAND_MISSING when ``exec_path`` is not under the root,
+    HOST_IO_ERROR when a file cannot be written or systemctl fails.
+    """
+    program = exec_path.split()[0]
+    if not host.exists(program):
+        raise BootError(
+            Code.COMMAND_MISSING,
+            f"ExecStart program {program} does not exist under {host.root}; "
+            "install bootfsm there first or pass --exec PATH",
+        )
+    src = source_dir()
+    log: list[str] = []
+    for name, dest in _FILES.items():
+        text = (src / name).read_text(encoding="utf-8")
+        if dest == UNIT_PATH:
+            text = render_unit(text, exec_path)
+        elif dest == RESTART_MODE_PATH and not has_restart_mode(host):
+            log.append(f"skipped {dest} (systemd older than 254 restarts directly)")
+            continue
+        elif dest == ENV_FILE and host.exists(dest):
+            log.append(f"kept {dest} (already there)")
+            continue
+        host.write_atomic(dest, text, 0o644)
+        log.append(f"wrote {dest}")
+    how = _systemctl(host, "enable")
+    if not how:
+        host.symlink_atomic(UNIT_PATH, f"{WANTS_DIR}/{UNIT}")
+        how = f"linked {WANTS_DIR}/{UNIT} (no systemctl on PATH)"
+    log.append(f"enabled: {how}")
+    _reload(host, log)
+    return log
+
+
+def uninstall(host: Host) -> list[str]:
+    """Disable the unit and remove what ``install`` placed; return what was done.
+
+    The environment file stays when it differs from the shipped one (local edits).
+    """
+    log: list[str] = []
+    if host.exists(UNIT_PATH):
+        how = _systemctl(host, "disable")
+        if how:
+            log.append(f"disabled: {how}")
+    for link in host.glob(f"/etc/systemd/system/*.wants/{UNIT}"):  # systemctl's job, if absent
+        if host.remove(link):
+            log.append(f"removed {link}")
+            parent = host.path(link).parent
+            if not any(parent.iterdir()):
+                parent.rmdir()
+    shipped = (source_dir() / "bootfsm.default").read_text(encoding="utf-8")
+    for dest in _FILES.values():
+        if dest == ENV_FILE and host.read_text(dest) not in (None, shipped):
+            log.append(f"kept {dest} (edited locally; remove it by hand)")
+            continue
+        if host.remove(dest):
+            log.append(f"removed {dest}")
+    for dropin in (DROPIN_PATH, RESTART_MODE_PATH):
+        dropin_dir = host.path(dropin).parent
+        if dropin_dir.is_dir() and not any(dropin_dir.iterdir()):
+            dropin_dir.rmdir()
+    _reload(host, log)
+    return log
+
+
+def main(args: argparse.Namespace) -> int:
+    """install-unit / uninstall-unit; prints one line per action."""
+    host = Host(args.root)
+    exec_path = getattr(args, "exec", None) or default_exec(Host("/"))
+    if args.command == "install-unit" and (
+        not exec_path.startswith("/") or any(c in exec_path for c in "\n\"'\\")
+    ):
+        print(
+            f"bootfsm install-unit: --exec needs an absolute path, got {exec_path!r}",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        log = install(host, exec_path) if args.command == "install-unit" else uninstall(host)
+    except BootError as exc:
+        print(f"bootfsm {args.command}: {exc.message}", file=sys.stderr)
+        return int(exc.code)
+    except (OSError, ValueError) as exc:
+        print(f"bootfsm {args.command}: {exc}", file=sys.stderr)
+        return int(Code.HOST_IO_ERROR)
+    for line in log:
+        print(f"bootfsm {args.command}: {line}")
+    return 0
