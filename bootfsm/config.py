@@ -33,6 +33,8 @@ class RunSpec:
     log_dir: str = "/var/log/bootfsm"
     keep_journals: int = 20
     backoff_scale: float = 1.0
+    metrics_file: str = "/var/lib/node_exporter/textfile_collector/bootfsm.prom"
+    cse_events_dir: str = ""
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,10 @@ class SourcesSpec:
         "nvidia-container-toolkit",
     )
     allow_unverified: bool = False
+    runfile_mirrors: tuple[str, ...] = ()
+    redist_mirrors: tuple[str, ...] = ()
+    cuda_repo_mirrors: tuple[str, ...] = ()
+    toolkit_repo_mirrors: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,9 @@ class FetchSpec:
     connect_timeout: float = 5.0
     read_timeout: float = 30.0
     allow_http_hosts: tuple[str, ...] = ()
+    parallel: int = 4
+    artifact_timeout: float = 300.0
+    fsync: bool = False
 
 
 @dataclass(frozen=True)
@@ -107,6 +116,7 @@ class JoinSpec:
     kubelet_healthz_url: str = "http://127.0.0.1:10248/healthz"
     kubelet_timeout: float = 120.0
     kubelet_poll_interval: float = 2.0
+    cdi_refresh: bool = True
 
 
 @dataclass(frozen=True)
@@ -144,6 +154,8 @@ _POSITIVE = {
     ("driver", "command_timeout"),
     ("fetch", "connect_timeout"),
     ("fetch", "read_timeout"),
+    ("fetch", "parallel"),
+    ("fetch", "artifact_timeout"),
     ("verify", "fabric_timeout"),
     ("verify", "fabric_poll_interval"),
     ("join", "containerd_restart_timeout"),
@@ -191,8 +203,18 @@ def _check(cfg: Config) -> None:
     for key in ("state_dir", "log_dir"):
         if not getattr(cfg.run, key).startswith("/"):
             raise ConfigError(f"run.{key}: must be an absolute node path")
+    for key in ("metrics_file", "cse_events_dir"):
+        if getattr(cfg.run, key) and not getattr(cfg.run, key).startswith("/"):
+            raise ConfigError(f"run.{key}: must be an absolute node path or empty (off)")
     if not cfg.fetch.cache_dir.startswith("/"):
         raise ConfigError("fetch.cache_dir: must be an absolute node path")
+    if cfg.fetch.parallel > 16:
+        raise ConfigError(f"fetch.parallel: at most 16 connections, got {cfg.fetch.parallel}")
+    for key in ("runfile_mirrors", "redist_mirrors", "cuda_repo_mirrors", "toolkit_repo_mirrors"):
+        for i, url in enumerate(getattr(cfg.sources, key), start=1):
+            if not url.startswith(("https://", "http://")):
+                shown = url.split("?", 1)[0]  # never echo a signature
+                raise ConfigError(f"sources.{key}: entry {i} is not an http(s) base URL: {shown!r}")
 
 
 def parse_config(data: Mapping[str, Any]) -> Config:
@@ -226,6 +248,8 @@ def load_config(path: Path, *, required: bool) -> Config:
         return DEFAULTS
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

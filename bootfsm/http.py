@@ -1,33 +1,56 @@
 """The network half of the I/O boundary: small GETs and resumable streaming downloads.
 
 ``requests`` is imported lazily so commands that never touch the network start fast.
+The ``.part`` file bookkeeping and the hashing writer live in ``bootfsm.partfile``.
 Failures are classified here once: connection errors, timeouts, short bodies and
 408/429/5xx are ``TransientError``; 404 and other client errors are permanent.
+Proxies come from the environment the ``Http`` was given (``https_proxy``,
+``http_proxy``, ``all_proxy``, ``no_proxy``, either case), never for link-local
+(metadata) or loopback hosts.
+No URL query string (a signature) ever appears in an error message.
 """
 
 from __future__ import annotations
 
+import email.utils
 import hashlib
+import http.client
 import ipaddress
-import json
 import os
+import re
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from bootfsm import partfile as pf
 from bootfsm.codes import Code
 from bootfsm.errors import BootError, TransientError
+from bootfsm.partfile import CHUNK, StreamResult, partial_source, url_id
 from bootfsm.redact import redact_url
 
 if TYPE_CHECKING:
     import requests  # noqa: TID251
 
-__all__ = ["Http", "HttpResult", "StreamResult", "check_url"]
+__all__ = [
+    "Cancelled",
+    "Http",
+    "HttpResult",
+    "StreamResult",
+    "check_url",
+    "partial_source",
+    "url_id",
+]
 
-CHUNK = 256 << 10  # a drop loses at most one chunk; 1 MiB was no faster on loopback
 _TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+Progress = Callable[[int, "int | None"], None]
+
+
+class Cancelled(Exception):
+    """The download was stopped by its cancel event; the ``.part`` file stays resumable."""
 
 
 @dataclass(frozen=True)
@@ -37,16 +60,6 @@ class HttpResult:
     status: int
     headers: Mapping[str, str]
     body: bytes
-
-
-@dataclass(frozen=True)
-class StreamResult:
-    """A finished download: size, sha256 of the whole file, bytes resumed from disk."""
-
-    size: int
-    sha256: str
-    resumed_bytes: int
-    transferred: int
 
 
 def check_url(url: str, allow_http_hosts: Sequence[str]) -> None:
@@ -63,26 +76,71 @@ def check_url(url: str, allow_http_hosts: Sequence[str]) -> None:
     )
 
 
-def _link_local(url: str) -> bool:
-    host = urlsplit(url).hostname or ""
+def _never_proxied(url: str) -> bool:
+    """Link-local (IMDS) and loopback (kubelet) hosts are always reached directly."""
+    host = (urlsplit(url).hostname or "").lower()
+    if host == "localhost":
+        return True
     try:
-        return ipaddress.ip_address(host).is_link_local
+        ip = ipaddress.ip_address(host)
     except ValueError:
         return False
+    return ip.is_link_local or ip.is_loopback
 
 
 def _retry_after(headers: Mapping[str, str]) -> float | None:
+    """Retry-After in seconds: delta-seconds or an HTTP-date; None when absent or bad."""
     value = headers.get("Retry-After")
     if value is None:
         return None
     try:
         return max(0.0, float(value))
     except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
         return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def _env_proxies(env: Mapping[str, str]) -> dict[str, str]:
+    out = {}
+    for name in ("all", "http", "https", "no"):
+        value = env.get(f"{name}_proxy") or env.get(f"{name.upper()}_PROXY")
+        if value:
+            out[name] = value
+    return out
+
+
+def _bypass(host: str, port: int | None, no_proxy: str) -> bool:
+    """``no_proxy`` semantics: ``*``, host or domain suffix (``.example.com``), optional
+    ``:port``, and IP networks in CIDR form (``10.0.0.0/8``)."""
+    host = host.lower()
+    for raw in no_proxy.split(","):
+        entry = raw.strip().lower()
+        if entry == "*":
+            return True
+        if not entry:
+            continue
+        if "/" in entry:
+            try:
+                if ipaddress.ip_address(host) in ipaddress.ip_network(entry, strict=False):
+                    return True
+            except ValueError:
+                pass
+            continue
+        name, _, want_port = entry.rpartition(":") if entry.count(":") == 1 else (entry, "", "")
+        if want_port and (not want_port.isdigit() or int(want_port) != port):
+            continue
+        name = name.lstrip("*").lstrip(".")
+        if host == name or host.endswith("." + name):
+            return True
+    return False
 
 
 class Http:
-    """HTTP with bounded timeouts; proxies from the environment except for link-local."""
+    """HTTP with bounded timeouts; proxies from ``env`` except for link-local/loopback."""
 
     def __init__(
         self,
@@ -94,26 +152,55 @@ class Http:
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self._env = dict(os.environ if env is None else env)
+        self._proxies = _env_proxies(self._env)
+        self._verify: str | bool = (
+            self._env.get("REQUESTS_CA_BUNDLE") or self._env.get("CURL_CA_BUNDLE") or True
+        )
         self._session: requests.Session | None = None
+
+    def clone(self) -> Http:
+        """Same settings, its own connection pool (one per thread: Sessions are not shared)."""
+        return Http(
+            connect_timeout=self.connect_timeout, read_timeout=self.read_timeout, env=self._env
+        )
+
+    def close(self) -> None:
+        """Close pooled connections (the next request opens new ones)."""
+        if self._session is not None:
+            self._session.close()
+            self._session = None
 
     def _sess(self) -> requests.Session:
         if self._session is None:
             import requests  # noqa: TID251 - lazy: keeps CLI start-up fast
 
             s = requests.Session()
+            s.trust_env = False  # proxies and CA bundle come from self._env, never ~/.netrc
             s.headers["User-Agent"] = "bootfsm"
             self._session = s
         return self._session
 
+    def proxy_for(self, url: str) -> str | None:
+        """The proxy a request to ``url`` goes through, or None (direct)."""
+        if _never_proxied(url):
+            return None
+        parts = urlsplit(url)
+        if _bypass(parts.hostname or "", parts.port, self._proxies.get("no", "")):
+            return None
+        return self._proxies.get(parts.scheme) or self._proxies.get("all")
+
     def _kwargs(self, url: str, timeout: float | None) -> dict[str, Any]:
         read = self.read_timeout if timeout is None else min(self.read_timeout, timeout)
         conn = self.connect_timeout if timeout is None else min(self.connect_timeout, timeout)
-        kw: dict[str, Any] = {"timeout": (max(conn, 0.05), max(read, 0.05))}
-        if _link_local(url):
-            kw["proxies"] = {"http": "", "https": "", "no_proxy": "*"}
-        return kw
+        proxy = self.proxy_for(url)
+        scheme = urlsplit(url).scheme
+        return {
+            "timeout": (max(conn, 0.05), max(read, 0.05)),
+            "proxies": {scheme: proxy} if proxy else {},
+            "verify": self._verify,
+        }
 
-    def _classify(self, exc: Exception, url: str) -> TransientError:
+    def _classify(self, exc: BaseException, url: str) -> TransientError:
         return TransientError(
             Code.DOWNLOAD_RETRIES_EXHAUSTED,
             f"{type(exc).__name__} fetching {redact_url(url)}: {_short(exc)}",
@@ -140,17 +227,22 @@ class Http:
         timeout: float | None = None,
         max_bytes: int = 64 << 20,
         check: bool = True,
+        allow_http_hosts: Sequence[str] | None = None,
     ) -> HttpResult:
-        """GET a small resource whole; raise Transient/BootError on failure when ``check``."""
+        """GET a small resource whole; raise Transient/BootError on failure when ``check``.
+
+        With ``allow_http_hosts`` the final URL (after redirects) must pass ``check_url``.
+        """
         import requests  # noqa: TID251
 
         try:
             with self._sess().get(
                 url, headers=dict(headers or {}), stream=True, **self._kwargs(url, timeout)
             ) as r:
-                hdrs = dict(r.headers)
+                if allow_http_hosts is not None:
+                    check_url(r.url, allow_http_hosts)
                 if check:
-                    self._check_status(r.status_code, hdrs, url)
+                    self._check_status(r.status_code, r.headers, url)
                 body = bytearray()
                 for chunk in r.iter_content(CHUNK):
                     body += chunk
@@ -158,7 +250,7 @@ class Http:
                         raise BootError(
                             Code.INDEX_INVALID, f"{redact_url(url)} is larger than {max_bytes} B"
                         )
-                return HttpResult(r.status_code, hdrs, bytes(body))
+                return HttpResult(r.status_code, dict(r.headers), bytes(body))
         except requests.RequestException as exc:
             raise self._classify(exc, url) from exc
 
@@ -168,97 +260,168 @@ class Http:
         part: Path,
         *,
         timeout: float | None = None,
-        progress: Callable[[int], None] | None = None,
+        deadline: float | None = None,
+        progress: Progress | None = None,
+        cancel: threading.Event | None = None,
+        expect_size: int | None = None,
+        allow_http_hosts: Sequence[str] | None = None,
+        fsync: bool = False,
     ) -> StreamResult:
         """Download ``url`` into ``part``, resuming from bytes already there.
 
-        A sidecar ``<part>.meta`` holds the validator (ETag or Last-Modified) of the bytes
-        on disk; a resume sends ``Range`` with ``If-Range`` and accepts only a ``206``
-        whose Content-Range starts where the file ends. ``200`` (Range ignored or the
-        artifact changed) restarts from zero; ``416`` discards the partial file. The
+        A sidecar ``<part>.meta`` holds the validators (ETag, Last-Modified), total size
+        and source of the bytes on disk; a resume sends ``Range`` with ``If-Range`` and
+        accepts only a ``206`` for the same entity whose Content-Range starts where the
+        file ends. ``200`` (Range ignored or the artifact changed) restarts from zero; a
+        ``416`` keeps a file that is already whole, else discards it (transient). The
         sha256 returned covers the whole file, the resumed prefix included.
+
+        ``deadline`` (monotonic) bounds the whole transfer (DOWNLOAD_TIMEOUT, transient);
+        ``cancel`` is checked between chunks (``Cancelled``). A body whose size differs
+        from ``expect_size`` is refused before any byte is written (CHECKSUM_MISMATCH),
+        as is one larger than the free space (INSUFFICIENT_SPACE). ``fsync`` makes the
+        bytes durable before returning (the caller re-verifies on every use either way).
         """
         import requests  # noqa: TID251
 
-        meta = part.with_name(part.name + ".meta")
-        have = part.stat().st_size if part.exists() else 0
-        validator = _read_validator(meta) if have else None
-        headers: dict[str, str] = {}
+        meta_path = pf.meta_path(part)
+        on_disk = have = part.stat().st_size if part.exists() else 0
+        meta = pf.read_meta(meta_path) if have else {}
+        validator = pf.if_range(meta)
+        headers = {"Accept-Encoding": "identity"}
         if have and validator:
-            headers = {"Range": f"bytes={have}-", "If-Range": validator}
-        elif have:
+            headers |= {"Range": f"bytes={have}-", "If-Range": validator}
+        else:
             have = 0
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise TransientError(
+                Code.DOWNLOAD_TIMEOUT, f"no time left to download {redact_url(url)}"
+            )
+        if timeout is not None:
+            left = timeout if left is None else min(left, timeout)
         try:
             with self._sess().get(
-                url, headers=headers, stream=True, **self._kwargs(url, timeout)
+                url, headers=headers, stream=True, **self._kwargs(url, left)
             ) as r:
-                hdrs = dict(r.headers)
+                if allow_http_hosts is not None:
+                    check_url(r.url, allow_http_hosts)
                 if r.status_code == 416:
-                    part.unlink(missing_ok=True)
-                    meta.unlink(missing_ok=True)
-                    raise TransientError(
-                        Code.DOWNLOAD_RETRIES_EXHAUSTED,
-                        f"HTTP 416 resuming {redact_url(url)}: partial file discarded",
+                    return pf.whole_or_discard(part, have, meta, r.headers, url)
+                self._check_status(r.status_code, r.headers, url)
+                resumed, total = pf.accept(r.status_code, r.headers, part, have, meta, url)
+                if expect_size is not None and total is not None and total != expect_size:
+                    raise BootError(
+                        Code.CHECKSUM_MISMATCH,
+                        f"{redact_url(url)} is {total} B but its index says {expect_size} B",
+                        wrong_size=True,
                     )
-                self._check_status(r.status_code, hdrs, url)
-                resumed = have if r.status_code == 206 and _range_start(hdrs) == have else 0
-                if r.status_code == 206 and resumed == 0:
-                    part.unlink(missing_ok=True)
-                    raise TransientError(
-                        Code.DOWNLOAD_RETRIES_EXHAUSTED,
-                        f"unexpected Content-Range from {redact_url(url)}; restarting",
-                    )
-                new_validator = hdrs.get("ETag") or hdrs.get("Last-Modified")
-                _write_validator(meta, new_validator)
-                digest = hashlib.sha256()
-                mode = "r+b" if resumed else "wb"
-                with part.open(mode) as fh:
-                    if resumed:
-                        while block := fh.read(CHUNK):
-                            digest.update(block)
-                        fh.seek(resumed)
-                        fh.truncate()
-                    transferred = 0
-                    for chunk in r.iter_content(CHUNK):
-                        fh.write(chunk)
-                        digest.update(chunk)
-                        transferred += len(chunk)
-                        if progress is not None:
-                            progress(resumed + transferred)
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                expected = hdrs.get("Content-Length")
-                if expected is not None and int(expected) != transferred:
-                    raise TransientError(
-                        Code.DOWNLOAD_RETRIES_EXHAUSTED,
-                        f"short body from {redact_url(url)}: {transferred} of {expected} B",
-                    )
-                return StreamResult(resumed + transferred, digest.hexdigest(), resumed, transferred)
+                if total is not None:
+                    pf.check_space(part, total - resumed, freed=0 if resumed else on_disk)
+                if not resumed:
+                    pf.discard(part)  # old bytes never sit under the new entity's meta
+                pf.write_meta(meta_path, r.headers, total, url)
+                return _receive(
+                    r, part, resumed, total, url, deadline, progress, cancel, fsync=fsync
+                )
         except requests.RequestException as exc:
             raise self._classify(exc, url) from exc
 
 
-def _range_start(headers: Mapping[str, str]) -> int | None:
-    value = headers.get("Content-Range", "")
-    try:
-        unit, rest = value.split(" ", 1)
-        return int(rest.split("-", 1)[0]) if unit == "bytes" else None
-    except ValueError:
-        return None
+def _receive(
+    r: Any,
+    part: Path,
+    resumed: int,
+    total: int | None,
+    url: str,
+    deadline: float | None,
+    progress: Progress | None,
+    cancel: threading.Event | None,
+    *,
+    fsync: bool,
+) -> StreamResult:
+    """Stream the body after ``resumed`` bytes on disk into ``part``; hash all of it.
+
+    Plain bodies are read straight into the writer's recycled buffers (``readinto`` of
+    the underlying http.client response: no allocation or extra copy per chunk);
+    content-encoded ones go through urllib3's decoder.
+    """
+    import urllib3
+
+    read_errors = (http.client.HTTPException, OSError, urllib3.exceptions.HTTPError)
+    digest = hashlib.sha256()
+    flags = os.O_RDWR | os.O_CREAT | (0 if resumed else os.O_TRUNC)
+    encoded = r.headers.get("Content-Encoding", "identity") not in ("", "identity")
+    fp = getattr(r.raw, "_fp", None)
+    read_into = None if encoded else getattr(fp, "readinto", None)
+    transferred = 0
+    with open(os.open(part, flags, 0o600), "r+b") as fh:
+        if resumed:
+            while block := fh.read(min(1 << 20, resumed - fh.tell())):
+                digest.update(block)
+            fh.seek(resumed)
+            fh.truncate()
+        writer = pf.PartWriter(fh, digest)
+        try:
+            while True:
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled(f"download of {redact_url(url)} cancelled")
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TransientError(
+                        Code.DOWNLOAD_TIMEOUT,
+                        f"{redact_url(url)} did not finish within its time limit "
+                        f"({resumed + transferred} B so far)",
+                    )
+                buf = writer.buffer()
+                try:
+                    n = _read(r, read_into, buf)
+                except read_errors as exc:
+                    writer.give_back(buf)
+                    raise TransientError(
+                        Code.DOWNLOAD_RETRIES_EXHAUSTED,
+                        f"{type(exc).__name__} reading {redact_url(url)} after "
+                        f"{resumed + transferred} B: {_short(exc)}",
+                    ) from exc
+                if not n:
+                    writer.give_back(buf)
+                    break
+                writer.put(buf, n)
+                transferred += n
+                if progress is not None:
+                    progress(resumed + transferred, total)
+        finally:
+            try:
+                writer.close()
+            except OSError as exc:
+                raise pf.write_error(part, exc) from exc
+        try:
+            fh.flush()
+            if fsync:
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            raise pf.write_error(part, exc) from exc
+    if not encoded and total is not None and resumed + transferred != total:
+        raise TransientError(
+            Code.DOWNLOAD_RETRIES_EXHAUSTED,
+            f"short body from {redact_url(url)}: {resumed + transferred} of {total} B",
+        )
+    return StreamResult(resumed + transferred, digest.hexdigest(), resumed, transferred)
 
 
-def _read_validator(meta: Path) -> str | None:
-    try:
-        value = json.loads(meta.read_text()).get("validator")
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, str) and value else None
+def _read(r: Any, read_into: Callable[[bytearray], int] | None, buf: bytearray) -> int:
+    """Fill ``buf`` from the body; 0 at the end."""
+    if read_into is not None:
+        return int(read_into(buf))
+    data = r.raw.read(len(buf), decode_content=True)
+    buf[: len(data)] = data  # decoded bodies are rare: one copy keeps memory bounded
+    return len(data)
 
 
-def _write_validator(meta: Path, validator: str | None) -> None:
-    meta.write_text(json.dumps({"validator": validator}))
+_QUERY = re.compile(r"\?[^\s'\"()<>]*")
+_USERINFO = re.compile(r"//[^/\s@'\"]+@")
 
 
-def _short(exc: Exception) -> str:
-    text = str(exc)
+def _short(exc: BaseException) -> str:
+    """An exception's text, bounded, with URL query strings and credentials removed."""
+    text = _USERINFO.sub("//", _QUERY.sub("?<redacted>", str(exc)))
     return text if len(text) < 300 else text[:300] + "..."

@@ -1,33 +1,64 @@
-"""fetch: resolve this node's artifacts from manifests and indexes, download, verify."""
+"""fetch: resolve this node's artifacts from manifests and indexes, download, verify.
+
+The cache is used first: when the cached copies of the indexes resolve to artifacts
+that are all in the cache and verify (an image prepared with `bootfsm fetch
+--prefetch`), no byte goes over the network. Otherwise the indexes are fetched (each
+from its first mirror that answers; a cached copy stands in when none does), free
+space is checked against the sizes they list before anything is written, and what is
+missing downloads in parallel (bootfsm.fetcher). A corrupt or stale cache entry never
+verifies, so it is downloaded again and replaced.
+"""
 
 from __future__ import annotations
+
+import sys
+from urllib.parse import urlsplit
 
 from bootfsm.artifacts import (
     Artifact,
     cache_node_path,
     dump_resolution,
-    index_urls,
+    index_cache_path,
+    index_candidates,
     resolution_key,
     resolve,
     sha256_of,
 )
 from bootfsm.codes import Code
 from bootfsm.context import Context
-from bootfsm.errors import BootError
+from bootfsm.errors import BootError, TransientError
+from bootfsm.fetcher import Fetched, Fetcher, Job
 from bootfsm.http import check_url
+from bootfsm.progress import Progress
 from bootfsm.redact import redact_url
 from bootfsm.store import resolved, resolved_path
 
 NAME = "fetch"
+_MEMO = "fetch.verified"  # ctx.scratch: real path -> (size, mtime_ns, inode, sha256)
 
 
 def _cached_ok(ctx: Context, a: Artifact) -> bool:
+    """The cached file exists, has the listed size and hashes to the sha256.
+
+    A hash is remembered for the same (size, mtime, inode) within one run, so the
+    postcondition after a download does not hash every file a second time.
+    """
     p = ctx.host.path(cache_node_path(ctx.config, a))
-    if not p.is_file():
+    try:
+        st = p.stat()
+    except OSError:
         return False
-    if a.size is not None and p.stat().st_size != a.size:
+    if not p.is_file() or (a.size is not None and st.st_size != a.size):
         return False
-    return not a.sha256 or sha256_of(p) == a.sha256
+    if not a.sha256:
+        return True
+    memo: dict[str, tuple[int, int, int, str]] = ctx.scratch.setdefault(_MEMO, {})
+    stamp = (st.st_size, st.st_mtime_ns, st.st_ino)
+    seen = memo.get(str(p))
+    if seen is None or seen[:3] != stamp:
+        seen = (*stamp, sha256_of(p))
+        memo[str(p)] = seen
+    return seen[3] == a.sha256
 
 
 def satisfied(ctx: Context) -> bool:
@@ -36,21 +67,93 @@ def satisfied(ctx: Context) -> bool:
     return arts is not None and all(_cached_ok(ctx, a) for a in arts)
 
 
-def _indexes(ctx: Context) -> dict[str, str]:
-    allow = ctx.config.fetch.allow_http_hosts
+# -- indexes -----------------------------------------------------------------------------
+
+
+def _cached_indexes(ctx: Context) -> dict[str, str] | None:
     out = {}
-    for key, url in index_urls(ctx.config, ctx.facts).items():
-        check_url(url, allow)
-        r = ctx.http.get(url, timeout=ctx.remaining())
-        out[key] = r.body.decode("utf-8", "replace")
-        ctx.event("index.fetched", index=key, url=redact_url(url), size=len(r.body))
+    for key, urls in index_candidates(ctx.config, ctx.facts).items():
+        text = ctx.host.read_text(index_cache_path(ctx.config, key, urls[0]))
+        if text is None:
+            return None
+        out[key] = text
     return out
 
 
-def _space_check(ctx: Context, missing: list[Artifact]) -> None:
-    need = sum(a.size or 0 for a in missing)
-    if not need:
-        return
+def _from_cache(ctx: Context) -> list[Artifact] | None:
+    """Artifacts resolved from cached indexes when every one of them verifies, else None."""
+    texts = _cached_indexes(ctx)
+    if texts is None:
+        return None
+    try:
+        arts = resolve(ctx.config, ctx.facts, texts)
+    except BootError:
+        return None
+    if not all(_cached_ok(ctx, a) for a in arts):
+        return None
+    for a in arts:
+        ctx.event("artifact.cached", artifact=a.name, size=a.size, verified=bool(a.sha256))
+    ctx.event("fetch.offline", artifacts=len(arts), reason="cached indexes and artifacts verify")
+    return arts
+
+
+def _fetch_index(ctx: Context, key: str, urls: tuple[str, ...]) -> tuple[str, int]:
+    """(text, position of the URL that served it); a cached copy when no mirror answers."""
+    allow = ctx.config.fetch.allow_http_hosts
+    failures: list[BootError | TransientError] = []
+    for i, url in enumerate(urls):
+        try:
+            r = ctx.http.get(url, timeout=ctx.remaining(), allow_http_hosts=allow)
+        except TransientError as exc:
+            failures.append(exc)
+        except BootError as exc:
+            if exc.code is not Code.ARTIFACT_NOT_FOUND:
+                raise
+            failures.append(exc)
+        else:
+            ctx.event("index.fetched", index=key, url=redact_url(url), mirror=i, size=len(r.body))
+            return r.body.decode("utf-8", "replace"), i
+        if len(urls) > 1:
+            ctx.warn(f"index {key}: {failures[-1].message}", index=key, mirror=i)
+    transient = [e for e in failures if isinstance(e, TransientError)]
+    cached = ctx.host.read_text(index_cache_path(ctx.config, key, urls[0])) if transient else None
+    if cached is not None:
+        ctx.warn(f"index {key}: no mirror answers; using the cached copy", index=key)
+        return cached, 0
+    raise transient[0] if transient else failures[0]
+
+
+def _indexes(ctx: Context) -> tuple[dict[str, str], dict[str, int]]:
+    cands = index_candidates(ctx.config, ctx.facts)
+    for urls in cands.values():
+        for url in urls:
+            check_url(url, ctx.config.fetch.allow_http_hosts)
+    texts: dict[str, str] = {}
+    served: dict[str, int] = {}
+    for key, urls in cands.items():
+        texts[key], served[key] = _fetch_index(ctx, key, urls)
+    return texts, served
+
+
+def _save_indexes(ctx: Context, texts: dict[str, str]) -> None:
+    for key, urls in index_candidates(ctx.config, ctx.facts).items():
+        path = index_cache_path(ctx.config, key, urls[0])
+        if ctx.host.read_text(path) != texts[key]:
+            ctx.host.write_atomic(path, texts[key], mode=0o600)
+
+
+# -- space and downloads -----------------------------------------------------------------
+
+
+def _part_bytes(ctx: Context, a: Artifact) -> int:
+    p = ctx.host.path(cache_node_path(ctx.config, a) + ".part")
+    return p.stat().st_size if p.is_file() else 0
+
+
+def _space_check(ctx: Context, missing: list[Artifact], texts: dict[str, str]) -> None:
+    """Fail before writing anything when the listed sizes exceed the cache's free space."""
+    need = sum(max((a.size or 0) - _part_bytes(ctx, a), 0) for a in missing)
+    need += sum(len(t.encode()) for t in texts.values())
     free = ctx.host.free_bytes(ctx.config.fetch.cache_dir)
     if need > free:
         raise BootError(
@@ -59,44 +162,90 @@ def _space_check(ctx: Context, missing: list[Artifact]) -> None:
         )
 
 
-def _download(ctx: Context, a: Artifact) -> None:
-    dest = cache_node_path(ctx.config, a)
-    part = dest + ".part"
-    ctx.host.makedirs(dest.rsplit("/", 1)[0], mode=0o700)
-    t0 = ctx.host.monotonic()
-    res = ctx.http.stream_to(a.url, ctx.host.path(part), timeout=ctx.remaining())
-    if a.sha256 and res.sha256 != a.sha256:
-        ctx.host.remove(part)
-        ctx.host.remove(part + ".meta")
-        raise BootError(
-            Code.CHECKSUM_MISMATCH,
-            f"{a.name} from {redact_url(a.url)}: sha256 {res.sha256} != expected {a.sha256}",
-        )
-    ctx.host.chmod(part, 0o600)
-    ctx.host.rename(part, dest)
-    ctx.host.remove(part + ".meta")
-    took = max(ctx.host.monotonic() - t0, 1e-6)
-    ctx.event(
-        "artifact.fetched",
-        artifact=a.name,
-        url=redact_url(a.url),
-        size=res.size,
-        duration_s=round(took, 4),
-        rate_mb_s=round(res.transferred / took / 1e6, 2),
-        resumed_bytes=res.resumed_bytes,
-        verified=bool(a.sha256),
+def _mirror(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rsplit('@', 1)[-1]}"
+
+
+def _download(ctx: Context, missing: list[Artifact]) -> None:
+    cfg = ctx.config
+    jobs = []
+    for a in missing:
+        dest = cache_node_path(cfg, a)
+        ctx.host.makedirs(dest.rsplit("/", 1)[0], mode=0o700)
+        jobs.append(Job(a, ctx.host.path(dest + ".part")))
+    attempts: dict[str, int] = ctx.scratch.setdefault("fetch.attempts", {})
+
+    def emit(event: str, **fields: object) -> None:
+        progress.clear()  # the status line never splits a console line
+        ctx.event(event, **fields)
+
+    progress = Progress(emit, tty=sys.stderr if sys.stderr.isatty() else None)
+    fetcher = Fetcher(
+        ctx.http,
+        parallel=cfg.fetch.parallel,
+        allow_http_hosts=cfg.fetch.allow_http_hosts,
+        artifact_timeout=cfg.fetch.artifact_timeout,
+        remaining=ctx.remaining,
+        emit=emit,
+        progress=progress,
+        fsync=cfg.fetch.fsync,
     )
+
+    def done(f: Fetched) -> None:
+        a, res = f.job.artifact, f.result
+        dest = cache_node_path(cfg, a)
+        ctx.host.rename(dest + ".part", dest)
+        ctx.host.remove(dest + ".part.meta")
+        st = ctx.host.path(dest).stat()
+        ctx.scratch.setdefault(_MEMO, {})[str(ctx.host.path(dest))] = (
+            st.st_size,
+            st.st_mtime_ns,
+            st.st_ino,
+            res.sha256,
+        )
+        took = max(f.duration_s, 1e-6)
+        emit(
+            "artifact.fetched",
+            artifact=a.name,
+            url=redact_url(f.url),
+            mirror=_mirror(f.url),
+            mirror_index=f.mirror,
+            size=res.size,
+            duration_s=round(took, 4),
+            rate_mb_s=round(res.transferred / took / 1e6, 2),
+            attempts=attempts.get(a.name, 0) + fetcher.attempts.get(a.name, 0),
+            resumed_bytes=res.resumed_bytes,
+            transferred=res.transferred,
+            verified=bool(a.sha256),
+        )
+
+    try:
+        fetcher.run(jobs, done)
+    except TransientError as exc:
+        if ctx.remaining() <= 0:
+            raise ctx.time_error() from exc
+        raise
+    finally:
+        for name, n in fetcher.attempts.items():
+            attempts[name] = attempts.get(name, 0) + n
 
 
 def run(ctx: Context) -> None:
-    """Fetch indexes, resolve, refuse unverified or insecure, then download what is missing."""
-    arts = resolve(ctx.config, ctx.facts, _indexes(ctx))
-    for a in arts:
-        check_url(a.url, ctx.config.fetch.allow_http_hosts)
+    """Resolve (from the cache when it is complete), check space, download what is missing."""
+    arts = _from_cache(ctx)
+    missing: list[Artifact] = []
+    if arts is None:
+        texts, served = _indexes(ctx)
+        arts = resolve(ctx.config, ctx.facts, texts, served)
+        for a in arts:
+            for url in a.urls:
+                check_url(url, ctx.config.fetch.allow_http_hosts)
+        missing = [a for a in arts if not _cached_ok(ctx, a)]
+        _space_check(ctx, missing, texts)
+        ctx.host.makedirs(ctx.config.fetch.cache_dir, mode=0o700)
+        _save_indexes(ctx, texts)
     key = resolution_key(ctx.config, ctx.facts)
     ctx.host.makedirs(ctx.config.run.state_dir, mode=0o700)
     ctx.host.write_atomic(resolved_path(ctx), dump_resolution(key, arts), mode=0o600)
-    missing = [a for a in arts if not _cached_ok(ctx, a)]
-    _space_check(ctx, missing)
-    for a in missing:
-        _download(ctx, a)
+    _download(ctx, missing)

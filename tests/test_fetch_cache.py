@@ -1,0 +1,191 @@
+"""The verified cache on simulated nodes: free space, corrupt entries, prefetch, offline."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bootfsm.cli import main
+from bootfsm.codes import Code
+from bootfsm.config import ConfigError, parse_config
+from bootfsm.runner import RunResult
+from bootfsm.sim import artifacts as art
+from bootfsm.sim.mirror import Mirror
+from bootfsm.sim.world import TOOLKIT_VERSION, World
+from tests.conftest import MakeWorld, run_in_process
+
+CACHE = "var/cache/bootfsm"
+
+
+def _events(result: RunResult | Path, name: str | None = None) -> list[dict[str, Any]]:
+    path = result if isinstance(result, Path) else result.journal
+    assert path is not None
+    evs = [json.loads(x) for x in path.read_text().splitlines()]
+    return [e for e in evs if name is None or e["event"] == name]
+
+
+def bulk_up_deb(w: World, package: str, size: int) -> Path:
+    """Rebuild one toolkit deb on the mirror with ``size`` random bytes inside; reindex."""
+    repo = next((w.docroot / "toolkit").iterdir())
+    deb = art.build_deb(
+        repo,
+        package=package,
+        version=TOOLKIT_VERSION,
+        arch=repo.name,
+        files={f"/usr/share/{package}/blob": os.urandom(size)},
+        description=f"{package} (simulated, large)",
+    )
+    art.write_packages_index(repo, sorted(repo.glob("*.deb")))
+    return deb
+
+
+@contextmanager
+def small_fs(where: Path, size: str) -> Iterator[Path]:
+    """A real tmpfs of ``size`` mounted at ``where``; skip when mounting is not allowed."""
+    where.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(where)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_too_little_space_fails_before_any_byte_is_written(make_world: MakeWorld) -> None:
+    w = make_world("h100-pcie")
+    bulk_up_deb(w, "libnvidia-container1", 2 << 20)  # the index lists 2 MiB
+    with small_fs(w.root / CACHE, "1m") as cache:
+        result = run_in_process(w)
+        left = list(cache.iterdir())
+    assert (result.outcome.code, result.outcome.state) == (Code.INSUFFICIENT_SPACE, "fetch")
+    assert "free" in result.outcome.message
+    assert left == []  # not an index copy, not a .part, not a meta file
+    assert [e.path for e in w.mirror.log if e.path.endswith((".deb", ".run"))] == []
+    assert _events(result, "state.retry") == []  # permanent: no retry
+
+
+def test_corrupt_cache_entry_is_replaced_not_trusted(make_world: MakeWorld) -> None:
+    w = make_world("h100-pcie")
+    assert run_in_process(w).outcome.ok
+    [runfile] = (w.root / CACHE).glob("*/NVIDIA-Linux-*.run")
+    good = runfile.read_bytes()
+    bad = bytearray(good)
+    bad[len(bad) // 2] ^= 0xFF
+    runfile.write_bytes(bytes(bad))
+    second = run_in_process(w)
+    assert second.outcome.ok, second.outcome.message
+    [fetched] = _events(second, "artifact.fetched")
+    assert fetched["artifact"] == "runfile" and fetched["resumed_bytes"] == 0
+    assert runfile.read_bytes() == good
+    assert [p.name for p in runfile.parent.iterdir()] == [runfile.name]
+
+
+@contextmanager
+def _no_gpus(w: World) -> Iterator[None]:
+    """The image build VM: nothing on the PCI bus while inside."""
+    pci = w.root / "sys/bus/pci/devices"
+    hidden = pci.with_name("devices.hidden")
+    pci.rename(hidden)
+    pci.mkdir()
+    try:
+        yield
+    finally:
+        pci.rmdir()
+        hidden.rename(pci)
+
+
+def _point_sources_at(w: World, base: str) -> None:
+    w.config_overrides = {
+        **w.config_overrides,
+        "sources": {
+            "runfile_base": f"{base}/tesla",
+            "redist_base": f"{base}/redist",
+            "cuda_repo": f"{base}/cuda/{{os_id}}{{os_version_nodot}}/{{redist_arch}}",
+            "toolkit_repo": f"{base}/toolkit/{{debian_arch}}",
+        },
+    }
+    w.write_config()
+
+
+def test_prefetch_without_gpus_then_offline_boot_is_done(
+    make_world: MakeWorld, capsys: pytest.CaptureFixture[str]
+) -> None:
+    w = make_world("h100-pcie")
+    artifacts = Mirror(w.docroot).start()  # the artifact mirror; IMDS/kubelet stay up
+    try:
+        _point_sources_at(w, artifacts.url)
+        with _no_gpus(w):
+            assert main(["fetch", "--root", str(w.root)]) == Code.NO_GPU  # a node needs GPUs
+            assert main(["fetch", "--prefetch", "--root", str(w.root)]) == 0
+        out = capsys.readouterr().out
+        assert "bootfsm: prefetch OK: 6 artifacts verified" in out  # x86_64: + fabric manager
+        served = len(artifacts.log)
+    finally:
+        artifacts.stop()
+    # the boot config differs from the image's (another deadline): a new resolution,
+    # made from the cached indexes, with every mirror down
+    w.config_overrides = {**w.config_overrides, "run": {"deadline": 300.0, "backoff_scale": 0.05}}
+    w.write_config()
+    result = run_in_process(w)
+    assert result.outcome.ok, result.outcome.message
+    assert _events(result, "artifact.fetched") == [] and _events(result, "index.fetched") == []
+    [offline] = _events(result, "fetch.offline")
+    assert offline["artifacts"] == 5  # this node: runfile + four toolkit debs
+    assert len(artifacts.log) == served
+
+
+def test_prefetch_again_downloads_nothing(make_world: MakeWorld, capsys: Any) -> None:
+    w = make_world("h100-pcie")
+    with _no_gpus(w):
+        assert main(["fetch", "--prefetch", "--root", str(w.root)]) == 0
+        n = len(w.mirror.log)
+        assert main(["fetch", "--prefetch", "--root", str(w.root)]) == 0
+    assert len(w.mirror.log) == n
+    lines = capsys.readouterr().out.splitlines()
+    assert "(6 downloaded)" in lines[0] and "(0 downloaded)" in lines[1]
+    journals = sorted((w.root / "var/log/bootfsm").glob("fetch-*.jsonl"))
+    assert [e["code"] for j in journals for e in _events(j, "fetch.end")] == [0, 0]
+
+
+def test_offline_without_a_complete_cache_fails_with_a_download_code(
+    make_world: MakeWorld,
+) -> None:
+    w = make_world("h100-pcie")
+    artifacts = Mirror(w.docroot).start()
+    _point_sources_at(w, artifacts.url)
+    artifacts.stop()
+    result = run_in_process(w)
+    assert result.outcome.code is Code.DOWNLOAD_RETRIES_EXHAUSTED
+    assert "ConnectionError" in result.outcome.message
+
+
+@pytest.mark.parametrize(
+    ("data", "needle"),
+    [
+        ({"sources": {"runfile_mirrors": ["ftp://m.example/x?sig=S3CRET"]}}, "runfile_mirrors"),
+        ({"sources": {"toolkit_repo_mirrors": "https://m.example"}}, "toolkit_repo_mirrors"),
+        ({"fetch": {"parallel": 0}}, "fetch.parallel"),
+        ({"fetch": {"parallel": 64}}, "fetch.parallel"),
+        ({"fetch": {"artifact_timeout": -1}}, "fetch.artifact_timeout"),
+        ({"fetch": {"fsync": "yes"}}, "fetch.fsync"),
+    ],
+)
+def test_fetch_config_is_validated_by_key(data: dict[str, Any], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle) as info:
+        parse_config(data)
+    assert "S3CRET" not in str(info.value)
