@@ -124,7 +124,8 @@ class _Backoff:
     def __call__(self, retry_state: Any) -> float:
         exc: BaseException | None = retry_state.outcome.exception() if retry_state.outcome else None
         if isinstance(exc, TransientError) and exc.retry_after is not None:
-            return min(float(exc.retry_after), self.policy.max_wait * max(self.scale, 0.01))
+            # the server's word wins; _StopOnBudget stops when it does not fit the deadline
+            return float(exc.retry_after)
         n = int(retry_state.attempt_number)
         base: float = min(self.policy.initial_wait * 2 ** (n - 1), self.policy.max_wait)
         return base * self.scale * (0.5 + self.rng.random() / 2)
