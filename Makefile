@@ -4,8 +4,8 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian packages the simulator and tests use: makeself (runfiles), dpkg-deb (debs),
-# xz (tar.xz), systemd (systemd-analyze verify).
-APT_PKGS := makeself dpkg xz-utils systemd
+# xz (tar.xz), systemd (systemd-analyze verify), chromium (headless: trace --html tests).
+APT_PKGS := makeself dpkg xz-utils systemd chromium
 SKU     ?= gb300
 
 .PHONY: all demo test lint fmt bench fuzz deps clean
@@ -14,7 +14,7 @@ all: test
 
 deps:
 	@missing=""; \
-	for c in makeself:makeself dpkg-deb:dpkg xz:xz-utils systemd-analyze:systemd; do \
+	for c in makeself:makeself dpkg-deb:dpkg xz:xz-utils systemd-analyze:systemd chromium:chromium; do \
 	  command -v $${c%%:*} >/dev/null 2>&1 || missing="$$missing $${c##*:}"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
@@ -45,8 +45,11 @@ fmt: $(STAMP)
 bench: deps $(STAMP)
 	$(PY) bench/run.py
 
+# fuzz every reader of outside input for FUZZ_SECONDS (make fuzz FUZZ_SECONDS=3600)
+FUZZ_SECONDS ?= 300
 fuzz: $(STAMP)
-	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -p no:xdist tests -k fuzz
+	FUZZ_SECONDS=$(FUZZ_SECONDS) HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -p no:xdist -s \
+	  tests/test_fuzz.py -k test_fuzz_for_a_set_time
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info

@@ -20,8 +20,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
-from bootfsm.archive import check_member
+from bootfsm.archive import check_members
 from bootfsm.codes import Code
 from bootfsm.errors import BootError
 
@@ -106,6 +107,13 @@ class Host:
         """True when the node path exists (links are followed)."""
         return self.path(node_path).exists()
 
+    def mtime(self, node_path: str) -> float | None:
+        """Modification time of a file (links followed), or None when it does not exist."""
+        try:
+            return self.path(node_path).stat().st_mtime
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
     def is_symlink(self, node_path: str) -> bool:
         """True when the node path is a symbolic link."""
         return self.path(node_path).is_symlink()
@@ -155,19 +163,7 @@ class Host:
         p = self.path(node_path)
         payload = data.encode() if isinstance(data, str) else data
         try:
-            p.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-            try:
-                with os.fdopen(fd, "wb") as fh:
-                    fh.write(payload)
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                os.chmod(tmp, mode)
-                os.replace(tmp, p)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
-            fsync_dir(p.parent)
+            _publish(p, lambda fh: fh.write(payload), mode)
         except OSError as exc:
             what = "disk full" if exc.errno == errno.ENOSPC else str(exc)
             raise BootError(Code.HOST_IO_ERROR, f"cannot write {node_path}: {what}") from exc
@@ -176,6 +172,7 @@ class Host:
         """Point ``node_path`` at ``target`` (kept verbatim), replacing what was there."""
         p = self.path(node_path)
         p.parent.mkdir(parents=True, exist_ok=True)
+        _sweep(p)
         tmp = p.parent / f".{p.name}.{os.getpid()}.lnk"
         tmp.unlink(missing_ok=True)
         os.symlink(target, tmp)
@@ -212,40 +209,32 @@ class Host:
             self.symlink_atomic(os.readlink(sp), dst)
             return
         try:
-            dp.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{dp.name}.", suffix=".tmp", dir=dp.parent)
-            try:
-                with os.fdopen(fd, "wb") as out, sp.open("rb") as inp:
-                    shutil.copyfileobj(inp, out, 1 << 20)
-                    out.flush()
-                    os.fsync(out.fileno())
-                os.chmod(tmp, mode if mode is not None else (sp.stat().st_mode & 0o7777))
-                os.replace(tmp, dp)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            keep = mode if mode is not None else (sp.stat().st_mode & 0o7777)
+            with sp.open("rb") as inp:
+                _publish(dp, lambda out: shutil.copyfileobj(inp, out, 1 << 20), keep)
         except OSError as exc:
             raise BootError(Code.HOST_IO_ERROR, f"cannot install {dst}: {exc}") from exc
 
     def extract_tar(self, archive: Path, dest: str) -> list[str]:
         """Extract a verified tar archive under node dir ``dest``, refusing unsafe members.
 
-        Absolute names, ``..``, links that leave ``dest``, devices and FIFOs are refused
-        before anything is written (``BootError``); Python's ``data`` filter applies too.
+        Absolute names, ``..``, links that leave ``dest``, paths through the archive's own
+        symlinks, devices and FIFOs are refused before anything is written (``BootError``
+        UNSAFE_ARCHIVE); Python's ``data`` filter applies too, with the same code.
         """
         target = self.path(dest)
         try:
             with tarfile.open(archive, "r:*") as tf:
                 members = tf.getmembers()
-                for m in members:
-                    problem = check_member(m.name, m.type, m.linkname)
-                    if problem:
-                        raise BootError(
-                            Code.UNSAFE_ARCHIVE,
-                            f"refusing archive {archive.name}: {problem}",
-                        )
+                problem = check_members((m.name, m.type, m.linkname) for m in members)
+                if problem:
+                    raise BootError(
+                        Code.UNSAFE_ARCHIVE, f"refusing archive {archive.name}: {problem}"
+                    )
                 target.mkdir(parents=True, exist_ok=True, mode=0o700)
                 tf.extractall(target, members=members, filter="data")
+        except tarfile.FilterError as exc:
+            raise BootError(Code.UNSAFE_ARCHIVE, f"refusing archive {archive.name}: {exc}") from exc
         except (tarfile.TarError, OSError) as exc:
             raise BootError(Code.HOST_IO_ERROR, f"cannot extract {archive.name}: {exc}") from exc
         return [m.name for m in members]
@@ -348,6 +337,36 @@ class Host:
                 return
             except subprocess.TimeoutExpired:
                 continue
+
+
+def _sweep(p: Path) -> None:
+    """Remove the temporaries a killed run left for target ``p`` (we hold the node lock)."""
+    name = _glob.escape(p.name)
+    for stale in [*p.parent.glob(f".{name}.*.tmp"), *p.parent.glob(f".{name}.*.lnk")]:
+        stale.unlink(missing_ok=True)
+
+
+def _publish(p: Path, fill: Callable[[IO[bytes]], object], mode: int) -> None:
+    """Give ``p`` new content atomically: temporary written, chmodded and fsynced, renamed
+    over ``p``, directory fsynced. Readers see the old or the new file, never a mix.
+
+    A run killed mid-write can leave only a ``.NAME.*.tmp`` beside ``p``; the next write
+    of ``p`` removes it (bootfsm holds the node lock, so no other writer owns it).
+    """
+    p.parent.mkdir(parents=True, exist_ok=True)
+    _sweep(p)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fill(fh)
+            fh.flush()
+            os.fchmod(fh.fileno(), mode)
+            os.fsync(fh.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(p.parent)
 
 
 def fsync_dir(path: Path) -> None:

@@ -6,27 +6,31 @@ with a terminal journal event and a checkpoint, whatever happened.
 
 from __future__ import annotations
 
+import calendar
 import contextlib
 import json
 import os
 import signal
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
-from bootfsm import __version__
+from bootfsm import __version__, metrics
 from bootfsm.codes import Code, info
 from bootfsm.config import Config
 from bootfsm.context import Context
+from bootfsm.cse_events import CseEvents
 from bootfsm.deadline import Deadline
 from bootfsm.engine import Interrupted, Outcome, drive
 from bootfsm.errors import BootError
 from bootfsm.host import CommandResult, Host
 from bootfsm.http import Http
 from bootfsm.journal import Journal, new_run_id
+from bootfsm.liveness import boot_id
 from bootfsm.lock import NodeLock
 
 __all__ = ["RunOptions", "RunResult", "execute"]
@@ -60,6 +64,23 @@ def _checkpoint(host: Host, cfg: Config, data: dict[str, Any]) -> None:
         host.write_atomic(f"{cfg.run.state_dir}/checkpoint.json", json.dumps(data) + "\n", 0o600)
 
 
+def _journal_stamp(log_dir: Path, now: float) -> str:
+    """The start stamp of a journal's name. Names must sort in start order (prune, trace
+    and status take the last one as the newest run) even when the wall clock went back
+    (an RTC reset before NTP) or two runs start within a second: then it is one second
+    after the newest journal's stamp."""
+    fmt = "%Y%m%dT%H%M%SZ"
+    stamp = time.strftime(fmt, time.gmtime(now))
+    newest = max((p.name[4:20] for p in log_dir.glob("run-*.jsonl")), default="")
+    if newest < stamp:
+        return stamp
+    try:
+        last = calendar.timegm(time.strptime(newest, fmt))
+    except ValueError:  # a journal name not made by bootfsm
+        return stamp
+    return time.strftime(fmt, time.gmtime(last + 1))
+
+
 def _prune(log_dir: Path, keep: int) -> None:
     runs = sorted(log_dir.glob("run-*.jsonl"))
     for old in runs[: max(0, len(runs) - keep)]:
@@ -82,23 +103,98 @@ def _on_command(journal: Journal, ctx: Context) -> Callable[[CommandResult], Non
     return record
 
 
+class _Interrupts:
+    """SIGTERM/SIGINT for one run: stop the command in flight, then raise ``Interrupted``.
+
+    Signals raise only inside ``armed()`` (the lock wait and the machine); one that
+    arrives outside is remembered and raised when ``armed()`` is next entered, or
+    ignored once the run has concluded. Only the first signal acts: a second one while
+    stopping (systemd and a terminal may both send one) is ignored.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self.pending: str | None = None
+        self.stopped: list[str] = []  # argv of the command the signal stopped
+        self._armed = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _Interrupts:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, h in self._previous.items():
+            signal.signal(s, h)
+
+    @contextlib.contextmanager
+    def armed(self) -> Iterator[None]:
+        """Raise ``Interrupted`` for a signal pending now or arriving inside the block."""
+        if self.pending is not None:
+            raise Interrupted(self.pending)
+        self._armed = True
+        try:
+            yield
+        finally:
+            self._armed = False
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        if self.pending is not None:
+            return
+        self.pending = signal.Signals(signum).name
+        if not self._armed:
+            return
+        self._armed = False
+        child = self.host._child  # the command in flight (Host keeps it for stop_child)
+        if child is not None:
+            if child.poll() is None:  # still running (not just exited, waiting to be reaped)
+                args = child.args
+                self.stopped = [str(a) for a in args] if isinstance(args, list) else [str(args)]
+                self.host.stop_child()
+            _kill_leftovers(child.pid)
+        raise Interrupted(self.pending)
+
+
+def _kill_leftovers(pgid: int) -> None:
+    """SIGKILL what is left of a stopped command's process group (grandchildren that
+    ignored SIGTERM); the group id cannot be reused while any member lives."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
 def execute(cfg: Config, opts: RunOptions) -> RunResult:
     """Run the machine on the node at ``opts.root``; never raises for node problems."""
     host = Host(opts.root, env=opts.env)
     lock = NodeLock(host.path(f"{cfg.run.state_dir}/lock"))
-    if not lock.acquire(opts.wait_lock):
-        msg = f"another bootfsm run (pid {lock.holder() or '?'}) holds {lock.path}"
-        return RunResult(Outcome(Code.ANOTHER_RUN_IN_PROGRESS, "", msg), "", None)
-    try:
-        return _locked(cfg, opts, host)
-    finally:
-        lock.release()
+    with _Interrupts(host) as interrupts:
+        try:
+            with interrupts.armed():
+                acquired = lock.acquire(opts.wait_lock)
+        except Interrupted as exc:
+            msg = f"interrupted by {exc.signame} while waiting for the node lock {lock.path}"
+            return RunResult(Outcome(Code.INTERRUPTED, "", msg), "", None)
+        except OSError as exc:  # read-only or full state dir: say so, do not crash
+            msg = (
+                f"cannot take the node lock {lock.path}: {exc.strerror or exc}; "
+                f"run.state_dir {cfg.run.state_dir} must be writable"
+            )
+            return RunResult(Outcome(Code.HOST_IO_ERROR, "", msg), "", None)
+        if not acquired:
+            msg = f"another bootfsm run (pid {lock.holder() or '?'}) holds {lock.path}"
+            return RunResult(Outcome(Code.ANOTHER_RUN_IN_PROGRESS, "", msg), "", None)
+        try:
+            return _locked(cfg, opts, host, interrupts)
+        finally:
+            lock.release()
 
 
-def _locked(cfg: Config, opts: RunOptions, host: Host) -> RunResult:
+def _locked(cfg: Config, opts: RunOptions, host: Host, interrupts: _Interrupts) -> RunResult:
     run_id = new_run_id()
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(host.wall()))
     log_dir = host.path(cfg.run.log_dir)
+    stamp = _journal_stamp(log_dir, host.wall())
     jpath: Path | None = log_dir / f"run-{stamp}-{run_id}.jsonl"
     try:
         journal = Journal(
@@ -141,31 +237,30 @@ def _locked(cfg: Config, opts: RunOptions, host: Host) -> RunResult:
         config_digest=cfg.digest(),
         deadline_s=cfg.run.deadline,
         pid=os.getpid(),
+        boot_id=boot_id(host),
     )
     base = {"run_id": run_id, "journal": str(jpath) if jpath else "", "pid": os.getpid()}
     _checkpoint(host, cfg, {**base, "state": "detect", "outcome": "running"})
 
-    def on_transition(src: str, dest: str, _: Outcome | None) -> None:
+    last_transition: list[str] = []
+
+    cse = CseEvents.from_config(host, cfg, run_id)
+
+    def on_transition(src: str, dest: str, ended: Outcome | None) -> None:
+        last_transition[:] = [src, dest]
         _checkpoint(host, cfg, {**base, "state": dest, "outcome": "running"})
+        cse.state_ended(src, dest, ended)
         if opts.on_state is not None:
             opts.on_state(dest)
 
-    def handler(signum: int, _frame: FrameType | None) -> None:
-        raise Interrupted(signal.Signals(signum).name)
-
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    outcome: Outcome | None = None
     try:
-        outcome = drive(ctx, _registry(), _callbacks(), on_transition)
+        with interrupts.armed():
+            outcome = drive(ctx, _registry(), _callbacks(), on_transition)
     except Interrupted as exc:
-        host.stop_child()
-        outcome = Outcome(
-            Code.INTERRUPTED,
-            ctx.state,
-            f"interrupted by {exc.signame} in state {ctx.state or 'detect'}",
-        )
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
+        if outcome is None:  # a signal after drive() returned does not undo its outcome
+            outcome = _interrupted(journal, ctx.state, last_transition, exc, interrupts)
+    assert outcome is not None
     kind = (
         "done" if outcome.ok else ("interrupted" if outcome.code is Code.INTERRUPTED else "failed")
     )
@@ -181,6 +276,8 @@ def _locked(cfg: Config, opts: RunOptions, host: Host) -> RunResult:
         hint=info(outcome.code).hint,
         duration_s=round(journal.elapsed(), 4),
     )
+    for problem in cse.run_ended(outcome) + metrics.publish(host, cfg, jpath, run_id, outcome):
+        journal.event("warning", level="warning", message=problem)
     journal.close()
     _checkpoint(
         host,
@@ -196,6 +293,36 @@ def _locked(cfg: Config, opts: RunOptions, host: Host) -> RunResult:
     if jpath is not None:
         _prune(jpath.parent, cfg.run.keep_journals)
     return RunResult(outcome, run_id, jpath)
+
+
+def _interrupted(
+    journal: Journal,
+    state: str,
+    last_transition: list[str],
+    exc: Interrupted,
+    interrupts: _Interrupts,
+) -> Outcome:
+    """Journal what a signal interrupted and return the interrupted outcome."""
+    between = bool(last_transition) and last_transition[0] == state
+    where = last_transition[1] if between else (state or "detect")
+    detail = ""
+    if interrupts.stopped:
+        detail = f" while running {os.path.basename(interrupts.stopped[0])} (stopped)"
+    elif between:
+        detail = f" between states ({state} done, {where} not started)"
+    elif not state:
+        detail = " before the first state started"
+    journal.event(
+        "run.interrupted",
+        durable=True,
+        level="warning",
+        signal=exc.signame,
+        state=where,
+        between_states=between,
+        command=interrupts.stopped,
+    )
+    message = f"interrupted by {exc.signame} in state {where}{detail}"
+    return Outcome(Code.INTERRUPTED, where, message)
 
 
 def _registry() -> Mapping[str, Any]:

@@ -66,7 +66,7 @@ def _install(ctx: Context) -> None:
         ctx.host.install_file(
             f"{top}/share/nvidia/nvswitch/{topo}", f"/usr/share/nvidia/nvswitch/{topo}"
         )
-    ctx.host.write_atomic(_marker(ctx), ctx.config.driver.version + "\n")
+    ctx.host.write_atomic(_marker(ctx), ctx.config.driver.version + "\n", 0o600)
     ctx.event("fabricmanager.installed", version=ctx.config.driver.version)
 
 

@@ -15,7 +15,8 @@ from bootfsm.runner import RunOptions, RunResult, execute
 from bootfsm.sim.world import World
 
 settings.register_profile("default", max_examples=100, deadline=None)
-settings.register_profile("fuzz", max_examples=20_000, deadline=None)
+# `make fuzz`: one batch per property per round; tests/test_fuzz.py loops for FUZZ_SECONDS
+settings.register_profile("fuzz", max_examples=300, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 MakeWorld = Callable[..., World]

@@ -83,7 +83,10 @@ def make_plan(ctx: Context, offline: bool) -> dict[str, Any]:
             check_url(url, ctx.config.fetch.allow_http_hosts)
             texts[key] = ctx.http.get(url, timeout=10).body.decode("utf-8", "replace")
         arts = resolve(ctx.config, facts, texts)
-        plan["artifacts"] = [{**a.to_json(), "url": redact_url(a.url)} for a in arts]
+        plan["artifacts"] = [
+            {**a.to_json(), "url": redact_url(a.url), "mirrors": [redact_url(m) for m in a.mirrors]}
+            for a in arts
+        ]
     except (BootError, TransientError) as exc:
         plan["fail_fast"] = {
             "state": "fetch",

@@ -1,0 +1,419 @@
+"""What runs is what was verified, archives and indexes cannot escape, secrets stay out
+of every output, and what bootfsm keeps on the node is readable by root only.
+
+docs/security.md states the threat model these tests hold bootfsm to.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import json
+import lzma
+import os
+import stat
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bootfsm.archive import check_member
+from bootfsm.artifacts import sha256_of
+from bootfsm.codes import Code
+from bootfsm.errors import BootError
+from bootfsm.host import Host
+from bootfsm.sim.world import DRIVER_VERSION, World
+from tests.conftest import MakeWorld
+
+REPO = Path(__file__).resolve().parents[1]
+STATE_DIR = "var/lib/bootfsm"
+CACHE_DIR = "var/cache/bootfsm"
+LOG_DIR = "var/log/bootfsm"
+
+
+def cli(
+    w: World, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """A bootfsm command on the world's node (`run` when no args)."""
+    argv = w.argv() if not args else [sys.executable, "-m", "bootfsm", *args, "--root", str(w.root)]
+    return subprocess.run(
+        argv, env=env or w.env(), capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+# -- no shell -------------------------------------------------------------------------
+def _product_sources() -> list[Path]:
+    return sorted([*(REPO / "bootfsm").rglob("*.py"), *(REPO / "states").glob("*.py")])
+
+
+def _shell_uses(path: Path) -> list[str]:
+    """Calls that hand a string to a shell: shell=True, os.system/popen, sh -c argv."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f"{getattr(f.value, 'id', '')}.{f.attr}" if isinstance(f, ast.Attribute) else ""
+            if name in (
+                "os.system",
+                "os.popen",
+                "subprocess.getoutput",
+                "subprocess.getstatusoutput",
+            ):
+                found.append(f"{path.name}:{node.lineno} {name}")
+            if name.startswith("os.spawn") or name.startswith("pty.spawn"):
+                found.append(f"{path.name}:{node.lineno} {name}")
+            for kw in node.keywords:
+                if kw.arg == "shell" and not (
+                    isinstance(kw.value, ast.Constant) and kw.value.value is False
+                ):
+                    found.append(f"{path.name}:{node.lineno} shell=")
+        if isinstance(node, ast.List | ast.Tuple) and len(node.elts) >= 2:
+            first, second = node.elts[0], node.elts[1]
+            if (
+                isinstance(first, ast.Constant)
+                and first.value in ("sh", "bash", "/bin/sh", "/bin/bash")
+                and isinstance(second, ast.Constant)
+                and second.value == "-c"
+            ):
+                found.append(f"{path.name}:{node.lineno} {first.value} -c")
+    return found
+
+
+def test_no_subprocess_uses_a_shell() -> None:
+    """Every command is an argv list run without a shell, in the product and the sim."""
+    sources = _product_sources()
+    assert len(sources) > 40
+    uses = [u for p in sources for u in _shell_uses(p)]
+    assert not uses, uses
+
+
+def test_the_shell_check_finds_shells(tmp_path: Path) -> None:
+    """The check above can fail: it finds each way of reaching a shell."""
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "import os, subprocess\n"
+        "subprocess.run('ls', shell=True)\n"
+        "os.system('ls')\n"
+        "os.popen('ls')\n"
+        "subprocess.run(['sh', '-c', 'ls'])\n"
+    )
+    assert len(_shell_uses(bad)) == 4
+
+
+# -- archives -------------------------------------------------------------------------
+Member = tuple[str, bytes, str, bytes]  # name, type, linkname, content
+
+
+def _tar_xz(path: Path, members: list[Member]) -> Path:
+    """A real .tar.xz with exactly these members (tarfile writes what it is told)."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tf:
+        for name, type_, linkname, data in members:
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname, info.mode, info.mtime = type_, linkname, 0o755, 1
+            info.size = len(data) if type_ == tarfile.REGTYPE else 0
+            tf.addfile(info, io.BytesIO(data) if type_ == tarfile.REGTYPE else None)
+    path.write_bytes(lzma.compress(raw.getvalue(), format=lzma.FORMAT_XZ))
+    return path
+
+
+F, D, S, H = tarfile.REGTYPE, tarfile.DIRTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE
+OK_TOP = [("fm", D, "", b""), ("fm/bin", D, "", b""), ("fm/bin/x", F, "", b"ok\n")]
+MALICIOUS: dict[str, list[Member]] = {
+    "absolute name": [*OK_TOP, ("/tmp/escape", F, "", b"pwned\n")],
+    "dot-dot name": [*OK_TOP, ("../escape", F, "", b"pwned\n")],
+    "dot-dot inside": [*OK_TOP, ("fm/../../escape", F, "", b"pwned\n")],
+    "dot-dot that stays inside": [*OK_TOP, ("fm/bin/../x2", F, "", b"odd\n")],
+    "symlink to absolute": [*OK_TOP, ("fm/etc", S, "/etc", b""), ("fm/etc/passwd", F, "", b"r\n")],
+    "symlink up and out": [*OK_TOP, ("fm/up", S, "../..", b"")],
+    "write through symlink": [
+        *OK_TOP,
+        ("fm/up", S, "..", b""),  # points at the target itself: inside
+        ("fm/up/../escape", F, "", b"pwned\n"),  # lexically fm/escape, really ../escape
+    ],
+    "file under a symlink": [*OK_TOP, ("fm/lnk", S, "bin", b""), ("fm/lnk/y", F, "", b"y\n")],
+    "symlink chain out": [
+        *OK_TOP,
+        ("fm/bin/s1", S, "../..", b""),  # lexically the target dir: inside
+        ("fm/s2", S, "bin/s1/..", b""),  # lexically fm, really the target's parent
+    ],
+    "hard link to absolute": [*OK_TOP, ("fm/pw", H, "/etc/passwd", b"")],
+    "hard link up": [*OK_TOP, ("fm/pw", H, "../outside", b"")],
+    "device": [*OK_TOP, ("fm/dev", tarfile.CHRTYPE, "", b"")],
+    "fifo": [*OK_TOP, ("fm/fifo", tarfile.FIFOTYPE, "", b"")],
+}
+
+
+@pytest.mark.parametrize("case", MALICIOUS)
+def test_malicious_archive_is_refused_before_writing(tmp_path: Path, case: str) -> None:
+    """Each archive is refused with UNSAFE_ARCHIVE and nothing at all is extracted."""
+    node = tmp_path / "node"
+    (node / "work").mkdir(parents=True)
+    archive = _tar_xz(tmp_path / "evil.tar.xz", MALICIOUS[case])
+    with pytest.raises(BootError) as err:
+        Host(node).extract_tar(archive, "/work/extract")
+    assert err.value.code is Code.UNSAFE_ARCHIVE, err.value.message
+    assert "refusing archive evil.tar.xz" in err.value.message
+    assert not (node / "work/extract").exists() or not any((node / "work/extract").iterdir())
+    assert not (node / "work/escape").exists() and not (node / "escape").exists()
+    assert not (tmp_path / "escape").exists()
+
+
+def test_safe_archive_extracts_with_inside_links(tmp_path: Path) -> None:
+    """The refusals above are not blanket: inside links (as the FM archive has) extract."""
+    archive = _tar_xz(
+        tmp_path / "ok.tar.xz",
+        [
+            *OK_TOP,
+            ("fm/lib", D, "", b""),
+            ("fm/lib/libnvfm.so.1", F, "", b"\x7fELF"),
+            ("fm/lib/libnvfm.so", S, "libnvfm.so.1", b""),
+            ("fm/lib/up", S, "../bin/x", b""),
+            ("fm/bin/x.hard", H, "fm/bin/x", b""),
+        ],
+    )
+    names = Host(tmp_path).extract_tar(archive, "/extract")
+    assert "fm/lib/libnvfm.so" in names
+    out = tmp_path / "extract/fm"
+    assert (out / "lib/libnvfm.so").resolve() == (out / "lib/libnvfm.so.1").resolve()
+    assert (out / "bin/x.hard").read_bytes() == b"ok\n"
+    assert (tmp_path / "extract").stat().st_mode & 0o777 == 0o700
+    assert not (out / "bin/x").stat().st_mode & 0o022  # no group/other write (data filter)
+
+
+def test_check_member_rules() -> None:
+    """The pure rule: names and link targets stay inside; devices and FIFOs never pass."""
+    assert check_member("a/b", F) is None
+    assert check_member("a/link", S, "../b") is None
+    assert check_member("a/../../b", F) is not None
+    assert check_member("a/link", S, "../../b") is not None
+    assert check_member("", F) is not None
+    assert check_member("a\x00b", F) is not None
+
+
+def test_malicious_fabric_manager_archive_from_the_mirror(make_world: MakeWorld) -> None:
+    """A mirror serving an escaping FM archive (with a manifest that vouches for it) makes
+    the run fail UNSAFE_ARCHIVE in fabric; nothing lands outside the extract directory."""
+    w = make_world("h100-hgx")
+    [fm] = (w.docroot / "redist/fabricmanager").glob("*/*.tar.xz")
+    top = fm.name.removesuffix(".tar.xz")
+    _tar_xz(
+        fm,
+        [
+            (top, D, "", b""),
+            (f"{top}/up", S, "..", b""),
+            (f"{top}/up/../../../../etc/cron.d/evil", F, "", b"* * * * * root sh\n"),
+        ],
+    )
+    manifest = w.docroot / f"redist/redistrib_{DRIVER_VERSION}.json"
+    doc = json.loads(manifest.read_text())
+    for comp in doc.values():
+        for plat in comp.values() if isinstance(comp, dict) else []:
+            if isinstance(plat, dict) and plat.get("relative_path", "").endswith(fm.name):
+                plat.update(sha256=sha256_of(fm), size=str(fm.stat().st_size))
+    manifest.write_text(json.dumps(doc))
+    r = cli(w)
+    assert r.returncode == Code.UNSAFE_ARCHIVE, r.stdout + r.stderr
+    assert "state=fabric" in r.stdout and "refusing archive" in r.stdout
+    assert not list(w.base.rglob("cron.d/evil"))
+
+
+# -- indexes that try to leave the repository -----------------------------------------
+def _poison_packages(w: World, filename: str) -> None:
+    [index] = (w.docroot / "toolkit").glob("*/Packages")
+    text = index.read_text()
+    first = next(line for line in text.splitlines() if line.startswith("Filename:"))
+    index.write_text(text.replace(first, f"Filename: {filename}", 1))
+
+
+def _poison_redistrib(w: World, path: str) -> None:
+    manifest = w.docroot / f"redist/redistrib_{DRIVER_VERSION}.json"
+    doc = json.loads(manifest.read_text())
+    for comp in doc.values():
+        for plat in comp.values() if isinstance(comp, dict) else []:
+            if isinstance(plat, dict) and "relative_path" in plat:
+                plat["relative_path"] = path
+    manifest.write_text(json.dumps(doc))
+
+
+POISON: dict[str, tuple[Callable[[World, str], None], str, str]] = {
+    "Packages ../": (_poison_packages, "../../../../etc/shadow", "climbs out of the repository"),
+    "Packages absolute": (_poison_packages, "/etc/shadow", "is absolute"),
+    "Packages URL": (_poison_packages, "https://evil.example/x.deb", "empty path component"),
+    "Packages backslash": (_poison_packages, "pool\\..\\..\\x.deb", "backslash"),
+    "redistrib ../": (_poison_redistrib, "../../../etc/fm.tar.xz", "unsafe relative_path"),
+    "redistrib absolute": (_poison_redistrib, "/srv/evil.tar.xz", "unsafe relative_path"),
+    "redistrib URL": (_poison_redistrib, "https://evil.example/fm.tar.xz", "unsafe relative_path"),
+}
+
+
+@pytest.mark.parametrize("case", POISON)
+def test_index_path_leaving_the_repository_is_refused(make_world: MakeWorld, case: str) -> None:
+    """The fetch fails INDEX_INVALID naming the problem, before any artifact is requested."""
+    poison, value, needle = POISON[case]
+    w = make_world("h100-hgx")
+    poison(w, value)
+    r = cli(w)
+    assert r.returncode == Code.INDEX_INVALID, r.stdout + r.stderr
+    assert "state=fetch" in r.stdout and needle in r.stdout, r.stdout
+    fetched = [e.path for e in w.mirror.log if e.path.endswith((".deb", ".run", ".tar.xz"))]
+    assert not fetched, f"downloaded before the index was judged: {fetched}"
+    assert not [c for c in w.calls() if c["cmd"] in ("dpkg", "nvidia-installer")]
+
+
+# -- verify, then use the verified file -----------------------------------------------
+def test_corrupt_download_is_never_used(make_world: MakeWorld) -> None:
+    """A runfile that does not hash to its sha256 fails CHECKSUM_MISMATCH; nothing ran."""
+    w = make_world("h100-pcie", faults=("checksum-mismatch",))
+    r = cli(w)
+    assert r.returncode == Code.CHECKSUM_MISMATCH, r.stdout + r.stderr
+    assert not [
+        c for c in w.calls() if c["cmd"] in ("dpkg", "nvidia-installer", "update-initramfs")
+    ]
+    assert not list((w.root / CACHE_DIR).glob("*/*.run")), "unverified runfile under its name"
+
+
+_HOLD = """\
+#!{python}
+import os, sys, time
+open({reached!r}, "w").close()
+while not os.path.exists({release!r}):
+    time.sleep(0.01)
+os.execv({real!r}, [{real!r}, *sys.argv[1:]])
+"""
+
+
+def test_cache_swapped_after_fetch_is_caught_before_use(
+    make_world: MakeWorld, tmp_path: Path
+) -> None:
+    """Between fetch and driver the cached runfile changes (bit rot, or root on the node):
+    it is hashed again right before it runs, so the run fails and it never executes."""
+    w = make_world("h100-pcie")
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    reached, release = hold / "reached", hold / "release"
+    gate = hold / "update-initramfs"
+    gate.write_text(
+        _HOLD.format(
+            python=sys.executable,
+            reached=str(reached),
+            release=str(release),
+            real=str(w.bin_dir / "update-initramfs"),
+        )
+    )
+    gate.chmod(0o755)
+    env = w.env()
+    env["PATH"] = f"{hold}{os.pathsep}{env['PATH']}"
+    child = subprocess.Popen(w.argv(), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        end = time.monotonic() + 60
+        while not reached.exists():
+            assert child.poll() is None and time.monotonic() < end
+            time.sleep(0.01)
+        [runfile] = (w.root / CACHE_DIR).glob("*/*.run")
+        data = bytearray(runfile.read_bytes())
+        data[-100] ^= 0x01
+        runfile.write_bytes(bytes(data))
+        release.touch()
+        out, _ = child.communicate(timeout=120)
+    finally:
+        child.kill()
+    text = out.decode()
+    assert child.returncode == Code.CHECKSUM_MISMATCH, text
+    assert "state=driver" in text and "no longer matches" in text
+    assert not [c for c in w.calls() if c["cmd"] == "nvidia-installer"]
+    [journal] = w.journals()
+    argv0 = [json.loads(x).get("argv", [""])[0] for x in journal.read_text().splitlines()]
+    assert not [a for a in argv0 if a.endswith(".run")], "the swapped runfile was executed"
+
+
+# -- what bootfsm keeps on the node is root's only ------------------------------------
+def _mode(p: Path) -> int:
+    return stat.S_IMODE(p.lstat().st_mode)
+
+
+def test_state_cache_and_journal_modes(make_world: MakeWorld) -> None:
+    """Directories 0700, files 0600 (0700 for the runfile it executes); no directory on
+    the way to what bootfsm executes is writable by anyone but root."""
+    w = make_world("h100-hgx")
+    r = cli(w)
+    assert r.returncode == 0, r.stdout + r.stderr
+    state, cache, logs = w.root / STATE_DIR, w.root / CACHE_DIR, w.root / LOG_DIR
+    for d in (state, cache, logs, state / "extract", *cache.glob("*/"), *state.glob("extract/*/")):
+        assert _mode(d) == 0o700, f"{d}: {oct(_mode(d))}"
+    for f in [*state.glob("*"), *logs.glob("*"), *cache.glob("*"), *cache.glob("*/*")]:
+        if f.is_dir():
+            continue
+        want = 0o700 if f.name.endswith(".run") else 0o600
+        assert _mode(f) == want, f"{f}: {oct(_mode(f))}"
+    [metrics] = w.root.glob("var/lib/node_exporter/textfile_collector/bootfsm.prom")
+    assert _mode(metrics) == 0o644  # node_exporter runs unprivileged; only root writes it
+    used = [p for p in cache.glob("*/*")] + [state / "extract"]
+    for p in used:
+        for parent in p.relative_to(w.root).parents:
+            d = w.root / parent
+            assert not _mode(d) & 0o022, f"{d} is writable by group or others"
+            assert d.stat().st_uid == 0 or os.geteuid() != 0
+
+
+# -- secrets --------------------------------------------------------------------------
+SECRETS = ("SeCrEtSiG1", "SeCrEtSiG2", "SeCrEtSiG3", "SeCrEtPaSs")
+
+
+def _sign(w: World, *, dead_primary: bool) -> None:
+    """Point every source at signed URLs; optionally a dead primary with its own token."""
+    u = w.mirror.url
+    host = u.split("//", 1)[1]
+    src: dict[str, Any] = {
+        "runfile_base": f"{u}/tesla?sv=2024&sig={SECRETS[0]}",
+        "redist_base": f"http://nobody:{SECRETS[3]}@{host}/redist?sig={SECRETS[1]}",
+        "toolkit_repo": f"{u}/toolkit/{{debian_arch}}?se=2030&sig={SECRETS[2]}",
+    }
+    if dead_primary:
+        src["runfile_mirrors"] = [src["runfile_base"]]
+        src["runfile_base"] = f"http://127.0.0.1:9/tesla?sig={SECRETS[0]}"
+    w.config_overrides = {"sources": src}
+    w.write_config()
+
+
+def _leaks(text: str) -> list[str]:
+    return [s for s in SECRETS if s in text]
+
+
+@pytest.mark.parametrize("fault", ["", "checksum-mismatch"])
+def test_url_tokens_never_printed(make_world: MakeWorld, fault: str) -> None:
+    """Signed mirror URLs (query and user:password) never reach the journal, console,
+    trace, status, checkpoint, metrics or events; only root's config and resolved.json."""
+    w = make_world("h100-hgx", faults=(fault,) if fault else ())
+    _sign(w, dead_primary=not fault)
+    run = cli(w)
+    assert run.returncode == (Code.CHECKSUM_MISMATCH if fault else 0), run.stdout + run.stderr
+    outputs = {"run": run.stdout + run.stderr}
+    for name, args in {
+        "trace": ("trace",),
+        "trace --json": ("trace", "--json"),
+        "trace --history": ("trace", "--history"),
+        "status": ("status",),
+        "status --json": ("status", "--json"),
+        "plan --json": ("plan", "--json"),
+    }.items():
+        r = cli(w, *args)
+        outputs[name] = r.stdout + r.stderr
+    html = w.base / "trace.html"
+    assert cli(w, "trace", "--html", str(html)).returncode == 0
+    outputs["trace --html"] = html.read_text()
+    for name, text in outputs.items():
+        assert not _leaks(text), f"{name} shows {_leaks(text)}"
+    allowed = {w.config_path, w.root / STATE_DIR / "resolved.json"}
+    for f in w.root.rglob("*"):
+        if f.is_file() and not f.is_symlink() and f not in allowed:
+            found = _leaks(f.read_bytes().decode("utf-8", "replace"))
+            assert not found, f"{f.relative_to(w.root)} holds {found}"
+    resolved = w.root / STATE_DIR / "resolved.json"
+    if resolved.exists():
+        assert _mode(resolved) == 0o600
