@@ -7,6 +7,7 @@ are absolute (``/etc/os-release``) and are joined under ``root`` here and only h
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import glob as _glob
@@ -319,24 +320,39 @@ class Host:
             self.on_command(result)
         return result
 
-    def stop_child(self) -> None:
-        """Stop the command in flight, if any (used by the signal handler)."""
+    def stop_child(self) -> list[str] | None:
+        """Stop the command in flight and its whole process group.
+
+        Returns the argv of the command if it was still running, else None.
+        """
         proc = self._child
-        if proc is not None and proc.poll() is None:
-            self._kill_group(proc)
+        if proc is None:
+            return None
+        running = proc.poll() is None
+        args = proc.args
+        self._kill_group(proc)
+        if not running:
+            return None
+        return [str(a) for a in args] if isinstance(args, list) else [str(args)]
 
     @staticmethod
     def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-        for sig, wait in ((signal.SIGTERM, _KILL_GRACE_S), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                proc.wait(timeout=wait)
-                return
-            except subprocess.TimeoutExpired:
-                continue
+        """SIGTERM the group, SIGKILL it after a grace period, and always SIGKILL what is
+        left (grandchildren that ignored SIGTERM outlive their leader otherwise)."""
+        try:
+            for sig, wait in ((signal.SIGTERM, _KILL_GRACE_S), (signal.SIGKILL, 5.0)):
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    return
+                try:
+                    proc.wait(timeout=wait)
+                    return
+                except subprocess.TimeoutExpired:
+                    continue
+        finally:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _sweep(p: Path) -> None:

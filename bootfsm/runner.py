@@ -148,21 +148,10 @@ class _Interrupts:
         if not self._armed:
             return
         self._armed = False
-        child = self.host._child  # the command in flight (Host keeps it for stop_child)
-        if child is not None:
-            if child.poll() is None:  # still running (not just exited, waiting to be reaped)
-                args = child.args
-                self.stopped = [str(a) for a in args] if isinstance(args, list) else [str(args)]
-                self.host.stop_child()
-            _kill_leftovers(child.pid)
+        stopped = self.host.stop_child()  # the command in flight and its whole group
+        if stopped is not None:
+            self.stopped = stopped
         raise Interrupted(self.pending)
-
-
-def _kill_leftovers(pgid: int) -> None:
-    """SIGKILL what is left of a stopped command's process group (grandchildren that
-    ignored SIGTERM); the group id cannot be reused while any member lives."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
 
 
 def execute(cfg: Config, opts: RunOptions) -> RunResult:
