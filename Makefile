@@ -8,13 +8,20 @@ SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PKGS := makeself dpkg xz-utils systemd chromium
 SKU     ?= gb300
 
-.PHONY: all demo test lint fmt bench fuzz deps clean
+.PHONY: all demo test lint fmt bench fuzz deps deps-sim _apt clean
 
 all: test
 
+# deps-sim: what the simulator needs (the demo); deps: everything the tests use.
+deps-sim:
+	@$(MAKE) --no-print-directory _apt WANT="makeself:makeself dpkg-deb:dpkg xz:xz-utils"
+
 deps:
+	@$(MAKE) --no-print-directory _apt WANT="makeself:makeself dpkg-deb:dpkg xz:xz-utils systemd-analyze:systemd chromium:chromium"
+
+_apt:
 	@missing=""; \
-	for c in makeself:makeself dpkg-deb:dpkg xz:xz-utils systemd-analyze:systemd chromium:chromium; do \
+	for c in $(WANT); do \
 	  command -v $${c%%:*} >/dev/null 2>&1 || missing="$$missing $${c##*:}"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
@@ -27,7 +34,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-demo: deps $(STAMP)
+demo: deps-sim $(STAMP)
 	$(VENV)/bin/bootfsm demo --sku $(SKU)
 
 test: deps $(STAMP)
@@ -42,7 +49,8 @@ fmt: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-bench: deps $(STAMP)
+bench: $(STAMP)
+	@$(MAKE) --no-print-directory _apt WANT="makeself:makeself dpkg-deb:dpkg xz:xz-utils curl:curl jq:jq"
 	$(PY) bench/run.py
 
 # fuzz every reader of outside input for FUZZ_SECONDS (make fuzz FUZZ_SECONDS=3600)
