@@ -29,7 +29,6 @@ from bootfsm.errors import BootError, TransientError
 from bootfsm.facts import NodeFacts, PciGpu
 from bootfsm.hardware import model_for
 from bootfsm.host import CommandResult, Host
-from bootfsm.http import Http
 from bootfsm.journal import Journal, new_run_id
 from bootfsm.lock import NodeLock
 from bootfsm.parsers import ParseError
@@ -309,10 +308,7 @@ def bake(cfg: Config, opts: BakeOptions) -> BakeResult:
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(host.wall()))
     path = host.path(cfg.run.log_dir) / f"bake-{stamp}-{run_id}.jsonl"
     journal = Journal(path, run_id=run_id, console=opts.console, monotonic=host.monotonic)
-    http = Http(
-        connect_timeout=cfg.fetch.connect_timeout, read_timeout=cfg.fetch.read_timeout, env=host.env
-    )
-    ctx = Context(cfg, host, http, journal, Deadline(BAKE_DEADLINE_S, host.monotonic))
+    ctx = Context.create(cfg, host, journal, BAKE_DEADLINE_S)
 
     def record(r: CommandResult) -> None:  # the same "command" event a run journals
         level = "info" if r.ok else "warning"

@@ -40,6 +40,19 @@ class Context:
     state_deadline: Deadline | None = None
     scratch: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def create(
+        cls, config: Config, host: Host, journal: Journal, deadline_s: float | None = None
+    ) -> Context:
+        """A context whose HTTP client follows the config and the host's environment."""
+        http = Http(
+            connect_timeout=config.fetch.connect_timeout,
+            read_timeout=config.fetch.read_timeout,
+            env=host.env,
+        )
+        seconds = config.run.deadline if deadline_s is None else deadline_s
+        return cls(config, host, http, journal, Deadline(seconds, host.monotonic))
+
     # -- facts -------------------------------------------------------------------------
     @property
     def facts(self) -> NodeFacts:

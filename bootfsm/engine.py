@@ -196,6 +196,22 @@ def _guard_values(ctx: Context, source: str) -> dict[str, bool]:
     return {g: GUARDS[g](ctx.facts) for g in names} if ctx.facts_ is not None else {}
 
 
+def _failed(ctx: Context, state: str, code: Code, message: str, **fields: Any) -> Outcome:
+    """Journal (durably) why ``state`` failed and return the outcome."""
+    ctx.journal.event(
+        "state.failed",
+        level="error",
+        durable=True,
+        state=state,
+        code=code.value,
+        code_name=code.name,
+        message=message,
+        hint=info(code).hint,
+        **fields,
+    )
+    return Outcome(code, state, message)
+
+
 def drive(
     ctx: Context,
     registry: Mapping[str, Any],
@@ -213,31 +229,21 @@ def drive(
         try:
             _run_state(ctx, name, registry[name])
         except BootError as exc:
-            outcome = Outcome(exc.code, name, exc.message)
-            ctx.journal.event(
-                "state.failed",
-                level="error",
-                durable=True,
-                state=name,
-                code=exc.code.value,
-                code_name=exc.code.name,
-                message=exc.message,
-                hint=info(exc.code).hint,
+            outcome = _failed(
+                ctx,
+                name,
+                exc.code,
+                exc.message,
                 detail={k: v for k, v in exc.detail.items() if k != "output"},
                 output=exc.detail.get("output", ""),
             )
             getattr(model, "fail")()  # noqa: B009 - trigger bound by transitions
         except Exception as exc:  # a bug: still end with a documented code
-            outcome = Outcome(Code.INTERNAL_ERROR, name, f"{type(exc).__name__}: {exc}")
-            ctx.journal.event(
-                "state.failed",
-                level="error",
-                durable=True,
-                state=name,
-                code=Code.INTERNAL_ERROR.value,
-                code_name=Code.INTERNAL_ERROR.name,
-                message=outcome.message,
-                hint=info(Code.INTERNAL_ERROR).hint,
+            outcome = _failed(
+                ctx,
+                name,
+                Code.INTERNAL_ERROR,
+                f"{type(exc).__name__}: {exc}",
                 traceback=traceback.format_exc(limit=8),
             )
             getattr(model, "fail")()  # noqa: B009

@@ -24,11 +24,9 @@ from bootfsm.codes import Code, info
 from bootfsm.config import Config
 from bootfsm.context import Context
 from bootfsm.cse_events import CseEvents
-from bootfsm.deadline import Deadline
 from bootfsm.engine import Interrupted, Outcome, drive
 from bootfsm.errors import BootError
 from bootfsm.host import CommandResult, Host
-from bootfsm.http import Http
 from bootfsm.journal import Journal, new_run_id
 from bootfsm.liveness import boot_id
 from bootfsm.lock import NodeLock
@@ -204,17 +202,7 @@ def _locked(cfg: Config, opts: RunOptions, host: Host, interrupts: _Interrupts) 
             console_json=opts.console_json,
             monotonic=host.monotonic,
         )
-    ctx = Context(
-        config=cfg,
-        host=host,
-        http=Http(
-            connect_timeout=cfg.fetch.connect_timeout,
-            read_timeout=cfg.fetch.read_timeout,
-            env=host.env,
-        ),
-        journal=journal,
-        deadline=Deadline(cfg.run.deadline, host.monotonic),
-    )
+    ctx = Context.create(cfg, host, journal)
     host.on_command = _on_command(journal, ctx)
     journal.event(
         "run.start",

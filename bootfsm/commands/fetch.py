@@ -27,7 +27,6 @@ from bootfsm.context import Context
 from bootfsm.deadline import Deadline
 from bootfsm.errors import BootError
 from bootfsm.host import Host
-from bootfsm.http import Http
 from bootfsm.journal import Journal, new_run_id
 from bootfsm.lock import NodeLock
 
@@ -80,17 +79,7 @@ def _locked(cfg: Config, host: Host, *, prefetch: bool, console: IO[str] | None)
     path = host.path(cfg.run.log_dir) / f"fetch-{stamp}-{run_id}.jsonl"
     journal = Journal(path, run_id=run_id, console=console, monotonic=host.monotonic)
     deadline = max(cfg.run.deadline, PREFETCH_DEADLINE_S) if prefetch else cfg.run.deadline
-    ctx = Context(
-        config=cfg,
-        host=host,
-        http=Http(
-            connect_timeout=cfg.fetch.connect_timeout,
-            read_timeout=cfg.fetch.read_timeout,
-            env=host.env,
-        ),
-        journal=journal,
-        deadline=Deadline(deadline, host.monotonic),
-    )
+    ctx = Context.create(cfg, host, journal, deadline)
     journal.event("fetch.start", durable=True, root=str(host.root), prefetch=prefetch)
     result = FetchResult(Code.OK, "")
     try:

@@ -16,12 +16,11 @@ from bootfsm.artifacts import index_urls, resolve
 from bootfsm.codes import Code
 from bootfsm.commands.common import load_or_exit
 from bootfsm.context import Context
-from bootfsm.deadline import Deadline
 from bootfsm.errors import BootError, TransientError
 from bootfsm.facts import gather_facts
 from bootfsm.guards import GUARDS
 from bootfsm.host import Host
-from bootfsm.http import Http, check_url
+from bootfsm.http import check_url
 from bootfsm.journal import Journal
 from bootfsm.redact import redact_url
 from bootfsm.table import TRANSITIONS
@@ -103,13 +102,7 @@ def main(args: argparse.Namespace) -> int:
     if isinstance(cfg, int):
         return cfg
     host = Host(Path(args.root))
-    ctx = Context(
-        config=cfg,
-        host=host,
-        http=Http(connect_timeout=cfg.fetch.connect_timeout, read_timeout=cfg.fetch.read_timeout),
-        journal=Journal(None, run_id="plan"),
-        deadline=Deadline(cfg.run.deadline, host.monotonic),
-    )
+    ctx = Context.create(cfg, host, Journal(None, run_id="plan"))
     plan = make_plan(ctx, args.offline)
     if args.json:
         print(json.dumps(plan, indent=1, default=str))
