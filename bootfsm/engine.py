@@ -20,7 +20,7 @@ from bootfsm.errors import BootError, TransientError
 from bootfsm.guards import GUARDS
 from bootfsm.table import INITIAL, STATES, TERMINAL, TRANSITIONS, RetryPolicy, StateRow, row
 
-__all__ = ["Interrupted", "Outcome", "build_machine", "drive"]
+__all__ = ["Interrupted", "Outcome", "attempt", "build_machine", "drive"]
 
 
 class Interrupted(BaseException):
@@ -131,7 +131,7 @@ class _Backoff:
         return base * self.scale * (0.5 + self.rng.random() / 2)
 
 
-def _attempt(ctx: Context, srow: StateRow, action: Callable[[], None]) -> int:
+def attempt(ctx: Context, srow: StateRow, action: Callable[[], None]) -> int:
     """Run ``action`` under the row's retry policy; return the number of attempts."""
     from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, stop_any
 
@@ -183,7 +183,7 @@ def _run_state(ctx: Context, name: str, module: Any) -> None:
         ctx.event("state.skip", reason=(explain(ctx) if explain else None) or "postcondition holds")
         return
     ctx.event("state.enter", time_limit_s=srow.time_limit, attempts_max=srow.retry.attempts)
-    attempts = _attempt(ctx, srow, lambda: module.run(ctx))
+    attempts = attempt(ctx, srow, lambda: module.run(ctx))
     if not module.satisfied(ctx):
         raise BootError(
             srow.failure_code, f"state {name}: action finished but its postcondition does not hold"

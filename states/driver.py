@@ -15,7 +15,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, replace
 
 from bootfsm import __version__, dpkg
-from bootfsm.bake import (
+from bootfsm.codes import Code
+from bootfsm.context import Context
+from bootfsm.errors import BootError, TransientError
+from bootfsm.hardware import requires_open_module
+from bootfsm.marker import (
     Marker,
     check_marker,
     expected_marker,
@@ -25,10 +29,6 @@ from bootfsm.bake import (
     read_marker,
     render_marker,
 )
-from bootfsm.codes import Code
-from bootfsm.context import Context
-from bootfsm.errors import BootError, TransientError
-from bootfsm.hardware import requires_open_module
 from bootfsm.parsers import ParseError
 from bootfsm.parsers.driver_info import parse_dkms_status
 from bootfsm.parsers.nvidia_smi import SmiFailure, classify_smi_failure

@@ -12,22 +12,13 @@ from typing import Any
 
 import pytest
 
-from bootfsm.bake import (
-    BakeOptions,
-    BakeResult,
-    Marker,
-    bake,
-    check_marker,
-    parse_marker,
-    parse_modinfo,
-    render_marker,
-    target_kernel,
-)
+from bootfsm.bake import BakeOptions, BakeResult, bake, target_kernel
 from bootfsm.cli import main
 from bootfsm.codes import Code
 from bootfsm.config import load_config
 from bootfsm.errors import BootError
 from bootfsm.host import Host
+from bootfsm.marker import Marker, check_marker, parse_marker, parse_modinfo, render_marker
 from bootfsm.runner import RunResult
 from bootfsm.sim.node import simulate_reboot
 from bootfsm.sim.world import DRIVER_VERSION, World

@@ -68,7 +68,7 @@ def fetch_cache(
 
 def _locked(cfg: Config, host: Host, *, prefetch: bool, console: IO[str] | None) -> FetchResult:
     from bootfsm.bake import image_facts
-    from bootfsm.engine import _attempt  # the engine's retry loop, shared on purpose
+    from bootfsm.engine import attempt
     from bootfsm.facts import gather_facts
     from bootfsm.states import detect, fetch
     from bootfsm.store import resolved
@@ -91,7 +91,7 @@ def _locked(cfg: Config, host: Host, *, prefetch: bool, console: IO[str] | None)
         ctx.state, ctx.state_row = "fetch", srow
         ctx.state_deadline = Deadline(srow.time_limit, host.monotonic)
         if not fetch.satisfied(ctx):
-            _attempt(ctx, srow, lambda: fetch.run(ctx))
+            attempt(ctx, srow, lambda: fetch.run(ctx))
             if not fetch.satisfied(ctx):
                 raise BootError(srow.failure_code, "fetched artifacts do not verify")
         total = len(resolved(ctx) or [])
