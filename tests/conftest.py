@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -53,3 +54,17 @@ def installer_calls(w: World) -> list[dict[str, Any]]:
         if c["cmd"] == "nvidia-installer"
         and not {"-x", "--extract-only", "--print-recommended-kernel-module-type"} & set(c["argv"])
     ]
+
+
+@contextmanager
+def no_gpus(w: World) -> Iterator[None]:
+    """An image build VM: nothing on the node's PCI bus while inside."""
+    pci = w.root / "sys/bus/pci/devices"
+    hidden = pci.with_name("devices.hidden")
+    pci.rename(hidden)
+    pci.mkdir()
+    try:
+        yield
+    finally:
+        pci.rmdir()
+        hidden.rename(pci)

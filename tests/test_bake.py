@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,7 @@ from bootfsm.marker import Marker, check_marker, parse_marker, parse_modinfo, re
 from bootfsm.runner import RunResult
 from bootfsm.sim.node import simulate_reboot
 from bootfsm.sim.world import DRIVER_VERSION, World
-from tests.conftest import MakeWorld, installer_calls, run_in_process
+from tests.conftest import MakeWorld, installer_calls, no_gpus, run_in_process
 from tests.samples import sample
 
 KERNEL = "5.15.0-1089-azure"  # the h100-pcie SKU's kernel
@@ -50,20 +48,6 @@ def _installs_since(w: World, n: int) -> list[dict[str, Any]]:
     return [c for c in installer_calls(w) if c in fresh]
 
 
-@contextmanager
-def _no_gpus(w: World) -> Iterator[None]:
-    """The build VM: nothing on the PCI bus while inside."""
-    pci = w.root / "sys/bus/pci/devices"
-    hidden = pci.with_name("devices.hidden")
-    pci.rename(hidden)
-    pci.mkdir()
-    try:
-        yield
-    finally:
-        pci.rmdir()
-        hidden.rename(pci)
-
-
 def _add_kernel(w: World, kernel: str, headers: bool = True) -> None:
     (w.root / f"lib/modules/{kernel}").mkdir(parents=True)
     if headers:
@@ -77,7 +61,7 @@ def _add_kernel(w: World, kernel: str, headers: bool = True) -> None:
 def test_bake_on_a_gpu_less_root_then_boot_compiles_nothing(make_world: MakeWorld) -> None:
     """Bake loads nothing and needs no GPU; twice is a no-op; the boot skips the compile."""
     w = make_world("h100-pcie")
-    with _no_gpus(w):
+    with no_gpus(w):
         first = _bake(w)
         assert first.ok, first.message
         assert first.changed == ("fetch", "nouveau", "toolkit", "module", "marker")
@@ -249,7 +233,7 @@ def test_arm64_image_prefetches_imex_and_bakes_the_open_module(
     the Blackwell node boots it without a compile."""
     w = make_world("gb300")
     monkeypatch.setenv("PATH", w.env()["PATH"])
-    with _no_gpus(w):
+    with no_gpus(w):
         assert main(["bake", "--root", str(w.root)]) == 0
     line = capsys.readouterr().out
     assert "baked driver 570.211.01 (cuda, open)" in line and "did: fetch," in line

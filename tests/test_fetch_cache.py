@@ -19,7 +19,7 @@ from bootfsm.runner import RunResult
 from bootfsm.sim import artifacts as art
 from bootfsm.sim.mirror import Mirror
 from bootfsm.sim.world import TOOLKIT_VERSION, World
-from tests.conftest import MakeWorld, run_in_process
+from tests.conftest import MakeWorld, no_gpus, run_in_process
 
 CACHE = "var/cache/bootfsm"
 
@@ -95,20 +95,6 @@ def test_corrupt_cache_entry_is_replaced_not_trusted(make_world: MakeWorld) -> N
     assert [p.name for p in runfile.parent.iterdir()] == [runfile.name]
 
 
-@contextmanager
-def _no_gpus(w: World) -> Iterator[None]:
-    """The image build VM: nothing on the PCI bus while inside."""
-    pci = w.root / "sys/bus/pci/devices"
-    hidden = pci.with_name("devices.hidden")
-    pci.rename(hidden)
-    pci.mkdir()
-    try:
-        yield
-    finally:
-        pci.rmdir()
-        hidden.rename(pci)
-
-
 def _point_sources_at(w: World, base: str) -> None:
     w.config_overrides = {
         **w.config_overrides,
@@ -129,7 +115,7 @@ def test_prefetch_without_gpus_then_offline_boot_is_done(
     artifacts = Mirror(w.docroot).start()  # the artifact mirror; IMDS/kubelet stay up
     try:
         _point_sources_at(w, artifacts.url)
-        with _no_gpus(w):
+        with no_gpus(w):
             assert main(["fetch", "--root", str(w.root)]) == Code.NO_GPU  # a node needs GPUs
             assert main(["fetch", "--prefetch", "--root", str(w.root)]) == 0
         out = capsys.readouterr().out
@@ -151,7 +137,7 @@ def test_prefetch_without_gpus_then_offline_boot_is_done(
 
 def test_prefetch_again_downloads_nothing(make_world: MakeWorld, capsys: Any) -> None:
     w = make_world("h100-pcie")
-    with _no_gpus(w):
+    with no_gpus(w):
         assert main(["fetch", "--prefetch", "--root", str(w.root)]) == 0
         n = len(w.mirror.log)
         assert main(["fetch", "--prefetch", "--root", str(w.root)]) == 0
