@@ -68,3 +68,13 @@ def no_gpus(w: World) -> Iterator[None]:
     finally:
         pci.rmdir()
         hidden.rename(pci)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """One line when tests were skipped because the real samples are absent."""
+    from tests.samples import SKIP_REASON
+
+    skipped = terminalreporter.stats.get("skipped", [])
+    n = sum(1 for report in skipped if SKIP_REASON in str(report.longrepr))
+    if n:
+        terminalreporter.write_line(f"{n} tests skipped: {SKIP_REASON}")

@@ -1,4 +1,11 @@
-"""Locate the shared real-world samples; tests skip when they are absent."""
+"""Locate the shared real-world samples.
+
+The samples are read where they are (``$BOOTFSM_SAMPLES`` when set, else
+``<repo>/../shared/reference/samples``), never copied into the project. Outside CI a
+test that needs a missing sample is skipped, and the run ends with one summary line
+(``N tests skipped: samples absent``). On CI (``CI=true``) a missing sample fails the
+test instead: a CI run that cannot see the real captures proves nothing about them.
+"""
 
 from __future__ import annotations
 
@@ -7,29 +14,38 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["SAMPLES", "sample", "sample_bytes"]
+__all__ = ["SAMPLES", "SKIP_REASON", "on_ci", "sample", "sample_bytes"]
+
+SKIP_REASON = "samples absent"
 
 
 def _samples_dir() -> Path:
-    """`<repo>/../shared/reference/samples`, else $BOOTFSM_SAMPLES."""
-    beside = Path(__file__).resolve().parents[2] / "shared" / "reference" / "samples"
+    """$BOOTFSM_SAMPLES when set, else `<repo>/../shared/reference/samples`."""
     override = os.environ.get("BOOTFSM_SAMPLES")
-    if not beside.is_dir() and override:
+    if override:
         return Path(override)
-    return beside
+    return Path(__file__).resolve().parents[2] / "shared" / "reference" / "samples"
 
 
 SAMPLES = _samples_dir()
 
 
+def on_ci() -> bool:
+    """True on a CI run (CI=true, as CI sets it)."""
+    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+
+
 def sample_bytes(relpath: str) -> bytes:
-    """Read one sample byte-for-byte, skipping the test when the samples are absent."""
+    """Read one sample byte-for-byte; skip (fail on CI) when it is absent."""
     path = SAMPLES / relpath
     if not path.is_file():
-        pytest.skip(f"sample {relpath} not found under {SAMPLES}")
+        message = f"{SKIP_REASON}: {relpath} not found under {SAMPLES}"
+        if on_ci():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
     return path.read_bytes()
 
 
 def sample(relpath: str) -> str:
-    """Read one sample as UTF-8 text, skipping the test when the samples are absent."""
+    """Read one sample as UTF-8 text; skip (fail on CI) when it is absent."""
     return sample_bytes(relpath).decode("utf-8")

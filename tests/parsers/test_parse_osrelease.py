@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from bootfsm.parsers import ParseError
 from bootfsm.parsers.osrelease import OsRelease, parse_os_release
+from tests.samples import sample
 
 # /etc/os-release as shipped by Ubuntu 22.04.4 (jammy).
 UBUNTU_2204 = """\
@@ -96,6 +97,25 @@ def test_missing_version_id_is_allowed() -> None:
 
 def test_later_assignment_wins_and_crlf() -> None:
     assert parse_os_release("ID=a\r\nID=b\r\n").id == "b"
+
+
+# Expected values read by hand from the real captures in samples/osrelease/.
+REAL_CAPTURES = [
+    (
+        "osrelease/os-release_ubuntu-22.04.5_container.txt",
+        OsRelease("ubuntu", "22.04", ("debian",), "Ubuntu 22.04.5 LTS", "jammy"),
+    ),
+    (
+        "osrelease/os-release_ubuntu-24.04.3_azure-runner.txt",
+        OsRelease("ubuntu", "24.04", ("debian",), "Ubuntu 24.04.3 LTS", "noble"),
+    ),
+]
+
+
+@pytest.mark.parametrize(("relpath", "expected"), REAL_CAPTURES, ids=["22.04.5", "24.04.3"])
+def test_real_captures(relpath: str, expected: OsRelease) -> None:
+    """Every real os-release capture parses to the values its lines state."""
+    assert parse_os_release(sample(relpath)) == expected
 
 
 def test_this_machine_if_present() -> None:
