@@ -4,11 +4,12 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian packages the simulator and tests use: makeself (runfiles), dpkg-deb (debs),
-# xz (tar.xz), systemd (systemd-analyze verify), chromium (headless: trace --html tests).
+# xz (tar.xz), systemd (systemd-analyze verify), chromium (headless: trace --html and
+# Mermaid render tests), npm (fetches the pinned Mermaid bundles).
 APT_PKGS := makeself dpkg xz-utils systemd chromium
 SKU     ?= gb300
 
-.PHONY: all demo test lint fmt bench fuzz deps deps-sim _apt clean
+.PHONY: all demo test lint fmt bench fuzz deps deps-sim mermaid _apt clean
 
 all: test
 
@@ -17,7 +18,17 @@ deps-sim:
 	@$(MAKE) --no-print-directory _apt WANT="makeself:makeself dpkg-deb:dpkg xz:xz-utils"
 
 deps:
-	@$(MAKE) --no-print-directory _apt WANT="makeself:makeself dpkg-deb:dpkg xz:xz-utils systemd-analyze:systemd chromium:chromium"
+	@$(MAKE) --no-print-directory _apt WANT="makeself:makeself dpkg-deb:dpkg xz:xz-utils systemd-analyze:systemd chromium:chromium npm:npm"
+	@$(MAKE) --no-print-directory mermaid
+
+# Real Mermaid releases (their browser bundles) for the render test of `bootfsm graph`.
+MERMAID_VERSIONS := 10.9.8 11.17.2
+mermaid: $(STAMP)
+	@for v in $(MERMAID_VERSIONS); do \
+	  d=$(VENV)/mermaid/$$v; [ -f $$d/mermaid.min.js ] && continue; \
+	  t=$$(mktemp -d) && (cd $$t && npm pack --silent mermaid@$$v >/dev/null) && \
+	  mkdir -p $$d && tar -xzf $$t/mermaid-$$v.tgz -C $$t package/dist/mermaid.min.js && \
+	  mv $$t/package/dist/mermaid.min.js $$d/ && rm -rf $$t || exit 1; done
 
 _apt:
 	@missing=""; \

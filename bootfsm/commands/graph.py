@@ -21,10 +21,12 @@ def mermaid() -> str:
         if t.after:
             label += (" / " if label else "/ ") + ", ".join(t.after)
         lines.append(f"    {t.source} --> {t.dest}" + (f": {label}" if label else ""))
-    fails = [t.source for t in TRANSITIONS if t.trigger == "fail"]
-    lines.append(f"    note right of failed: fail from {', '.join(fails)}")
     for s in TERMINAL:
         lines.append(f"    {s} --> [*]")
+    # A note may name only a state that an edge above has already declared: Mermaid
+    # 10.9 and 11.x reject a note on a state they have not seen yet.
+    fails = [t.source for t in TRANSITIONS if t.trigger == "fail"]
+    lines.append(f"    note right of failed: fail from {', '.join(fails)}")
     return "\n".join(lines) + "\n"
 
 
