@@ -1,28 +1,36 @@
-"""The last run as Prometheus metrics, in a node_exporter textfile-collector file.
+"""The current or last run as Prometheus metrics, in a node_exporter textfile.
 
-At the end of every run (``run.metrics_file``, empty disables) the runner calls
-``publish``: it reads the run's journal back, renders the text exposition format
-(``# HELP``/``# TYPE`` then samples; every metric a gauge describing the LAST run) and
-writes it atomically, so node_exporter never reads half a file. docs/trace.md lists
-the metrics. A failure to write is returned as a message (the runner journals it as a
-warning); it never changes the run's outcome.
+The runner writes the file (``run.metrics_file``, empty disables) twice: ``publish_start``
+when a run takes the node lock (outcome ``running``, start time, boot id; every state
+``not_run``), so a run killed or cut by power loss never leaves the previous boot's
+success behind, and ``publish`` at the end, from the run's journal read back. The text
+is the exposition format (``# HELP``/``# TYPE`` then samples; every metric a gauge),
+written atomically so node_exporter never reads half a file. Every state of the table
+appears in every file, one-hot over ``STATE_OUTCOMES``, so a series never vanishes.
+No label changes per run (no run id): a boot adds no new series except ``boot_id``
+on ``bootfsm_run_info``. docs/trace.md lists the metrics. A failure to write is
+returned as a message (the runner journals it as a warning); it never changes the
+run's outcome.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from bootfsm.config import Config
 from bootfsm.engine import Outcome
 from bootfsm.errors import BootError
 from bootfsm.host import Host
-from bootfsm.trace import TraceReport, load_run
+from bootfsm.table import STATES
+from bootfsm.trace import Span, TraceReport, load_run
 
-__all__ = ["OUTCOMES", "publish", "textfile"]
+__all__ = ["OUTCOMES", "STATE_OUTCOMES", "publish", "publish_start", "textfile"]
 
 #: Values of the ``outcome`` label (one-hot in ``bootfsm_run_outcome``).
-OUTCOMES = ("done", "failed", "interrupted")
+OUTCOMES = ("running", "done", "failed", "interrupted")
+#: Values of a state's ``outcome`` label (one-hot in ``bootfsm_state_outcome``).
+STATE_OUTCOMES = ("not_run", "running", "done", "skipped", "failed", "interrupted")
 
 
 def _label(value: object) -> str:
@@ -43,19 +51,21 @@ def _metric(name: str, help_: str, samples: Iterable[tuple[str, float]]) -> list
     return lines
 
 
-def textfile(r: TraceReport, *, now: float) -> str:
-    """The exposition text of one finished run (``now``: the wall time it ended)."""
+def textfile(r: TraceReport, *, now: float, started: float | None = None) -> str:
+    """The exposition text of one run (``now``: when it ended, or when it started for a
+    run still ``running``; ``started``: its start as Unix time, when known)."""
     code = r.code if r.code is not None else -1
+    running = r.outcome == "running"
     info = (
-        f'{{run_id="{_label(r.run_id)}",version="{_label(r.version)}",'
-        f'outcome="{_label(r.outcome)}",code_name="{_label(r.code_name)}",'
-        f'state="{_label(r.failed_state or "done")}"}}'
+        f'{{version="{_label(r.version)}",outcome="{_label(r.outcome)}",'
+        f'code_name="{_label(r.code_name)}",state="{_label(r.failed_state or r.outcome)}",'
+        f'boot_id="{_label(r.boot_id)}"}}'
     )
     lines: list[str] = []
-    lines += _metric("bootfsm_run_info", "Identity of the last run (always 1).", [(info, 1)])
+    lines += _metric("bootfsm_run_info", "Identity of the current or last run (1).", [(info, 1)])
     lines += _metric(
         "bootfsm_run_exit_code",
-        "Exit code of the last run (0 provisioned; see bootfsm codes).",
+        "Exit code of the last run (0 provisioned; -1 while a run is in progress).",
         [("", code)],
     )
     lines += _metric(
@@ -63,46 +73,82 @@ def textfile(r: TraceReport, *, now: float) -> str:
     )
     lines += _metric(
         "bootfsm_run_outcome",
-        "Outcome of the last run, one-hot over done, failed and interrupted.",
+        "Outcome of the current or last run, one-hot over " + ", ".join(OUTCOMES) + ".",
         [(f'{{outcome="{o}"}}', r.outcome == o) for o in OUTCOMES],
     )
     lines += _metric(
+        "bootfsm_run_start_timestamp_seconds",
+        "Unix time the current or last run started (compare with node_boot_time_seconds).",
+        [("", round(started if started is not None else now - (r.duration_s or 0.0), 3))],
+    )
+    lines += _metric(
         "bootfsm_run_duration_seconds",
-        "Wall time of the last run from start to its terminal event.",
-        [("", r.duration_s or 0.0)],
+        "Wall time of the last run from start to its terminal event (0 while running).",
+        [("", 0.0 if running else r.duration_s or 0.0)],
     )
     lines += _metric(
         "bootfsm_run_end_timestamp_seconds",
-        "Unix time the last run ended.",
-        [("", round(now, 3))],
+        "Unix time the last run ended (0 while a run is in progress).",
+        [("", 0 if running else round(now, 3))],
     )
     lines += _metric(
         "bootfsm_run_retries",
         "Retries (back-offs) over all states of the last run.",
         [("", sum(len(s.retries) for s in r.spans))],
     )
-    spans = r.spans
+    by_state = {s.state: s for s in r.spans}
+    spans = [(name, by_state.get(name)) for name in [st.name for st in STATES]]
+    spans += [(s.state, s) for s in r.spans if s.state not in {st.name for st in STATES}]
+
+    def per_state(value: Callable[[Span], float]) -> list[tuple[str, float]]:
+        return [(f'{{state="{_label(n)}"}}', value(sp) if sp else 0) for n, sp in spans]
+
     lines += _metric(
         "bootfsm_state_duration_seconds",
-        "Seconds each state took in the last run (skipped states are ~0).",
-        [(f'{{state="{_label(s.state)}"}}', s.duration_s) for s in spans],
+        "Seconds each state took in the last run (skipped states are ~0, not run 0).",
+        per_state(lambda sp: sp.duration_s),
     )
     lines += _metric(
         "bootfsm_state_attempts",
-        "Attempts of each state's action in the last run (0: skipped).",
-        [(f'{{state="{_label(s.state)}"}}', s.attempts) for s in spans],
+        "Attempts of each state's action in the last run (0: skipped or not run).",
+        per_state(lambda sp: sp.attempts),
     )
     lines += _metric(
         "bootfsm_state_retries",
         "Retries of each state in the last run.",
-        [(f'{{state="{_label(s.state)}"}}', len(s.retries)) for s in spans],
+        per_state(lambda sp: len(sp.retries)),
     )
     lines += _metric(
         "bootfsm_state_outcome",
-        "Outcome of each state in the last run (done, skipped, failed, interrupted).",
-        [(f'{{state="{_label(s.state)}",outcome="{_label(s.outcome)}"}}', 1) for s in spans],
+        "Outcome of each state, one-hot over " + ", ".join(STATE_OUTCOMES) + ".",
+        [
+            (
+                f'{{state="{_label(n)}",outcome="{o}"}}',
+                (sp.outcome if sp else "not_run") == o,
+            )
+            for n, sp in spans
+            for o in STATE_OUTCOMES
+        ],
     )
     return "\n".join(lines) + "\n"
+
+
+def publish_start(host: Host, cfg: Config, *, boot_id: str, version: str) -> list[str]:
+    """Write the textfile for a run that just started: outcome running, nothing run yet."""
+    report = TraceReport(outcome="running", version=version, boot_id=boot_id)
+    now = host.wall()
+    return _write(host, cfg, textfile(report, now=now, started=now))
+
+
+def _write(host: Host, cfg: Config, text: str) -> list[str]:
+    target = cfg.run.metrics_file
+    if not target:
+        return []
+    try:
+        host.write_atomic(target, text, 0o644)
+    except (BootError, ValueError) as exc:
+        return [f"metrics file {target} not written: {exc}"]
+    return []
 
 
 def publish(host: Host, cfg: Config, journal: Path | None, run_id: str, o: Outcome) -> list[str]:
@@ -113,13 +159,20 @@ def publish(host: Host, cfg: Config, journal: Path | None, run_id: str, o: Outco
     report = load_run(journal) if journal is not None else TraceReport()
     if not report.run_id:  # no journal: the outcome alone
         report.run_id = run_id
-    if report.outcome not in OUTCOMES:
+    if report.outcome not in OUTCOMES or report.outcome == "running":
         report.outcome = "done" if o.ok else "failed"
     report.code, report.code_name = int(o.code), o.code.name
     if not o.ok:
         report.failed_state = o.state
+    now = host.wall()
+    started = _iso_to_unix(report.started)
+    return _write(host, cfg, textfile(report, now=now, started=started))
+
+
+def _iso_to_unix(stamp: str) -> float | None:
+    from datetime import datetime
+
     try:
-        host.write_atomic(target, textfile(report, now=host.wall()), 0o644)
-    except (BootError, ValueError) as exc:
-        return [f"metrics file {target} not written: {exc}"]
-    return []
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None

@@ -204,6 +204,7 @@ def _locked(cfg: Config, opts: RunOptions, host: Host, interrupts: _Interrupts) 
         )
     ctx = Context.create(cfg, host, journal)
     host.on_command = _on_command(journal, ctx)
+    this_boot = boot_id(host)
     journal.event(
         "run.start",
         durable=True,
@@ -214,8 +215,10 @@ def _locked(cfg: Config, opts: RunOptions, host: Host, interrupts: _Interrupts) 
         config_digest=cfg.digest(),
         deadline_s=cfg.run.deadline,
         pid=os.getpid(),
-        boot_id=boot_id(host),
+        boot_id=this_boot,
     )
+    for problem in metrics.publish_start(host, cfg, boot_id=this_boot, version=__version__):
+        journal.event("warning", level="warning", message=problem)
     base = {"run_id": run_id, "journal": str(jpath) if jpath else "", "pid": os.getpid()}
     _checkpoint(host, cfg, {**base, "state": "detect", "outcome": "running"})
 

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bootfsm.codes import Code
 from bootfsm.sim.world import FAULTS, World
+from bootfsm.table import STATES
 from bootfsm.trace import load_run, render, to_json
 from bootfsm.trace_view import root_cause
 from tests.trace_schema import check_trace_json
@@ -49,6 +50,9 @@ EXPECTED: dict[str, tuple[str, Code] | None] = {
     "kernel-headers-missing": ("driver", Code.KERNEL_HEADERS_MISSING),
 }
 ALL = sorted(FAULTS)
+
+
+TABLE_STATES = [s.name for s in STATES]
 
 
 def _sku(fault: str) -> str:
@@ -115,14 +119,20 @@ def test_trace_of_fault(runs: dict[str, tuple[World, int]], fault: str) -> None:
     # one event per state that ended, then the run's; durations and attempts as journaled
     ended = [s.state for s in report.spans if s.outcome in ("done", "skipped", "failed")]
     assert [e["TaskName"] for e in events] == [f"bootfsm.{s}" for s in ended] + ["bootfsm.run"]
+    # every state of the table, whether it ran or not (zeros and not_run for the rest)
+    spans = {s.state: s for s in report.spans}
     durations = {k[0][1]: v for k, v in m["bootfsm_state_duration_seconds"].items()}
-    assert durations == {s.state: s.duration_s for s in report.spans}
+    assert durations == {n: spans[n].duration_s if n in spans else 0 for n in TABLE_STATES}
     attempts = {k[0][1]: v for k, v in m["bootfsm_state_attempts"].items()}
-    assert attempts == {s.state: s.attempts for s in report.spans}
+    assert attempts == {n: spans[n].attempts if n in spans else 0 for n in TABLE_STATES}
+    hot = {dict(k)["state"]: dict(k)["outcome"] for k, v in m["bootfsm_state_outcome"].items()
+           if v == 1}  # fmt: skip
+    assert hot == {n: spans[n].outcome if n in spans else "not_run" for n in TABLE_STATES}
+    assert len(m["bootfsm_state_outcome"]) == len(TABLE_STATES) * 6
     assert m["bootfsm_run_duration_seconds"][()] == report.duration_s
     outcome = "done" if code is Code.OK else "failed"
     assert {dict(k)["outcome"]: v for k, v in m["bootfsm_run_outcome"].items()} == {
-        "done": outcome == "done", "failed": outcome == "failed", "interrupted": 0
+        "running": 0, "done": outcome == "done", "failed": outcome == "failed", "interrupted": 0
     }  # fmt: skip
     if code is Code.OK:
         assert report.outcome == "done" and root_cause(report) is None
