@@ -82,6 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--html", default=None, metavar="FILE", help="write the run as one self-contained HTML page"
     )
     p.add_argument(
+        "--otlp",
+        default=None,
+        metavar="FILE|URL",
+        help="the run as one OpenTelemetry trace: OTLP/JSON written to FILE, or POSTed to "
+        "an http(s) URL (a collector's .../v1/traces; OTEL_EXPORTER_OTLP_HEADERS apply)",
+    )
+    p.add_argument(
         "--fleet",
         default=None,
         metavar="DIR",

@@ -254,6 +254,35 @@ class Http:
         except requests.RequestException as exc:
             raise self._classify(exc, url) from exc
 
+    def post(
+        self,
+        url: str,
+        body: bytes,
+        *,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> HttpResult:
+        """POST ``body`` once (no retries, no redirects); the response body is capped at 1 MiB.
+
+        Raises ``TransientError`` when the request cannot be made; the caller reads the
+        status (no status is turned into an exception here).
+        """
+        import requests  # noqa: TID251
+
+        try:
+            with self._sess().post(
+                url,
+                data=body,
+                headers=dict(headers or {}),
+                stream=True,
+                allow_redirects=False,
+                **self._kwargs(url, timeout),
+            ) as r:
+                reply = r.raw.read(1 << 20, decode_content=True) or b""
+                return HttpResult(r.status_code, dict(r.headers), bytes(reply))
+        except requests.RequestException as exc:
+            raise self._classify(exc, url) from exc
+
     def stream_to(
         self,
         url: str,

@@ -41,9 +41,8 @@ def make_world(tmp_path: Path) -> Iterator[MakeWorld]:
 def run_in_process(w: World, **opts: Any) -> RunResult:
     """Run the machine on the world's node in this process (faster than the CLI)."""
     cfg = load_config(w.config_path, required=True)
-    return execute(
-        cfg, RunOptions(root=w.root, env=w.env(), config_path=str(w.config_path), **opts)
-    )
+    opts.setdefault("env", w.env())
+    return execute(cfg, RunOptions(root=w.root, config_path=str(w.config_path), **opts))
 
 
 def installer_calls(w: World) -> list[dict[str, Any]]:

@@ -1,12 +1,13 @@
 """`bootfsm trace`: the story of a run, of a node's runs, or of a fleet.
 
     bootfsm trace [RUN-ID | FILE] [--json] [--html OUT]   one run (default: the latest)
+    bootfsm trace [RUN-ID | FILE] --otlp FILE|URL         the run as an OpenTelemetry trace
     bootfsm trace --history [--json]                      every run kept on the node
     bootfsm trace --fleet DIR [--json] [--top N]          journals collected from many nodes
 
 Exit codes: 0 the trace was printed (whatever the run's outcome); 1 nothing to read
-(no journal, unknown run id, fleet directory without journals); 10 invalid config;
-2 usage errors (argparse).
+(no journal, unknown run id, fleet directory without journals) or the OTLP file could
+not be written or the endpoint refused it; 10 invalid config; 2 usage errors (argparse).
 """
 
 from __future__ import annotations
@@ -136,6 +137,38 @@ def _history(log_dir: Path, state_dir: Path, as_json: bool) -> int:
     return 0
 
 
+def _otlp(path: Path, where: str) -> int:
+    """Convert one journal to OTLP/JSON: a file, or one POST to a collector."""
+    import os
+
+    from bootfsm import otlp
+    from bootfsm.errors import BootError
+    from bootfsm.host import Host
+
+    try:
+        with path.open(encoding="utf-8", errors="replace") as f:
+            body = otlp.trace_request(otlp.events_from_lines(f), os.environ)
+    except (OSError, ValueError) as exc:
+        print(f"bootfsm: cannot convert {path}: {exc}", file=sys.stderr)
+        return NOTHING
+    if where.startswith(("http://", "https://")):
+        problem = otlp.export(otlp.target_for(where, os.environ), body, os.environ)
+        if problem:
+            print(f"bootfsm: {problem}", file=sys.stderr)
+            return NOTHING
+        spans = len(body["resourceSpans"][0]["scopeSpans"][0]["spans"])
+        print(f"bootfsm: sent {spans} spans of {path.name} to {where}", file=sys.stderr)
+        return 0
+    out = Path(where).absolute()
+    try:
+        Host(Path("/")).write_atomic(str(out), json.dumps(body, indent=1) + "\n", 0o644)
+    except (BootError, OSError) as exc:
+        print(f"bootfsm: cannot write {out}: {exc}", file=sys.stderr)
+        return NOTHING
+    print(f"bootfsm: wrote {out} (OTLP/JSON, {path.name})", file=sys.stderr)
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
     """Dispatch to the run, history or fleet view."""
     if getattr(args, "fleet", None):
@@ -151,6 +184,8 @@ def main(args: argparse.Namespace) -> int:
         what = f"no journal matching {args.target!r}" if args.target else "no journal"
         print(f"bootfsm: {what} found in {log_dir}", file=sys.stderr)
         return NOTHING
+    if getattr(args, "otlp", None):
+        return _otlp(path, args.otlp)
     report = _load(path, log_dir, state_dir)
     if getattr(args, "html", None):
         from bootfsm.trace_html import render_html
