@@ -36,6 +36,7 @@ class Code(IntEnum):
     INDEX_INVALID = 35
     INSECURE_URL_REFUSED = 36
     UNSAFE_ARCHIVE = 37
+    TLS_VERIFY_FAILED = 38
     DPKG_LOCK_TIMEOUT = 40
     DRIVER_INSTALL_FAILED = 41
     REBOOT_REQUIRED = 42
@@ -171,6 +172,13 @@ CODES: dict[Code, CodeInfo] = {
             Code.UNSAFE_ARCHIVE,
             "an archive holds absolute paths, '..' or links that leave its directory",
             "the artifact is malicious or broken; do not use this mirror",
+        ),
+        _row(
+            Code.TLS_VERIFY_FAILED,
+            "a server's TLS certificate did not verify against the node's trust store",
+            "at boot the usual cause is a clock not yet synced (check timedatectl); else "
+            "the CA is missing from the system store or fetch.ca_file, or a proxy "
+            "inspects TLS with its own CA",
         ),
         _row(
             Code.DPKG_LOCK_TIMEOUT,

@@ -97,6 +97,7 @@ class FetchSpec:
     parallel: int = 4
     artifact_timeout: float = 300.0
     fsync: bool = False
+    ca_file: str = ""
 
 
 @dataclass(frozen=True)
@@ -208,6 +209,8 @@ def _check(cfg: Config) -> None:
             raise ConfigError(f"run.{key}: must be an absolute node path or empty (off)")
     if not cfg.fetch.cache_dir.startswith("/"):
         raise ConfigError("fetch.cache_dir: must be an absolute node path")
+    if cfg.fetch.ca_file and not cfg.fetch.ca_file.startswith("/"):
+        raise ConfigError("fetch.ca_file: must be an absolute node path or empty (system store)")
     if cfg.fetch.parallel > 16:
         raise ConfigError(f"fetch.parallel: at most 16 connections, got {cfg.fetch.parallel}")
     for key in ("runfile_mirrors", "redist_mirrors", "cuda_repo_mirrors", "toolkit_repo_mirrors"):

@@ -16,7 +16,7 @@ from bootfsm.deadline import Deadline
 from bootfsm.errors import BootError, CommandError
 from bootfsm.facts import NodeFacts
 from bootfsm.host import CommandResult, Host
-from bootfsm.http import Http
+from bootfsm.http import SYSTEM_CA_BUNDLES, Http
 from bootfsm.journal import Journal
 from bootfsm.table import StateRow
 
@@ -49,6 +49,7 @@ class Context:
             connect_timeout=config.fetch.connect_timeout,
             read_timeout=config.fetch.read_timeout,
             env=host.env,
+            ca_file=trust_store(config, host),
         )
         seconds = config.run.deadline if deadline_s is None else deadline_s
         return cls(config, host, http, journal, Deadline(seconds, host.monotonic))
@@ -160,3 +161,14 @@ class Context:
     def warn(self, message: str, **fields: Any) -> None:
         """Journal a warning (also shown on the console)."""
         self.journal.event("warning", level="warning", state=self.state, message=message, **fields)
+
+
+def trust_store(config: Config, host: Host) -> str:
+    """The CA bundle TLS verifies against: ``fetch.ca_file``, else the node's system
+    store (the first of ``SYSTEM_CA_BUNDLES`` present), as a real path; '' for none."""
+    if config.fetch.ca_file:  # configured: used as given (missing is a TLS error)
+        return str(host.path(config.fetch.ca_file))
+    for node_path in SYSTEM_CA_BUNDLES:
+        if host.exists(node_path):
+            return str(host.path(node_path))
+    return ""

@@ -8,19 +8,24 @@ Proxies come from the environment the ``Http`` was given (``https_proxy``,
 ``http_proxy``, ``all_proxy``, ``no_proxy``, either case), never for link-local
 (metadata) or loopback hosts.
 No URL query string (a signature) ever appears in an error message.
+
+Bounds a hostile peer cannot stretch: every request has a total-time bound on the
+monotonic clock (its own limit, or the transfer deadline) enforced by a watchdog that
+shuts the request's sockets down, so trickled headers or a body of one byte every few
+seconds end on time, not only a per-read timeout; a body longer than the size its index
+states stops one byte past it; a redirect hop that leaves HTTPS, or that breaks
+``allow_http_hosts``, is refused. Certificates verify against the node's system trust
+store (the ``ca_file`` given), and a verification failure is its own permanent code.
 """
 
 from __future__ import annotations
 
 import email.utils
-import hashlib
-import http.client
 import ipaddress
 import os
-import re
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +34,19 @@ from urllib.parse import urlsplit
 from bootfsm import partfile as pf
 from bootfsm.codes import Code
 from bootfsm.errors import BootError, TransientError
+from bootfsm.http_wire import (
+    SYSTEM_CA_BUNDLES,
+    Bounds,
+    Cancelled,
+    Progress,
+    Watch,
+    check_redirect,
+    check_url,
+    receive,
+    session_class,
+    short,
+    too_slow,
+)
 from bootfsm.partfile import CHUNK, StreamResult, partial_source, url_id
 from bootfsm.redact import redact_url
 
@@ -36,21 +54,18 @@ if TYPE_CHECKING:
     import requests  # noqa: TID251
 
 __all__ = [
+    "SYSTEM_CA_BUNDLES",
     "Cancelled",
     "Http",
     "HttpResult",
     "StreamResult",
+    "check_redirect",
     "check_url",
     "partial_source",
     "url_id",
 ]
 
 _TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-Progress = Callable[[int, "int | None"], None]
-
-
-class Cancelled(Exception):
-    """The download was stopped by its cancel event; the ``.part`` file stays resumable."""
 
 
 @dataclass(frozen=True)
@@ -60,20 +75,6 @@ class HttpResult:
     status: int
     headers: Mapping[str, str]
     body: bytes
-
-
-def check_url(url: str, allow_http_hosts: Sequence[str]) -> None:
-    """Refuse any URL that is not HTTPS unless its host is explicitly allowed."""
-    parts = urlsplit(url)
-    if parts.scheme == "https":
-        return
-    if parts.scheme == "http" and (parts.hostname or "") in set(allow_http_hosts):
-        return
-    raise BootError(
-        Code.INSECURE_URL_REFUSED,
-        f"refusing {parts.scheme or 'schemeless'} URL {redact_url(url)}: HTTPS required "
-        f"(host {parts.hostname!r} is not in fetch.allow_http_hosts)",
-    )
 
 
 def _never_proxied(url: str) -> bool:
@@ -148,20 +149,30 @@ class Http:
         connect_timeout: float = 5.0,
         read_timeout: float = 30.0,
         env: Mapping[str, str] | None = None,
+        ca_file: str = "",
     ) -> None:
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
+        self.ca_file = ca_file
         self._env = dict(os.environ if env is None else env)
         self._proxies = _env_proxies(self._env)
+        # REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE (what requests and curl honour) win, then
+        # the node's trust store; certifi's bundle only when neither exists.
         self._verify: str | bool = (
-            self._env.get("REQUESTS_CA_BUNDLE") or self._env.get("CURL_CA_BUNDLE") or True
+            self._env.get("REQUESTS_CA_BUNDLE")
+            or self._env.get("CURL_CA_BUNDLE")
+            or ca_file
+            or True
         )
         self._session: requests.Session | None = None
 
     def clone(self) -> Http:
         """Same settings, its own connection pool (one per thread: Sessions are not shared)."""
         return Http(
-            connect_timeout=self.connect_timeout, read_timeout=self.read_timeout, env=self._env
+            connect_timeout=self.connect_timeout,
+            read_timeout=self.read_timeout,
+            env=self._env,
+            ca_file=self.ca_file,
         )
 
     def close(self) -> None:
@@ -172,9 +183,7 @@ class Http:
 
     def _sess(self) -> requests.Session:
         if self._session is None:
-            import requests  # noqa: TID251 - lazy: keeps CLI start-up fast
-
-            s = requests.Session()
+            s = session_class()()
             s.trust_env = False  # proxies and CA bundle come from self._env, never ~/.netrc
             s.headers["User-Agent"] = "bootfsm"
             self._session = s
@@ -200,10 +209,28 @@ class Http:
             "verify": self._verify,
         }
 
-    def _classify(self, exc: BaseException, url: str) -> TransientError:
+    def _classify(
+        self, exc: BaseException, url: str, watch: Watch | None = None
+    ) -> TransientError | BootError:
+        if watch is not None and watch.fired:
+            return too_slow(url, watch)
+        text = str(exc)
+        if "TLS CA certificate bundle" in text:  # requests: the CA file does not exist
+            return BootError(
+                Code.TLS_VERIFY_FAILED,
+                f"cannot verify {redact_url(url)}: CA file {self._verify} does not exist",
+            )
+        if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
+            why = short(exc)
+            clock = " (the clock may not be synced yet)" if "not yet valid" in text else ""
+            return BootError(
+                Code.TLS_VERIFY_FAILED,
+                f"TLS certificate of {redact_url(url)} did not verify{clock}: {why}; "
+                f"trust store: {self._verify if isinstance(self._verify, str) else 'certifi'}",
+            )
         return TransientError(
             Code.DOWNLOAD_RETRIES_EXHAUSTED,
-            f"{type(exc).__name__} fetching {redact_url(url)}: {_short(exc)}",
+            f"{type(exc).__name__} fetching {redact_url(url)}: {short(exc)}",
         )
 
     def _check_status(self, status: int, headers: Mapping[str, str], url: str) -> None:
@@ -235,24 +262,31 @@ class Http:
         """
         import requests  # noqa: TID251
 
-        try:
-            with self._sess().get(
-                url, headers=dict(headers or {}), stream=True, **self._kwargs(url, timeout)
-            ) as r:
-                if allow_http_hosts is not None:
-                    check_url(r.url, allow_http_hosts)
-                if check:
-                    self._check_status(r.status_code, r.headers, url)
-                body = bytearray()
-                for chunk in r.iter_content(CHUNK):
-                    body += chunk
-                    if len(body) > max_bytes:
-                        raise BootError(
-                            Code.INDEX_INVALID, f"{redact_url(url)} is larger than {max_bytes} B"
-                        )
-                return HttpResult(r.status_code, dict(r.headers), bytes(body))
-        except requests.RequestException as exc:
-            raise self._classify(exc, url) from exc
+        total = timeout if timeout is not None else self.connect_timeout + self.read_timeout
+        session = self._sess()
+        session.allow_http_hosts = allow_http_hosts  # type: ignore[attr-defined]
+        with Watch(total) as watch:
+            try:
+                with session.get(
+                    url, headers=dict(headers or {}), stream=True, **self._kwargs(url, timeout)
+                ) as r:
+                    if allow_http_hosts is not None:
+                        check_url(r.url, allow_http_hosts)
+                    if check:
+                        self._check_status(r.status_code, r.headers, url)
+                    body = bytearray()
+                    for chunk in r.iter_content(CHUNK):
+                        body += chunk
+                        if len(body) > max_bytes:
+                            raise BootError(
+                                Code.INDEX_INVALID,
+                                f"{redact_url(url)} is larger than {max_bytes} B",
+                            )
+                    if watch.fired:
+                        raise too_slow(url, watch)
+                    return HttpResult(r.status_code, dict(r.headers), bytes(body))
+            except (requests.RequestException, OSError) as exc:
+                raise self._classify(exc, url, watch) from exc
 
     def post(
         self,
@@ -269,19 +303,23 @@ class Http:
         """
         import requests  # noqa: TID251
 
-        try:
-            with self._sess().post(
-                url,
-                data=body,
-                headers=dict(headers or {}),
-                stream=True,
-                allow_redirects=False,
-                **self._kwargs(url, timeout),
-            ) as r:
-                reply = r.raw.read(1 << 20, decode_content=True) or b""
-                return HttpResult(r.status_code, dict(r.headers), bytes(reply))
-        except requests.RequestException as exc:
-            raise self._classify(exc, url) from exc
+        total = timeout if timeout is not None else self.connect_timeout + self.read_timeout
+        with Watch(total) as watch:
+            try:
+                with self._sess().post(
+                    url,
+                    data=body,
+                    headers=dict(headers or {}),
+                    stream=True,
+                    allow_redirects=False,
+                    **self._kwargs(url, timeout),
+                ) as r:
+                    reply = r.raw.read(1 << 20, decode_content=True) or b""
+                    if watch.fired:
+                        raise too_slow(url, watch)
+                    return HttpResult(r.status_code, dict(r.headers), bytes(reply))
+            except (requests.RequestException, OSError) as exc:
+                raise self._classify(exc, url, watch) from exc
 
     def stream_to(
         self,
@@ -329,128 +367,38 @@ class Http:
             )
         if timeout is not None:
             left = timeout if left is None else min(left, timeout)
-        try:
-            with self._sess().get(
-                url, headers=headers, stream=True, **self._kwargs(url, left)
-            ) as r:
-                if allow_http_hosts is not None:
-                    check_url(r.url, allow_http_hosts)
-                if r.status_code == 416:
-                    return pf.whole_or_discard(part, have, meta, r.headers, url)
-                self._check_status(r.status_code, r.headers, url)
-                resumed, total = pf.accept(r.status_code, r.headers, part, have, meta, url)
-                if expect_size is not None and total is not None and total != expect_size:
-                    raise BootError(
-                        Code.CHECKSUM_MISMATCH,
-                        f"{redact_url(url)} is {total} B but its index says {expect_size} B",
-                        wrong_size=True,
-                    )
-                if total is not None:
-                    pf.check_space(part, total - resumed, freed=0 if resumed else on_disk)
-                if not resumed:
-                    pf.discard(part)  # old bytes never sit under the new entity's meta
-                pf.write_meta(meta_path, r.headers, total, url)
-                return _receive(
-                    r, part, resumed, total, url, deadline, progress, cancel, fsync=fsync
-                )
-        except requests.RequestException as exc:
-            raise self._classify(exc, url) from exc
-
-
-def _receive(
-    r: Any,
-    part: Path,
-    resumed: int,
-    total: int | None,
-    url: str,
-    deadline: float | None,
-    progress: Progress | None,
-    cancel: threading.Event | None,
-    *,
-    fsync: bool,
-) -> StreamResult:
-    """Stream the body after ``resumed`` bytes on disk into ``part``; hash all of it.
-
-    Plain bodies are read straight into the writer's recycled buffers (``readinto`` of
-    the underlying http.client response: no allocation or extra copy per chunk);
-    content-encoded ones go through urllib3's decoder.
-    """
-    import urllib3
-
-    read_errors = (http.client.HTTPException, OSError, urllib3.exceptions.HTTPError)
-    digest = hashlib.sha256()
-    flags = os.O_RDWR | os.O_CREAT | (0 if resumed else os.O_TRUNC)
-    encoded = r.headers.get("Content-Encoding", "identity") not in ("", "identity")
-    fp = getattr(r.raw, "_fp", None)
-    read_into = None if encoded else getattr(fp, "readinto", None)
-    transferred = 0
-    with open(os.open(part, flags, 0o600), "r+b") as fh:
-        if resumed:
-            while block := fh.read(min(1 << 20, resumed - fh.tell())):
-                digest.update(block)
-            fh.seek(resumed)
-            fh.truncate()
-        writer = pf.PartWriter(fh, digest)
-        try:
-            while True:
-                if cancel is not None and cancel.is_set():
-                    raise Cancelled(f"download of {redact_url(url)} cancelled")
-                if deadline is not None and time.monotonic() > deadline:
-                    raise TransientError(
-                        Code.DOWNLOAD_TIMEOUT,
-                        f"{redact_url(url)} did not finish within its time limit "
-                        f"({resumed + transferred} B so far)",
-                    )
-                buf = writer.buffer()
-                try:
-                    n = _read(r, read_into, buf)
-                except read_errors as exc:
-                    writer.give_back(buf)
-                    raise TransientError(
-                        Code.DOWNLOAD_RETRIES_EXHAUSTED,
-                        f"{type(exc).__name__} reading {redact_url(url)} after "
-                        f"{resumed + transferred} B: {_short(exc)}",
-                    ) from exc
-                if not n:
-                    writer.give_back(buf)
-                    break
-                writer.put(buf, n)
-                transferred += n
-                if progress is not None:
-                    progress(resumed + transferred, total)
-        finally:
+        session = self._sess()
+        session.allow_http_hosts = allow_http_hosts  # type: ignore[attr-defined]
+        with Watch(left) as watch:
             try:
-                writer.close()
-            except OSError as exc:
-                raise pf.write_error(part, exc) from exc
-        try:
-            fh.flush()
-            if fsync:
-                os.fsync(fh.fileno())
-        except OSError as exc:
-            raise pf.write_error(part, exc) from exc
-    if not encoded and total is not None and resumed + transferred != total:
-        raise TransientError(
-            Code.DOWNLOAD_RETRIES_EXHAUSTED,
-            f"short body from {redact_url(url)}: {resumed + transferred} of {total} B",
-        )
-    return StreamResult(resumed + transferred, digest.hexdigest(), resumed, transferred)
-
-
-def _read(r: Any, read_into: Callable[[bytearray], int] | None, buf: bytearray) -> int:
-    """Fill ``buf`` from the body; 0 at the end."""
-    if read_into is not None:
-        return int(read_into(buf))
-    data = r.raw.read(len(buf), decode_content=True)
-    buf[: len(data)] = data  # decoded bodies are rare: one copy keeps memory bounded
-    return len(data)
-
-
-_QUERY = re.compile(r"\?[^\s'\"()<>]*")
-_USERINFO = re.compile(r"//[^/\s@'\"]+@")
-
-
-def _short(exc: BaseException) -> str:
-    """An exception's text, bounded, with URL query strings and credentials removed."""
-    text = _USERINFO.sub("//", _QUERY.sub("?<redacted>", str(exc)))
-    return text if len(text) < 300 else text[:300] + "..."
+                with session.get(url, headers=headers, stream=True, **self._kwargs(url, left)) as r:
+                    if allow_http_hosts is not None:
+                        check_url(r.url, allow_http_hosts)
+                    if r.status_code == 416:
+                        return pf.whole_or_discard(part, have, meta, r.headers, url)
+                    self._check_status(r.status_code, r.headers, url)
+                    resumed, total = pf.accept(r.status_code, r.headers, part, have, meta, url)
+                    if expect_size is not None and total is not None and total != expect_size:
+                        raise BootError(
+                            Code.CHECKSUM_MISMATCH,
+                            f"{redact_url(url)} is {total} B but its index says {expect_size} B",
+                            wrong_size=True,
+                        )
+                    if total is not None:
+                        pf.check_space(part, total - resumed, freed=0 if resumed else on_disk)
+                    if not resumed:
+                        pf.discard(part)  # old bytes never sit under the new entity's meta
+                    pf.write_meta(meta_path, r.headers, total, url)
+                    return receive(
+                        r,
+                        part,
+                        resumed,
+                        total,
+                        url,
+                        Bounds(deadline, watch, expect_size),
+                        progress,
+                        cancel,
+                        fsync=fsync,
+                    )
+            except (requests.RequestException, OSError) as exc:
+                raise self._classify(exc, url, watch) from exc
