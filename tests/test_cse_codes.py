@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+from pathlib import Path
 
 import pytest
 
 from bootfsm.cli import main
 from bootfsm.codes import CODES, CSE_FALLBACK, CSE_NAMES, Code, cse_exit, unmapped_codes
+from bootfsm.commands.codes import cse_markdown
 from bootfsm.table import STATES
 from tests.agentbaker_codes import AGENTBAKER_CODES, BY_NUMBER, GPU, SERVICE
 
+ROOT = Path(__file__).resolve().parent.parent
+HOOK_DOC = ROOT / "docs/provisioning-hook.md"
 STATE_NAMES = {s.name for s in STATES}
 
 
@@ -131,3 +136,22 @@ def test_codes_json_shows_cse_per_code(capsys: pytest.CaptureFixture[str]) -> No
 def test_explain_names_the_cse_code(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["explain", "50"]) == 0
     assert "CSE exit (--exit-codes cse): 84 ERR_GPU_DRIVERS_START_FAIL" in capsys.readouterr().out
+
+
+def test_hook_doc_mapping_table_is_generated() -> None:
+    """docs/provisioning-hook.md holds exactly `cse_markdown()` between its markers."""
+    text = HOOK_DOC.read_text()
+    m = re.search(r"<!-- cse-table: generated.*?-->\n(.*?)<!-- /cse-table -->", text, re.S)
+    assert m is not None
+    assert m.group(1) == cse_markdown()
+
+
+def test_the_unit_keeps_bootfsm_codes() -> None:
+    """bootfsm.service runs without --exit-codes: its RestartPreventExitStatus and
+    `bootfsm status` speak bootfsm's own codes; the flag defaults to bootfsm."""
+    unit = (ROOT / "systemd/bootfsm.service").read_text()
+    exec_start = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
+    assert exec_start and all("--exit-codes" not in line for line in exec_start)
+    from bootfsm.cli import build_parser
+
+    assert build_parser().parse_args(["run"]).exit_codes == "bootfsm"
