@@ -9,7 +9,7 @@ SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PKGS := makeself dpkg xz-utils systemd chromium
 SKU     ?= gb300
 
-.PHONY: all demo test lint fmt bench fuzz deps deps-sim mermaid _apt clean
+.PHONY: all demo test lint fmt docs bench fuzz deps deps-sim mermaid _apt clean
 
 all: test
 
@@ -55,6 +55,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+
+# regenerate docs/machine.md, docs/codes.md and the hook doc's CSE table from the code
+docs: $(STAMP)
+	$(PY) docs/generate.py
 
 fmt: $(STAMP)
 	$(VENV)/bin/ruff format .

@@ -59,6 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--quiet", action="store_true", help="print only the summary line")
     p.add_argument(
+        "--exit-codes",
+        choices=("bootfsm", "cse"),
+        default="bootfsm",
+        help="exit with bootfsm's own code (default) or the CSE code of the same meaning "
+        "(the provisioning hook; `bootfsm codes --json` field cse)",
+    )
+    p.add_argument(
         "--no-start-kubelet",
         action="store_true",
         help="leave kubelet to systemd (join.start_kubelet = false); bootfsm.service uses it",

@@ -5,6 +5,12 @@ Codes avoid the ranges that other layers own: 1-2 (generic shell and usage error
 255 (systemd).  Where a code means exactly what a cloud provisioning (CSE) code means,
 it uses that number: 83 download timeout, 84 driver did not start, 85 driver install
 timeout, 87 infoROM corrupted.
+
+Every row also names the CSE exit code (AgentBaker's ``cse_helpers.sh`` table) that
+means the same thing, for ``bootfsm run --exit-codes cse`` (the provisioning hook):
+bootfsm's own number would mean something else to CSE (50 is ERR_OUTBOUND_CONN_FAIL
+there).  A code added without ``cse=`` fails tests/test_cse_codes.py; at run time it
+exits with :data:`CSE_FALLBACK`.
 """
 
 from __future__ import annotations
@@ -12,7 +18,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import IntEnum
 
-__all__ = ["CODES", "Code", "CodeInfo", "info"]
+__all__ = [
+    "CODES",
+    "CSE_FALLBACK",
+    "CSE_NAMES",
+    "Code",
+    "CodeInfo",
+    "cse_exit",
+    "info",
+    "unmapped_codes",
+]
 
 
 class Code(IntEnum):
@@ -70,6 +85,10 @@ class CodeInfo:
     summary: str
     hint: str
     transient: bool = False
+    cse: int | None = None
+    """The CSE exit code of the same meaning (``--exit-codes cse``); None: not mapped yet."""
+    cse_in_state: tuple[tuple[str, int], ...] = ()
+    """Where the state that failed says more: (state, CSE code) pairs that win over ``cse``."""
 
     @property
     def name(self) -> str:
@@ -77,101 +96,142 @@ class CodeInfo:
         return self.code.name
 
 
-def _row(code: Code, summary: str, hint: str, transient: bool = False) -> CodeInfo:
-    return CodeInfo(code, summary, hint, transient)
+def _row(
+    code: Code,
+    summary: str,
+    hint: str,
+    transient: bool = False,
+    *,
+    cse: int | None = None,
+    cse_in_state: dict[str, int] | None = None,
+) -> CodeInfo:
+    return CodeInfo(code, summary, hint, transient, cse, tuple((cse_in_state or {}).items()))
+
+
+# The CSE codes the mapping uses, with AgentBaker's names (parts/linux/cloud-init/artifacts/
+# cse_helpers.sh; tests/agentbaker_codes.py holds the list they are checked against).
+CSE_NAMES: dict[int, str] = {
+    0: "OK",
+    4: "ERR_SYSTEMCTL_START_FAIL",
+    34: "ERR_KUBELET_START_FAIL",
+    83: "ERR_GPU_DOWNLOAD_TIMEOUT",
+    84: "ERR_GPU_DRIVERS_START_FAIL",
+    85: "ERR_GPU_DRIVERS_INSTALL_TIMEOUT",
+    87: "ERR_GPU_INFO_ROM_CORRUPTED",
+}
+
+CSE_FALLBACK = 84
+"""The exit code of a bootfsm code that has no ``cse`` yet: the GPU step failed."""
 
 
 CODES: dict[Code, CodeInfo] = {
     r.code: r
     for r in (
-        _row(Code.OK, "node provisioned", "nothing to do"),
+        _row(Code.OK, "node provisioned", "nothing to do", cse=0),
         _row(
             Code.CONFIG_INVALID,
             "configuration file is missing, unreadable or invalid",
             "run `bootfsm validate --config FILE`; the message names the key",
+            cse=84,
         ),
         _row(
             Code.ANOTHER_RUN_IN_PROGRESS,
             "another bootfsm run holds the node lock",
             "wait for it (`bootfsm status --wait`) or pass --wait-lock SECONDS",
             transient=True,
+            cse=85,
         ),
         _row(
             Code.INTERRUPTED,
             "run interrupted by SIGTERM or SIGINT",
             "rerun `bootfsm run`; it resumes at the first unsatisfied state",
             transient=True,
+            cse=84,
         ),
         _row(
             Code.UNSUPPORTED_ARCH,
             "machine architecture is not supported",
             "bootfsm supports x86_64 and aarch64 nodes only",
+            cse=84,
         ),
         _row(
             Code.DRIVER_KIND_UNSUPPORTED_ON_ARCH,
             "driver kind is not available for this architecture",
             'GRID (vGPU) drivers are x86_64 only; use driver.kind = "cuda" on arm64',
+            cse=84,
         ),
         _row(
             Code.NO_GPU,
             "no NVIDIA GPU found on the PCI bus",
             "check the VM size and that the GPU is attached (/sys/bus/pci/devices)",
+            cse=84,
         ),
         _row(
             Code.UNSUPPORTED_OS,
             "operating system or version is not supported",
             "see detect.supported_os in docs/config.md",
+            cse=84,
         ),
         _row(
             Code.MODULE_TYPE_UNSUPPORTED,
             "requested kernel module type cannot drive these GPUs",
             'Blackwell GPUs need the open kernel modules: driver.module_type = "open" or "auto"',
+            cse=84,
         ),
         _row(
             Code.KERNEL_HEADERS_MISSING,
             "kernel headers for the running kernel are missing",
             "install linux-headers-$(uname -r) in the image; DKMS cannot build without them",
+            cse=84,
         ),
         _row(
             Code.ARTIFACT_NOT_FOUND,
             "an artifact, manifest or package is not on the mirror (404 or not listed)",
             "check the version and the base URLs in [sources]; the journal names the URL",
+            cse=84,
         ),
         _row(
             Code.CHECKSUM_MISMATCH,
             "a downloaded artifact does not match its sha256",
             "the mirror serves a different file than its index says; fix the mirror or pin",
+            cse=84,
         ),
         _row(
             Code.UNVERIFIED_ARTIFACT_REFUSED,
             "an artifact has no known sha256 and unverified artifacts are not allowed",
             "set its sha256 in [sources] (or allow_unverified = true, not recommended)",
+            cse=84,
         ),
         _row(
             Code.DOWNLOAD_RETRIES_EXHAUSTED,
             "transient download failures continued past the retry budget",
             "the mirror or network is unhealthy; the journal lists every attempt",
             transient=True,
+            cse=83,
         ),
         _row(
             Code.INSUFFICIENT_SPACE,
             "not enough free space in the cache directory for the artifacts",
             "free space or move fetch.cache_dir; the message gives needed and free bytes",
+            cse=84,
         ),
         _row(
             Code.INDEX_INVALID,
             "a Packages index or redistrib manifest could not be parsed",
             "the mirror serves a broken index; the message names the line",
+            cse=84,
         ),
         _row(
             Code.INSECURE_URL_REFUSED,
             "a URL is not HTTPS and its host is not in fetch.allow_http_hosts",
             "use an HTTPS mirror or list the host in fetch.allow_http_hosts",
+            cse=84,
         ),
         _row(
             Code.UNSAFE_ARCHIVE,
             "an archive holds absolute paths, '..' or links that leave its directory",
             "the artifact is malicious or broken; do not use this mirror",
+            cse=84,
         ),
         _row(
             Code.TLS_VERIFY_FAILED,
@@ -179,124 +239,150 @@ CODES: dict[Code, CodeInfo] = {
             "at boot the usual cause is a clock not yet synced (check timedatectl); else "
             "the CA is missing from the system store or fetch.ca_file, or a proxy "
             "inspects TLS with its own CA",
+            cse=84,
         ),
         _row(
             Code.DPKG_LOCK_TIMEOUT,
             "the dpkg lock stayed held past driver.dpkg_lock_timeout",
             "another package operation (unattended-upgrades?) holds /var/lib/dpkg/lock-frontend",
             transient=True,
+            cse=85,
         ),
         _row(
             Code.DRIVER_INSTALL_FAILED,
             "nvidia-installer failed",
             "see the installer output in `bootfsm trace` and /var/log/nvidia-installer.log",
+            cse=84,
         ),
         _row(
             Code.REBOOT_REQUIRED,
             "a driver of another version is loaded and in use",
             "reboot the node; the next run installs the configured version",
+            cse=84,
         ),
         _row(
             Code.MODULE_LOAD_FAILED,
             "the nvidia kernel module did not load",
             "check dmesg for NVRM lines; Blackwell needs the open module",
+            cse=84,
         ),
         _row(
             Code.TOOLKIT_INSTALL_FAILED,
             "the NVIDIA container toolkit packages did not install",
             "see the dpkg output in `bootfsm trace`",
+            cse=84,
         ),
         _row(
             Code.FABRIC_MANAGER_FAILED,
             "fabric manager did not install or start",
             "check `journalctl -u nvidia-fabricmanager`; its version must match the driver",
+            cse=84,
         ),
         _row(
             Code.FABRIC_NOT_READY,
             "GPU fabric did not reach Completed/Success in time",
             "check fabric manager / NVLink health; raise verify.fabric_timeout only with evidence",
             transient=True,
+            cse=84,
         ),
         _row(
             Code.IMEX_INSTALL_FAILED,
             "the nvidia-imex package did not install",
             "see the dpkg output in `bootfsm trace`",
+            cse=84,
         ),
         _row(
             Code.DRIVER_LIBRARY_MISMATCH,
             "NVML reports a driver/library version mismatch",
             "a partial upgrade left an old module loaded; reboot the node",
+            cse=84,
         ),
         _row(
             Code.GPU_COUNT_MISMATCH,
             "nvidia-smi sees fewer GPUs than the PCI bus",
             "a GPU fell off the bus or failed init; check dmesg (Xid) and replace the node",
+            cse=84,
         ),
         _row(
             Code.CONTAINERD_RESTART_FAILED,
             "containerd did not restart with the NVIDIA runtime",
             "check `journalctl -u containerd` and the drop-in under /etc/containerd",
+            cse=4,
         ),
         _row(
             Code.KUBELET_NOT_HEALTHY,
             "kubelet did not report healthy in time",
             "check `journalctl -u kubelet`; /healthz on 127.0.0.1:10248 must answer ok",
+            cse=34,
         ),
         _row(
             Code.CDI_REFRESH_FAILED,
             "the CDI specification could not be generated",
             "run `nvidia-ctk cdi generate` by hand to see why",
+            cse=84,
         ),
         _row(
             Code.DOWNLOAD_TIMEOUT,
             "downloading GPU artifacts exceeded the fetch state's time limit",
             "same meaning as CSE exit 83; check mirror throughput",
             transient=True,
+            cse=83,
         ),
         _row(
             Code.DRIVER_NOT_STARTED,
             "the driver is installed but nvidia-smi cannot talk to it",
             "same meaning as CSE exit 84; check dmesg for NVRM errors",
+            cse=84,
         ),
         _row(
             Code.DRIVER_INSTALL_TIMEOUT,
             "installing the driver exceeded the driver state's time limit",
             "same meaning as CSE exit 85; the DKMS build hung or the node is starved",
+            cse=85,
         ),
         _row(
             Code.INFOROM_CORRUPTED,
             "a GPU reports a corrupted infoROM",
             "same meaning as CSE exit 87; the GPU needs service, replace the node",
+            cse=87,
         ),
         _row(
             Code.DEADLINE_EXCEEDED,
             "the global deadline ran out",
             "the message names the state that was running; see the blame view in the trace",
+            cse=85,
+            cse_in_state={"fetch": 83},
         ),
         _row(
             Code.COMMAND_MISSING,
             "a required command is not on PATH",
             "the image lacks a tool bootfsm needs; the message names it",
+            cse=84,
         ),
         _row(
             Code.HOST_IO_ERROR,
             "reading or writing a node file failed (disk full, read-only filesystem)",
             "the message names the path and the OS error",
+            cse=84,
         ),
         _row(
             Code.STATE_TIMEOUT,
             "a state exceeded its own time limit",
             "the message names the state and its limit",
+            cse=85,
+            cse_in_state={"fetch": 83},
         ),
         _row(
             Code.POSTCONDITION_FAILED,
             "a state's action finished but the node is still not in the expected state",
             "the message names the check that failed",
+            cse=84,
         ),
         _row(
             Code.INTERNAL_ERROR,
             "bootfsm hit an unexpected error (a bug)",
             "the journal holds the traceback; please report it",
+            cse=84,
         ),
     )
 }
@@ -305,3 +391,17 @@ CODES: dict[Code, CodeInfo] = {
 def info(code: int) -> CodeInfo:
     """Return the table row for ``code``; raise KeyError for an unknown code."""
     return CODES[Code(code)]
+
+
+def cse_exit(code: Code, state: str = "") -> int:
+    """The CSE exit code meaning what ``code`` (ended in ``state``) means."""
+    row = CODES.get(code)
+    if row is None or row.cse is None:
+        return 0 if code is Code.OK else CSE_FALLBACK
+    return dict(row.cse_in_state).get(state, row.cse)
+
+
+def unmapped_codes(table: dict[Code, CodeInfo] | None = None) -> list[Code]:
+    """Codes whose row has no ``cse`` (or no row at all): each must be mapped by hand."""
+    rows = CODES if table is None else table
+    return [c for c in Code if c not in rows or rows[c].cse is None]

@@ -11,7 +11,10 @@ event object with the keys the Linux guest agent requires, every value a string:
 * ``Version`` (``EVENT_VERSION``), ``TaskName`` (``bootfsm.<state>`` or ``bootfsm.run``);
 * ``EventLevel``: ``Informational`` when the step succeeded, ``Error`` when it failed
   (the bash path always wrote ``Informational``);
-* ``Message``: what happened, at most 3072 characters (the agent's limit);
+* ``Message``: what happened, at most 3072 characters (the agent's limit); a failure
+  names bootfsm's own code and name, the CSE exit code of the same meaning (what
+  ``bootfsm run --exit-codes cse`` exits with) and, for the run, the code's hint, which
+  survives a long message (the message is cut, not the hint);
 * ``EventPid``, ``EventTid``: ``"0"``, as the agent expects strings.
 
 Files are written atomically (the temporary name never matches the agent's
@@ -25,6 +28,7 @@ import json
 import time
 
 from bootfsm import __version__
+from bootfsm.codes import CSE_NAMES, cse_exit, info
 from bootfsm.config import Config
 from bootfsm.engine import Outcome
 from bootfsm.errors import BootError
@@ -35,6 +39,11 @@ __all__ = ["EVENT_VERSION", "MAX_MESSAGE", "CseEvents", "cse_time"]
 
 EVENT_VERSION = "1.23"
 MAX_MESSAGE = 3072
+
+
+def _cse(outcome: Outcome) -> str:
+    number = cse_exit(outcome.code, outcome.state)
+    return f"cse={number} {CSE_NAMES.get(number, '')}".rstrip()
 
 
 def cse_time(wall: float) -> str:
@@ -60,7 +69,9 @@ class CseEvents:
         """The writer for ``run.cse_events_dir`` (disabled when it is empty)."""
         return cls(host, cfg.run.cse_events_dir, run_id)
 
-    def _write(self, task: str, level: str, message: str, start: float, end: float) -> None:
+    def _write(
+        self, task: str, level: str, message: str, start: float, end: float, clean: bool = False
+    ) -> None:
         if not self.directory:
             return
         event = {
@@ -69,7 +80,7 @@ class CseEvents:
             "Version": EVENT_VERSION,
             "TaskName": task,
             "EventLevel": level,
-            "Message": scrub(message)[:MAX_MESSAGE] or task,
+            "Message": (message if clean else scrub(message))[:MAX_MESSAGE] or task,
             "EventPid": "0",
             "EventTid": "0",
         }
@@ -89,8 +100,8 @@ class CseEvents:
         took = f"{now - start:.3f} s"
         if dest == "failed" and outcome is not None:
             msg = (
-                f"Failed: {src} code={int(outcome.code)} {outcome.code.name} after {took}: "
-                f"{outcome.message} (run {self.run_id})"
+                f"Failed: {src} code={int(outcome.code)} {outcome.code.name} {_cse(outcome)} "
+                f"after {took}: {outcome.message} (run {self.run_id})"
             )
             self._write(f"bootfsm.{src}", "Error", msg, start, now)
         else:
@@ -105,10 +116,13 @@ class CseEvents:
             msg = f"Completed: bootfsm {__version__} run {self.run_id} provisioned in {took}"
             self._write("bootfsm.run", "Informational", msg, self._start, now)
         else:
-            msg = (
+            head = (
                 f"Failed: bootfsm {__version__} run {self.run_id} code={int(outcome.code)} "
-                f"{outcome.code.name} in state {outcome.state or '-'} after {took}: "
-                f"{outcome.message}"
+                f"{outcome.code.name} {_cse(outcome)} in state {outcome.state or '-'} "
+                f"after {took}: "
             )
-            self._write("bootfsm.run", "Error", msg, self._start, now)
+            tail = f" | hint: {info(outcome.code).hint}"
+            room = max(MAX_MESSAGE - len(head) - len(tail), 0)
+            msg = head + scrub(outcome.message)[:room] + tail
+            self._write("bootfsm.run", "Error", msg, self._start, now, clean=True)
         return list(self.problems)

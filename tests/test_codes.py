@@ -37,7 +37,9 @@ def test_codes_json_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None
     assert main(["codes", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert {r["name"] for r in rows} == {c.name for c in Code}
-    assert all({"code", "name", "summary", "hint"} <= set(r) for r in rows)
+    assert all({"code", "name", "summary", "hint", "cse"} <= set(r) for r in rows)
+    by_name = {r["name"]: r for r in rows}
+    assert by_name["OK"]["cse"] == 0 and by_name["INFOROM_CORRUPTED"]["cse"] == 87
 
 
 @pytest.mark.parametrize("arg", ["31", "checksum_mismatch", "CHECKSUM-MISMATCH"])

@@ -1,5 +1,7 @@
 """The provisioning hook: the exact command line of docs/provisioning-hook.md, run as a
-child on simulated nodes: exit code unchanged, one summary line, deadline honoured."""
+child on simulated nodes: the CSE exit code of the same meaning for every fault, one
+summary line naming bootfsm's own code too, deadline honoured, and an AgentBaker-style
+caller (tests/cse_caller.sh) that gets the outcome it expects."""
 
 from __future__ import annotations
 
@@ -8,16 +10,23 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from bootfsm.codes import Code, info
+from bootfsm.sim.world import FAULTS as SIM_FAULTS
 from bootfsm.sim.world import World
 from tests.conftest import MakeWorld, installer_calls
 
 DOC = Path(__file__).resolve().parent.parent / "docs/provisioning-hook.md"
+CALLER = Path(__file__).resolve().parent / "cse_caller.sh"
 RUN_ID = r"[0-9a-f]{8}"
+# AgentBaker's names of the CSE codes these tests expect (tests/agentbaker_codes.py)
+CSE = {0: "OK", 4: "ERR_SYSTEMCTL_START_FAIL", 34: "ERR_KUBELET_START_FAIL",
+       83: "ERR_GPU_DOWNLOAD_TIMEOUT", 84: "ERR_GPU_DRIVERS_START_FAIL",
+       85: "ERR_GPU_DRIVERS_INSTALL_TIMEOUT", 87: "ERR_GPU_INFO_ROM_CORRUPTED"}  # fmt: skip
 
 
 def hook_argv() -> list[str]:
@@ -56,6 +65,7 @@ def test_hook_line_is_documented_with_a_budget() -> None:
     """The documented line is quiet, bounded (deadline) and waits for the unit, briefly."""
     argv = hook_argv()
     assert "--quiet" in argv
+    assert argv[argv.index("--exit-codes") + 1] == "cse"
     deadline = float(argv[argv.index("--deadline") + 1])
     wait = float(argv[argv.index("--wait-lock") + 1])
     assert wait + deadline + 15 <= 780  # fits the CSE budget with room to exit
@@ -92,15 +102,17 @@ def test_hook_fail_fast_codes_pass_through(
     code: Code,
     state: str,
 ) -> None:
-    """A permanent problem: bootfsm's code is the hook's exit code, the one line names
-    code, name, state and hint, no driver build was attempted, and the trace reads."""
+    """A permanent problem: the hook exits 84 (the GPU driver will not work), the one
+    line names bootfsm's own code, name, state and hint and the CSE code, no driver build
+    was attempted, and the trace reads."""
     w = make_world(sku, faults=faults, driver_kind=kind)
     p = run_hook(w)
-    assert p.returncode == int(code)
+    assert p.returncode == 84
     line = only_line(p)
     head = f"bootfsm: FAILED code={int(code)} {code.name} state={state}: "
     assert line.startswith(head), line
-    assert re.search(rf" \| hint: {re.escape(info(code).hint)} \| run {RUN_ID}$", line), line
+    tail = rf" \| hint: {re.escape(info(code).hint)} \| cse exit 84 {CSE[84]} \| run {RUN_ID}$"
+    assert re.search(tail, line), line
     assert installer_calls(w) == []
     trace = subprocess.run(
         [sys.executable, "-m", "bootfsm", "trace", "--root", str(w.root)],
@@ -116,7 +128,8 @@ def test_hook_fail_fast_codes_pass_through(
 @pytest.mark.parametrize("how", ["flag", "env"])
 def test_deadline_is_honoured_end_to_end(make_world: MakeWorld, how: str) -> None:
     """A driver build that never returns: the run stops at its deadline (flag, or
-    BOOTFSM_DEADLINE) with 100, stopping the build, instead of hanging the hook."""
+    BOOTFSM_DEADLINE) with 100 (CSE 85, install timeout), stopping the build, instead of
+    hanging the hook."""
     w = make_world("h100-pcie", faults=("installer-hangs",))
     argv = hook_argv()
     i = argv.index("--deadline")
@@ -124,10 +137,11 @@ def test_deadline_is_honoured_end_to_end(make_world: MakeWorld, how: str) -> Non
         p = run_hook(w, [*argv[:i], "--deadline", "5", *argv[i + 2 :]])
     else:
         p = run_hook(w, [*argv[:i], *argv[i + 2 :]], env={"BOOTFSM_DEADLINE": "5"})
-    assert p.returncode == int(Code.DEADLINE_EXCEEDED), p.stdout
+    assert p.returncode == 85, p.stdout
     line = only_line(p)
     assert line.startswith("bootfsm: FAILED code=100 DEADLINE_EXCEEDED state=driver: ")
     assert "global deadline of 5 s ran out in state driver" in line
+    assert f"| cse exit 85 {CSE[85]} | run " in line
     # the deadline cut the command in flight: journaled as timed out, stopped by SIGTERM
     [journal] = w.journals()
     events = [json.loads(line) for line in journal.read_text().splitlines()]
@@ -138,17 +152,18 @@ def test_deadline_is_honoured_end_to_end(make_world: MakeWorld, how: str) -> Non
 
 
 @pytest.mark.parametrize(
-    ("extra", "env", "says"),
+    ("extra", "env", "says", "rc"),
     [
-        ((), {"BOOTFSM_DEADLINE": "soon"}, "BOOTFSM_DEADLINE: expected seconds"),
-        ((), {"BOOTFSM_DEADLINE": "-5"}, "BOOTFSM_DEADLINE: must be a positive"),
-        (("--deadline", "0"), {}, "--deadline: must be a positive"),
+        ((), {"BOOTFSM_DEADLINE": "soon"}, "BOOTFSM_DEADLINE: expected seconds", 10),
+        ((), {"BOOTFSM_DEADLINE": "-5"}, "BOOTFSM_DEADLINE: must be a positive", 10),
+        (("--deadline", "0"), {}, "--deadline: must be a positive", 10),
+        (("--deadline", "0", "--exit-codes", "cse"), {}, "--deadline: must be a positive", 84),
     ],
 )
 def test_bad_deadline_is_config_invalid(
-    tmp_path: Path, extra: tuple[str, ...], env: dict[str, str], says: str
+    tmp_path: Path, extra: tuple[str, ...], env: dict[str, str], says: str, rc: int
 ) -> None:
-    """A deadline that is not a positive number: 10 and the summary line, no run."""
+    """A deadline that is not a positive number: 10 (CSE 84) and the summary line, no run."""
     p = subprocess.run(
         [sys.executable, "-m", "bootfsm", "run", "--quiet", "--root", str(tmp_path), *extra],
         env={"PATH": "/usr/bin:/bin", **env},
@@ -157,19 +172,146 @@ def test_bad_deadline_is_config_invalid(
         timeout=60,
         check=False,
     )
-    assert p.returncode == int(Code.CONFIG_INVALID)
+    assert p.returncode == rc
     line = only_line(p)
     assert line.startswith("bootfsm: FAILED code=10 CONFIG_INVALID state=-: ") and says in line
     assert not (tmp_path / "var/log/bootfsm").exists()
 
 
-def test_exit_code_table_maps_every_code() -> None:
-    """The CSE-to-bootfsm table names real codes (number and name agree) and every
-    failure code appears in it."""
+def test_exit_code_tables_name_real_codes() -> None:
+    """Every `N NAME` the hook doc's tables name is a real bootfsm code, and the mapping
+    table names every failure code."""
     text = DOC.read_text()
-    table = text[text.index("| CSE code today |") : text.index("## Reading the trace")]
-    pairs = re.findall(r"`(\d+) ([A-Z_]+)`", table)
+    pairs = re.findall(r"`(\d+) ([A-Z_]+)`", text[text.index("## Outcomes a CSE caller") :])
     assert pairs
     for number, name in pairs:
         assert Code[name] == int(number), (number, name)
-    assert {name for _, name in pairs} == {c.name for c in Code if c is not Code.OK}
+    table = text[text.index("<!-- cse-table") : text.index("<!-- /cse-table")]
+    named = set(re.findall(r"`\d+ ([A-Z_]+)`", table))
+    assert named == {c.name for c in Code}
+
+
+# Every fault the simulator has, on the hook line: (fault, sku, bootfsm code, state, CSE
+# exit). The CSE column is written by hand from AgentBaker's meanings: a GPU step that
+# fails is 84, a download / driver install that ran out of time 83 / 85, infoROM 87,
+# kubelet 34, a service (containerd) that does not start 4.
+EVERY_FAULT = [
+    ("artifact-404", "h100-pcie", Code.ARTIFACT_NOT_FOUND, "fetch", 84),
+    ("checksum-mismatch", "h100-pcie", Code.CHECKSUM_MISMATCH, "fetch", 84),
+    ("http-503x3", "h100-pcie", Code.OK, "done", 0),
+    ("drop-mid-body", "h100-pcie", Code.OK, "done", 0),
+    ("dpkg-lock-held", "gb300", Code.DPKG_LOCK_TIMEOUT, "driver", 85),
+    ("inforom-corrupted", "h100-pcie", Code.INFOROM_CORRUPTED, "verify", 87),
+    ("fabric-in-progress-forever", "h100-hgx", Code.FABRIC_NOT_READY, "verify", 84),
+    ("kubelet-unhealthy", "h100-pcie", Code.KUBELET_NOT_HEALTHY, "join", 34),
+    ("installer-fails", "h100-pcie", Code.DRIVER_INSTALL_FAILED, "driver", 84),
+    ("installer-hangs", "h100-pcie", Code.DRIVER_INSTALL_TIMEOUT, "driver", 85),
+    ("stale-driver-in-use", "h100-pcie", Code.REBOOT_REQUIRED, "driver", 84),
+    ("stale-driver", "h100-pcie", Code.OK, "done", 0),
+    ("gpu-missing", "h100-pcie", Code.GPU_COUNT_MISMATCH, "verify", 84),
+    ("stale-fabricmanager-unit", "h100-pcie", Code.OK, "done", 0),
+    ("containerd-restart-fails", "h100-pcie", Code.CONTAINERD_RESTART_FAILED, "join", 4),
+    ("cdi-fails", "h100-pcie", Code.CDI_REFRESH_FAILED, "join", 84),
+    ("kernel-headers-missing", "h100-pcie", Code.KERNEL_HEADERS_MISSING, "driver", 84),
+]
+
+
+def test_every_simulator_fault_is_covered() -> None:
+    assert sorted(f[0] for f in EVERY_FAULT) == sorted(SIM_FAULTS)
+
+
+def _overrides(fault: str) -> dict[str, dict[str, object]]:
+    # a hung installer is cut by driver.command_timeout (the state's own limit), quickly
+    return {"driver": {"command_timeout": 2.0}} if fault == "installer-hangs" else {}
+
+
+@pytest.mark.parametrize(
+    ("fault", "sku", "code", "state", "cse"), EVERY_FAULT, ids=[f[0] for f in EVERY_FAULT]
+)
+def test_hook_exits_with_the_cse_code_of_each_fault(
+    make_world: MakeWorld, fault: str, sku: str, code: Code, state: str, cse: int
+) -> None:
+    """The documented line on a node with the fault: the CSE code of the same meaning
+    as the exit status, bootfsm's own code, name and hint (and the CSE code) in the one
+    line, and bootfsm's own code in the journal."""
+    w = make_world(sku, (fault,), config_overrides=_overrides(fault))
+    p = run_hook(w)
+    line = only_line(p)
+    assert p.returncode == cse, line
+    if code is Code.OK:
+        assert line.startswith("bootfsm: OK code=0 OK state=done: "), line
+    else:
+        assert line.startswith(f"bootfsm: FAILED code={int(code)} {code.name} state={state}: ")
+        assert f" | hint: {info(code).hint} | cse exit {cse} {CSE[cse]} | run " in line, line
+    [journal] = w.journals()
+    end = json.loads(journal.read_text().splitlines()[-1])
+    assert (end["event"], end["code"], end["code_name"]) == ("run.end", int(code), code.name)
+
+
+# The cases the bash path is judged on (docs/provisioning-hook.md, "Outcomes a CSE caller
+# sees"): (case, sku, faults, driver kind, bootfsm code, what the caller must end with)
+CALLER_CASES = [
+    ("success", "h100-pcie", (), "cuda", Code.OK, 0),
+    ("grid-on-arm64", "gb300", (), "grid", Code.DRIVER_KIND_UNSUPPORTED_ON_ARCH, 84),
+    ("404", "h100-pcie", ("artifact-404",), "cuda", Code.ARTIFACT_NOT_FOUND, 84),
+    ("checksum", "h100-pcie", ("checksum-mismatch",), "cuda", Code.CHECKSUM_MISMATCH, 84),
+    ("dkms-failure", "h100-pcie", ("installer-fails",), "cuda", Code.DRIVER_INSTALL_FAILED, 84),
+    ("inforom", "h100-pcie", ("inforom-corrupted",), "cuda", Code.INFOROM_CORRUPTED, 87),
+    ("timeout", "h100-pcie", ("installer-hangs",), "cuda", Code.DRIVER_INSTALL_TIMEOUT, 85),
+]
+
+
+def run_caller(w: World, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    hook = [sys.executable, "-m", "bootfsm", *hook_argv()[1:], "--root", str(w.root)]
+    return subprocess.run(
+        ["bash", str(CALLER), *hook],
+        env={**w.env(), **env},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("case", "sku", "faults", "kind", "code", "cse"), CALLER_CASES, ids=[c[0] for c in CALLER_CASES]
+)
+def test_agentbaker_style_caller_gets_the_outcome_it_expects(
+    make_world: MakeWorld,
+    case: str,
+    sku: str,
+    faults: tuple[str, ...],
+    kind: str,
+    code: Code,
+    cse: int,
+) -> None:
+    """The caller's retry wrapper and `exit` handling see a code from their own table:
+    0 goes on to kubelet, a failure ends provisioning with the ERR_* name it knows;
+    only the timeout is retried (and times out again), nothing else is rerun."""
+    overrides = {"driver": {"command_timeout": 2.0}} if "installer-hangs" in faults else {}
+    w = make_world(sku, faults, driver_kind=kind, config_overrides=overrides)
+    p = run_caller(w, {"CSE_STARTTIME_SECONDS": str(int(time.time())), "GPU_STEP_TRIES": "2"})
+    assert p.returncode == cse, (p.stdout, p.stderr)
+    out = p.stdout.splitlines()
+    assert "not a code this caller knows" not in p.stdout
+    summary = [line for line in out if line.startswith("bootfsm: ")]
+    if code is Code.OK:
+        assert out[-1] == "caller: GPU step done, continuing with kubelet"
+        assert len(summary) == 1 and summary[0].startswith("bootfsm: OK code=0 ")
+    else:
+        assert out[-1] == f"caller: provisioning failed: exit {cse} {CSE[cse]}"
+        assert summary and all(f"code={int(code)} {code.name} " in line for line in summary)
+    tries = 2 if case == "timeout" else 1
+    assert f"caller: GPU step ran {tries} time(s), last exit {cse}" in p.stderr
+    assert len(w.journals()) == tries
+
+
+def test_caller_stops_retrying_when_the_cse_budget_is_spent(make_world: MakeWorld) -> None:
+    """CSE started 800 s ago (budget 780 s): a timeout is not retried."""
+    w = make_world(
+        "h100-pcie", ("installer-hangs",), config_overrides=_overrides("installer-hangs")
+    )
+    p = run_caller(w, {"CSE_STARTTIME_SECONDS": str(int(time.time()) - 800), "GPU_STEP_TRIES": "3"})
+    assert p.returncode == 85
+    assert "caller: CSE budget spent after try 1" in p.stderr
+    assert len(w.journals()) == 1

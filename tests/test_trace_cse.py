@@ -7,7 +7,7 @@ import json
 import re
 from pathlib import Path
 
-from bootfsm.codes import Code
+from bootfsm.codes import Code, info
 from bootfsm.cse_events import MAX_MESSAGE, CseEvents, cse_time
 from bootfsm.engine import Outcome
 from bootfsm.host import Host
@@ -67,7 +67,10 @@ def test_events_of_a_failed_run(tmp_path: Path) -> None:
     assert (driver["Timestamp"], driver["OperationId"]) == (
         "2026-01-01 00:00:00.500", "2026-01-01 00:01:40.500"
     )  # fmt: skip
-    assert "code=41 DRIVER_INSTALL_FAILED" in driver["Message"]
+    assert "code=41 DRIVER_INSTALL_FAILED cse=84 ERR_GPU_DRIVERS_START_FAIL" in driver["Message"]
+    run = events[3][1]["Message"]
+    assert "code=41 DRIVER_INSTALL_FAILED cse=84 ERR_GPU_DRIVERS_START_FAIL in state driver" in run
+    assert run.endswith(" | hint: " + info(Code.DRIVER_INSTALL_FAILED).hint)
     assert not [p for p in (tmp_path / DIR.lstrip("/")).iterdir() if p.name.startswith(".")]
 
 
@@ -80,6 +83,21 @@ def test_long_messages_and_secrets(tmp_path: Path) -> None:
     [(_, e)] = _events(tmp_path)
     assert len(e["Message"]) == MAX_MESSAGE and "SECRET" not in e["Message"]
     assert "?<redacted>" in e["Message"]
+    # the message is cut, not bootfsm's code, the CSE code or the hint
+    assert "code=30 ARTIFACT_NOT_FOUND cse=84 ERR_GPU_DRIVERS_START_FAIL" in e["Message"]
+    assert e["Message"].endswith(" | hint: " + info(Code.ARTIFACT_NOT_FOUND).hint)
+
+
+def test_a_timeout_in_fetch_is_a_download_timeout_to_cse(tmp_path: Path) -> None:
+    """The CSE code follows the state where it says more: a deadline in fetch is 83."""
+    host = Host(tmp_path)
+    cse = CseEvents(host, DIR, "r")
+    cse.run_ended(Outcome(Code.DEADLINE_EXCEEDED, "fetch", "global deadline ran out"))
+    [(_, e)] = _events(tmp_path)
+    assert (
+        "code=100 DEADLINE_EXCEEDED cse=83 ERR_GPU_DOWNLOAD_TIMEOUT in state fetch"
+        in (e["Message"])
+    )
 
 
 def test_disabled_by_default_and_write_failures_are_reported(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""`bootfsm run`: provision the node; the exit code is the outcome's code, unchanged."""
+"""`bootfsm run`: provision the node; the exit code is the outcome's code, unchanged, or
+with ``--exit-codes cse`` (the provisioning hook) the CSE code of the same meaning."""
 
 from __future__ import annotations
 
@@ -9,28 +10,40 @@ import os
 import sys
 from pathlib import Path
 
-from bootfsm.codes import Code, info
+from bootfsm.codes import CSE_NAMES, Code, cse_exit, info
 from bootfsm.commands.common import config_path
 from bootfsm.config import ConfigError, load_config
 from bootfsm.engine import Outcome
 from bootfsm.notify import Notifier, state_status
 from bootfsm.runner import RunOptions, RunResult, execute
 
-__all__ = ["main", "summary_line"]
+__all__ = ["exit_code", "main", "summary_line"]
 
 
-def summary_line(result: RunResult, seconds: float) -> str:
+def summary_line(result: RunResult, seconds: float, exit_codes: str = "bootfsm") -> str:
     """One line a human sees at the end (and the provisioning hook shows):
-    verdict, code, code name, state, message, hint, run id."""
+    verdict, code, code name, state, message, hint, [the CSE exit code,] run id."""
     o = result.outcome
     run = f" | run {result.run_id}" if result.run_id else ""
     if o.ok:
         return f"bootfsm: OK code=0 OK state=done: node provisioned in {seconds:.1f} s{run}"
     verdict = "INTERRUPTED" if o.code is Code.INTERRUPTED else "FAILED"
+    cse = ""
+    if exit_codes == "cse":
+        number = exit_code(o, exit_codes)
+        cse = f" | cse exit {number} {CSE_NAMES.get(number, '')}".rstrip()
     return (
         f"bootfsm: {verdict} code={int(o.code)} {o.code.name} state={o.state or '-'}: "
-        f"{o.message.splitlines()[0] if o.message else ''} | hint: {info(o.code).hint}{run}"
+        f"{o.message.splitlines()[0] if o.message else ''} | hint: {info(o.code).hint}"
+        f"{cse}{run}"
     )
+
+
+def exit_code(outcome: Outcome, exit_codes: str = "bootfsm") -> int:
+    """The process exit code: bootfsm's own, or (``cse``) the CSE code of the same meaning."""
+    if exit_codes == "cse":
+        return cse_exit(outcome.code, outcome.state)
+    return int(outcome.code)
 
 
 def _deadline(args: argparse.Namespace) -> float | str:
@@ -51,23 +64,25 @@ def _deadline(args: argparse.Namespace) -> float | str:
     return float(value)
 
 
-def _refused(code: Code, message: str) -> int:
+def _refused(code: Code, message: str, exit_codes: str) -> int:
     """Print the summary line for a run that never started (bad arguments)."""
-    print(summary_line(RunResult(Outcome(code, "", message), "", None), 0.0))
-    return int(code)
+    outcome = Outcome(code, "", message)
+    print(summary_line(RunResult(outcome, "", None), 0.0, exit_codes))
+    return exit_code(outcome, exit_codes)
 
 
 def main(args: argparse.Namespace) -> int:
     """Run the machine, notify systemd of each state, print the summary line."""
+    exit_codes = getattr(args, "exit_codes", "bootfsm")
     path, required = config_path(args)
     try:
         cfg = load_config(path, required=required)
     except ConfigError as exc:
         print(f"bootfsm: config invalid: {exc}", file=sys.stderr)
-        return _refused(Code.CONFIG_INVALID, f"config invalid: {exc}")
+        return _refused(Code.CONFIG_INVALID, f"config invalid: {exc}", exit_codes)
     deadline = _deadline(args)
     if isinstance(deadline, str):
-        return _refused(Code.CONFIG_INVALID, deadline)
+        return _refused(Code.CONFIG_INVALID, deadline, exit_codes)
     if deadline > 0:
         cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, deadline=deadline))
     if getattr(args, "no_start_kubelet", False):
@@ -90,11 +105,11 @@ def main(args: argparse.Namespace) -> int:
         on_state=on_state,
     )
     result = execute(cfg, opts)
-    line = summary_line(result, _elapsed(result))
+    line = summary_line(result, _elapsed(result), exit_codes)
     notifier.status(line.removeprefix("bootfsm: "))
     notifier.close()
     print(line)
-    return int(result.outcome.code)
+    return exit_code(result.outcome, exit_codes)
 
 
 def _elapsed(result: RunResult) -> float:

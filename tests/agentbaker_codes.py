@@ -1,0 +1,89 @@
+"""AgentBaker's CSE exit codes: names and numbers, as its provisioning scripts define them.
+
+Read from Azure/AgentBaker, parts/linux/cloud-init/artifacts/cse_helpers.sh at commit
+0036c27059cfe3e79d2fdee91d14c106ca22858b (the ``ERR_<NAME>=<N>`` lines). Only names and
+numbers are taken; the topic beside each is this project's reading of what the code is
+about (its use in cse_main.sh / cse_config.sh), so tests can tell a GPU code from a
+network or API-server code. Codes of that file not listed here (125 and above: VHD
+build, teleportd, localdns...) have nothing to do with the GPU step.
+"""
+
+from __future__ import annotations
+
+GPU = "gpu"  # the GPU driver step (ensureGPUDrivers, device plugin, fabric manager)
+SERVICE = "service"  # a systemd unit or kubelet did not start
+NETWORK = "network"  # outbound, DNS, API server
+OTHER = "other"  # anything else: packages, container runtime, images, CIS...
+
+# name -> (number, topic)
+AGENTBAKER_CODES: dict[str, tuple[int, str]] = {
+    "ERR_SYSTEMCTL_MASK_FAIL": (2, SERVICE),
+    "ERR_SYSTEMCTL_START_FAIL": (4, SERVICE),
+    "ERR_CLOUD_INIT_TIMEOUT": (5, OTHER),
+    "ERR_FILE_WATCH_TIMEOUT": (6, OTHER),
+    "ERR_HOLD_WALINUXAGENT": (7, OTHER),
+    "ERR_RELEASE_HOLD_WALINUXAGENT": (8, OTHER),
+    "ERR_APT_INSTALL_TIMEOUT": (9, OTHER),
+    "ERR_DOCKER_INSTALL_TIMEOUT": (20, OTHER),
+    "ERR_DOCKER_DOWNLOAD_TIMEOUT": (21, OTHER),
+    "ERR_DOCKER_KEY_DOWNLOAD_TIMEOUT": (22, OTHER),
+    "ERR_DOCKER_APT_KEY_TIMEOUT": (23, OTHER),
+    "ERR_DOCKER_START_FAIL": (24, SERVICE),
+    "ERR_MOBY_APT_LIST_TIMEOUT": (25, OTHER),
+    "ERR_MS_GPG_KEY_DOWNLOAD_TIMEOUT": (26, OTHER),
+    "ERR_MOBY_INSTALL_TIMEOUT": (27, OTHER),
+    "ERR_CONTAINERD_INSTALL_TIMEOUT": (28, OTHER),
+    "ERR_RUNC_INSTALL_TIMEOUT": (29, OTHER),
+    "ERR_K8S_RUNNING_TIMEOUT": (30, NETWORK),
+    "ERR_K8S_DOWNLOAD_TIMEOUT": (31, OTHER),
+    "ERR_KUBECTL_NOT_FOUND": (32, OTHER),
+    "ERR_IMG_DOWNLOAD_TIMEOUT": (33, OTHER),
+    "ERR_KUBELET_START_FAIL": (34, SERVICE),
+    "ERR_DOCKER_IMG_PULL_TIMEOUT": (35, OTHER),
+    "ERR_CONTAINERD_CTR_IMG_PULL_TIMEOUT": (36, OTHER),
+    "ERR_CONTAINERD_CRICTL_IMG_PULL_TIMEOUT": (37, OTHER),
+    "ERR_CONTAINERD_INSTALL_FILE_NOT_FOUND": (38, OTHER),
+    "ERR_CONTAINERD_VERSION_INVALID": (39, OTHER),
+    "ERR_CNI_DOWNLOAD_TIMEOUT": (41, OTHER),
+    "ERR_MS_PROD_DEB_DOWNLOAD_TIMEOUT": (42, OTHER),
+    "ERR_MS_PROD_DEB_PKG_ADD_FAIL": (43, OTHER),
+    "ERR_ORAS_DOWNLOAD_ERROR": (45, OTHER),
+    "ERR_SYSTEMD_INSTALL_FAIL": (48, OTHER),
+    "ERR_MODPROBE_FAIL": (49, OTHER),
+    "ERR_OUTBOUND_CONN_FAIL": (50, NETWORK),
+    "ERR_K8S_API_SERVER_CONN_FAIL": (51, NETWORK),
+    "ERR_K8S_API_SERVER_DNS_LOOKUP_FAIL": (52, NETWORK),
+    "ERR_K8S_API_SERVER_AZURE_DNS_LOOKUP_FAIL": (53, NETWORK),
+    "ERR_KATA_KEY_DOWNLOAD_TIMEOUT": (60, OTHER),
+    "ERR_KATA_APT_KEY_TIMEOUT": (61, OTHER),
+    "ERR_KATA_INSTALL_TIMEOUT": (62, OTHER),
+    "ERR_VHD_FILE_NOT_FOUND": (65, OTHER),
+    "ERR_CONTAINERD_DOWNLOAD_TIMEOUT": (70, OTHER),
+    "ERR_RUNC_DOWNLOAD_TIMEOUT": (71, OTHER),
+    "ERR_CUSTOM_SEARCH_DOMAINS_FAIL": (80, NETWORK),
+    "ERR_GPU_DOWNLOAD_TIMEOUT": (83, GPU),
+    "ERR_GPU_DRIVERS_START_FAIL": (84, GPU),
+    "ERR_GPU_DRIVERS_INSTALL_TIMEOUT": (85, GPU),
+    "ERR_GPU_DEVICE_PLUGIN_START_FAIL": (86, GPU),
+    "ERR_GPU_INFO_ROM_CORRUPTED": (87, GPU),
+    "ERR_SGX_DRIVERS_INSTALL_TIMEOUT": (90, OTHER),
+    "ERR_SGX_DRIVERS_START_FAIL": (91, OTHER),
+    "ERR_APT_DAILY_TIMEOUT": (98, OTHER),
+    "ERR_APT_UPDATE_TIMEOUT": (99, OTHER),
+    "ERR_CSE_PROVISION_SCRIPT_NOT_READY_TIMEOUT": (100, OTHER),
+    "ERR_APT_DIST_UPGRADE_TIMEOUT": (101, OTHER),
+    "ERR_APT_PURGE_FAIL": (102, OTHER),
+    "ERR_SYSCTL_RELOAD": (103, OTHER),
+    "ERR_CIS_ASSIGN_ROOT_PW": (111, OTHER),
+    "ERR_CIS_ASSIGN_FILE_PERMISSION": (112, OTHER),
+    "ERR_PACKER_COPY_FILE": (113, OTHER),
+    "ERR_CIS_APPLY_PASSWORD_CONFIG": (115, OTHER),
+    "ERR_SYSTEMD_DOCKER_STOP_FAIL": (116, SERVICE),
+    "ERR_CRICTL_DOWNLOAD_TIMEOUT": (117, OTHER),
+    "ERR_CRICTL_OPERATION_ERROR": (118, OTHER),
+    "ERR_CTR_OPERATION_ERROR": (119, OTHER),
+    "ERR_INVALID_CLI_TOOL": (120, OTHER),
+    "ERR_KUBELET_INSTALL_TIMEOUT": (121, OTHER),
+}
+
+BY_NUMBER: dict[int, str] = {number: name for name, (number, _) in AGENTBAKER_CODES.items()}
