@@ -5,7 +5,8 @@ STAMP   := $(VENV)/.installed
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian packages the simulator and tests use: makeself (runfiles), dpkg-deb (debs),
 # xz (tar.xz), systemd (systemd-analyze verify), chromium (headless: trace --html and
-# Mermaid render tests), npm (fetches the pinned Mermaid bundles).
+# Mermaid render tests), npm (fetches the pinned Mermaid bundles), zsh and groff (the
+# generated completion and man page are checked by the real tools).
 APT_PKGS := makeself dpkg xz-utils systemd chromium
 SKU     ?= gb300
 
@@ -18,7 +19,7 @@ deps-sim:
 	@$(MAKE) --no-print-directory _apt WANT="makeself:makeself dpkg-deb:dpkg xz:xz-utils"
 
 deps:
-	@$(MAKE) --no-print-directory _apt WANT="makeself:makeself dpkg-deb:dpkg xz:xz-utils systemd-analyze:systemd chromium:chromium npm:npm"
+	@$(MAKE) --no-print-directory _apt WANT="makeself:makeself dpkg-deb:dpkg xz:xz-utils systemd-analyze:systemd chromium:chromium npm:npm zsh:zsh groff:groff-base"
 	@$(MAKE) --no-print-directory mermaid
 
 # Real Mermaid releases (their browser bundles) for the render test of `bootfsm graph`.

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-__all__ = ["build_parser", "main"]
+__all__ = ["EXIT_CODES", "build_parser", "main"]
 
 
 _STATUS_EPILOG = """exit codes (bootfsm/commands/status.py, docs/trace.md):
@@ -22,9 +24,62 @@ _STATUS_EPILOG = """exit codes (bootfsm/commands/status.py, docs/trace.md):
   10-110  the last run failed or was interrupted: its own exit code (bootfsm codes)
 """
 
+_COMMON_CODES = "  2       usage error\n  130     interrupted (Ctrl-C) outside a run\n"
+
+#: The "exit codes" section of each command's --help (and of the man page).
+EXIT_CODES: dict[str, str] = {
+    "run": "  0       provisioned\n  10-110  the failure's own code (`bootfsm codes`); with "
+    "--exit-codes cse the CSE code of the same meaning (docs/provisioning-hook.md)\n",
+    "plan": "  0       a run would proceed\n  10-110  the code a run would fail fast with\n",
+    "trace": "  0       printed or written (whatever the run's outcome)\n  1       nothing to "
+    "read, or the OTLP file or endpoint failed\n  10      invalid config\n",
+    "status": _STATUS_EPILOG.split("\n", 1)[1],
+    "codes": "  0       printed\n",
+    "explain": "  0       printed\n  1       no such code\n",
+    "graph": "  0       printed\n",
+    "validate": "  0       the config is valid\n  10      it is not (the message names the key)\n",
+    "demo": "  the simulated run's own exit code\n",
+    "fetch": "  0       every artifact fetched and verified\n  10-110  the failure's code\n",
+    "bake": "  0       baked (or already baked)\n  10-110  the failure's code\n",
+    "install-unit": "  0       installed\n  102     a file or systemctl step failed\n",
+    "uninstall-unit": "  0       removed\n  102     a file or systemctl step failed\n",
+    "completion": "  0       printed\n",
+    "manpage": "  0       printed\n",
+}
+
+
+class _Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Keeps the exit-code epilog as written and shows every option's default."""
+
+
+def _finite(minimum: float) -> Callable[[str], float]:
+    """An argparse type: a finite number >= ``minimum`` (nan, inf and 1e309 refused)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not math.isfinite(value) or value < minimum:
+            raise argparse.ArgumentTypeError(f"must be a finite number >= {minimum:g}: {text!r}")
+        return value
+
+    return parse
+
+
+def _cmd(sub: Any, name: str, help_: str) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        name,
+        help=help_,
+        description=help_[0].upper() + help_[1:] + ".",
+        epilog="exit codes:\n" + EXIT_CODES[name] + _COMMON_CODES,
+        formatter_class=_Help,
+    )
+    return p
+
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--root", default="/", help="node root directory (default: /)")
+    p.add_argument("--root", default="/", help="node root directory")
     p.add_argument(
         "--config",
         default=None,
@@ -41,18 +96,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    p = sub.add_parser("run", help="provision this node (detect -> ... -> join)")
+    p = _cmd(sub, "run", "provision this node (detect -> ... -> join)")
     _common(p)
     p.add_argument("--json", action="store_true", help="JSON lines on the console")
     p.add_argument(
         "--deadline",
-        type=float,
+        type=_finite(1.0),
         default=None,
         help="global deadline in seconds (overrides run.deadline; env BOOTFSM_DEADLINE too)",
     )
     p.add_argument(
         "--wait-lock",
-        type=float,
+        type=_finite(0.0),
         default=0.0,
         metavar="SECONDS",
         help="wait this long for another run's lock (default: exit at once)",
@@ -71,12 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="leave kubelet to systemd (join.start_kubelet = false); bootfsm.service uses it",
     )
 
-    p = sub.add_parser("plan", help="what a run would do, without side effects")
+    p = _cmd(sub, "plan", "what a run would do, without side effects")
     _common(p)
     p.add_argument("--json", action="store_true")
     p.add_argument("--offline", action="store_true", help="do not fetch manifests or indexes")
 
-    p = sub.add_parser("trace", help="postmortem of a run from its journal")
+    p = _cmd(sub, "trace", "postmortem of a run from its journal")
     _common(p)
     p.add_argument(
         "target", nargs="?", default=None, help="run id or journal file (default: latest)"
@@ -103,33 +158,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--top", type=int, default=10, help="with --fleet: slowest runs to list")
 
-    p = sub.add_parser(
-        "status",
-        help="state and outcome of the current or last run",
-        epilog=_STATUS_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = _cmd(sub, "status", "state and outcome of the current or last run")
     _common(p)
     p.add_argument("--json", action="store_true")
     p.add_argument("--wait", action="store_true", help="block until the run ends")
     p.add_argument(
-        "--timeout", type=float, default=600.0, help="with --wait: give up after SECONDS"
+        "--timeout", type=_finite(0.0), default=600.0, help="with --wait: give up after SECONDS"
     )
 
-    p = sub.add_parser("codes", help="the exit-code table")
+    p = _cmd(sub, "codes", "the exit-code table")
     p.add_argument("--json", action="store_true")
     p.add_argument("--markdown", action="store_true", help=argparse.SUPPRESS)
 
-    p = sub.add_parser("explain", help="one exit code: meaning and what to do")
+    p = _cmd(sub, "explain", "one exit code: meaning and what to do")
     p.add_argument("code", help="number or name, e.g. 31 or CHECKSUM_MISMATCH")
 
-    p = sub.add_parser("graph", help="render the machine table")
+    p = _cmd(sub, "graph", "render the machine table")
     p.add_argument("--format", choices=("mermaid", "json", "markdown"), default="mermaid")
 
-    p = sub.add_parser("validate", help="validate a config file")
+    p = _cmd(sub, "validate", "validate a config file")
     _common(p)
 
-    p = sub.add_parser("demo", help="boot a simulated node end to end and print the trace")
+    p = _cmd(sub, "demo", "boot a simulated node end to end and print the trace")
     p.add_argument("--sku", default="gb300", help="h100-hgx, h100-pcie, b200-hgx, gb200, gb300")
     p.add_argument("--driver-kind", choices=("cuda", "grid"), default="cuda")
     p.add_argument(
@@ -142,17 +192,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", default=None, metavar="DIR", help="build the node in DIR and keep it")
     p.add_argument("--json", action="store_true", help="print the trace as JSON")
 
-    p = sub.add_parser("fetch", help="fetch and verify this node's artifacts into the cache")
+    p = _cmd(sub, "fetch", "fetch and verify this node's artifacts into the cache")
     _common(p)
     p.add_argument(
         "--prefetch", action="store_true", help="image build: fill the offline cache ahead of time"
     )
 
-    p = sub.add_parser("bake", help="image build: prefetch artifacts and prebuild the driver")
+    p = _cmd(sub, "bake", "image build: prefetch artifacts and prebuild the driver")
     _common(p)
     p.add_argument("--kernel", default=None, help="target kernel (default: newest with headers)")
 
-    p = sub.add_parser("install-unit", help="install and enable systemd/bootfsm.service")
+    p = _cmd(sub, "install-unit", "install and enable systemd/bootfsm.service")
     p.add_argument("--root", default="/", help="image root (systemctl --root, works offline)")
     p.add_argument(
         "--exec",
@@ -160,8 +210,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="bootfsm's path on the node for ExecStart (default: this bootfsm)",
     )
-    p = sub.add_parser("uninstall-unit", help="disable and remove the bootfsm unit")
+    p = _cmd(sub, "uninstall-unit", "disable and remove the bootfsm unit")
     p.add_argument("--root", default="/", help="image root")
+
+    p = _cmd(sub, "completion", "print a shell completion script generated from this parser")
+    p.add_argument("shell", choices=("bash", "zsh"))
+    _cmd(sub, "manpage", "print the bootfsm(1) man page (roff) generated from this parser")
     return parser
 
 
@@ -179,6 +233,8 @@ _COMMANDS = {
     "bake": "bake",
     "install-unit": "unit",
     "uninstall-unit": "unit",
+    "completion": "completion",
+    "manpage": "completion",
 }
 
 
@@ -195,7 +251,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     module = importlib.import_module(f"bootfsm.commands.{_COMMANDS[args.command]}")
-    rc: int = module.main(args)
+    try:
+        rc: int = module.main(args)
+    except KeyboardInterrupt:  # a run handles SIGINT itself (INTERRUPTED, 12)
+        print(f"bootfsm {args.command}: interrupted", file=sys.stderr)
+        return 130
     return rc
 
 

@@ -120,7 +120,10 @@ class Journal:
         ).bind(run_id=run_id)
         self._console_log: Any = None
         if console is not None:
-            use_color = console.isatty() if color is None else color
+            # https://no-color.org: NO_COLOR set and not empty turns colour off
+            use_color = (
+                console.isatty() and not os.environ.get("NO_COLOR") if color is None else color
+            )
             renderer: Any = (
                 structlog.processors.JSONRenderer(default=str)
                 if console_json

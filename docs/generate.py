@@ -1,8 +1,9 @@
 """Regenerate the generated parts of docs/ from the code (`make docs`).
 
-docs/machine.md and docs/codes.md whole, and the CSE mapping table between its markers
-in docs/provisioning-hook.md. tests/test_docs.py and tests/test_cse_codes.py fail when
-a generated part drifts from the code.
+docs/machine.md and docs/codes.md whole, the CSE mapping table between its markers in
+docs/provisioning-hook.md, the man page docs/man/bootfsm.1 and the shell completions in
+docs/completion/ (installed with the wheel). tests/test_docs.py, tests/test_cse_codes.py
+and tests/test_cli_conventions.py fail when a generated part drifts from the code.
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from bootfsm.cli import EXIT_CODES, build_parser
 from bootfsm.commands.codes import cse_markdown
 from bootfsm.commands.codes import markdown as codes_markdown
+from bootfsm.commands.completion import bash, manpage, zsh
 from bootfsm.commands.graph import markdown as machine_markdown
 
 DOCS = Path(__file__).resolve().parent
@@ -30,6 +33,12 @@ def main() -> None:
         flags=re.S,
     )
     hook.write_text(text)
+    parser = build_parser()
+    (DOCS / "man").mkdir(exist_ok=True)
+    (DOCS / "man" / "bootfsm.1").write_text(manpage(parser, EXIT_CODES))
+    (DOCS / "completion").mkdir(exist_ok=True)
+    (DOCS / "completion" / "bootfsm.bash").write_text(bash(parser))
+    (DOCS / "completion" / "_bootfsm").write_text(zsh(parser))
 
 
 if __name__ == "__main__":

@@ -35,7 +35,9 @@ def test_cse_numbers_are_reused_where_meaning_matches() -> None:
 
 def test_codes_json_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["codes", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["schema"], doc["kind"]) == (1, "codes")
+    rows = doc["codes"]
     assert {r["name"] for r in rows} == {c.name for c in Code}
     assert all({"code", "name", "summary", "hint", "cse"} <= set(r) for r in rows)
     by_name = {r["name"]: r for r in rows}

@@ -122,7 +122,9 @@ def test_state_overrides_name_real_states() -> None:
 
 def test_codes_json_shows_cse_per_code(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["codes", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["schema"], doc["kind"]) == (1, "codes")
+    rows = doc["codes"]
     assert len(rows) == len(Code)
     for r in rows:
         code = Code(r["code"])

@@ -106,7 +106,8 @@ def main(args: argparse.Namespace) -> int:
         print(markdown(), end="")
         return 0
     if args.json:
-        print(json.dumps([_as_dict(r) for r in rows], indent=1))
+        doc = {"schema": 1, "kind": "codes", "codes": [_as_dict(r) for r in rows]}
+        print(json.dumps(doc, indent=1))
         return 0
     width = max(len(r.name) for r in rows)
     for r in rows:

@@ -39,16 +39,23 @@ def main(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             sys.stderr.flush()
-            proc = subprocess.run(w.argv(), env=w.env(), check=False, timeout=600)
+            # --json: stdout carries the JSON document alone; the run's console goes to stderr
+            proc = subprocess.run(
+                w.argv(),
+                env=w.env(),
+                check=False,
+                timeout=600,
+                stdout=sys.stderr if args.json else None,
+            )
             journals = w.journals()
             if journals:
                 report = load_run(journals[-1])
-                print()
                 if args.json:
                     import json
 
                     print(json.dumps(to_json(report), indent=1, default=str))
                 else:
+                    print()
                     print(render(report), end="")
         if args.keep:
             print(f"demo: node kept at {w.root}", file=sys.stderr)

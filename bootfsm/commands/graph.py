@@ -33,6 +33,8 @@ def mermaid() -> str:
 def table_json() -> dict[str, Any]:
     """The whole table as JSON-able data."""
     return {
+        "schema": 1,
+        "kind": "graph",
         "initial": INITIAL,
         "terminal": list(TERMINAL),
         "states": [

@@ -105,7 +105,7 @@ def main(args: argparse.Namespace) -> int:
     ctx = Context.create(cfg, host, Journal(None, run_id="plan"))
     plan = make_plan(ctx, args.offline)
     if args.json:
-        print(json.dumps(plan, indent=1, default=str))
+        print(json.dumps({"schema": 1, "kind": "plan", **plan}, indent=1, default=str))
     else:
         f = plan["facts"]
         print(
