@@ -71,7 +71,20 @@ def satisfied(ctx: Context) -> bool:
         return False
     if not ctx.host.exists(DROPIN) or ctx.host.read_text(UDEV_RULE) != UDEV_TEXT:
         return False
+    if ctx.config.join.cdi_refresh and not _cdi_fresh(ctx):
+        return False
     return not ctx.config.join.start_kubelet or bool(_healthy(ctx))
+
+
+def _cdi_fresh(ctx: Context) -> bool:
+    """Without the toolkit's refresh unit: a CDI spec written since this boot's
+    /dev/nvidia-uvm (devtmpfs: made at every boot by the driver state's nvidia-modprobe),
+    so every boot regenerates it. The unit's spec is its own (/var/run, per boot)."""
+    if any(ctx.host.exists(f"{d}/{CDI_UNIT}") for d in CDI_UNIT_DIRS):
+        return True
+    uvm = ctx.host.mtime("/dev/nvidia-uvm")
+    spec = ctx.host.mtime(CDI_SPEC)
+    return uvm is not None and spec is not None and spec >= uvm
 
 
 def refresh_cdi(ctx: Context) -> None:
