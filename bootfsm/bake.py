@@ -243,8 +243,9 @@ def _phase(ctx: Context, name: str) -> None:
 
 
 def _bake_steps(ctx: Context, opts: BakeOptions, changed: list[str]) -> Marker | None:
+    from bootfsm import driver_steps as driver
     from bootfsm.engine import attempt
-    from bootfsm.states import detect, driver, fetch  # the states import this module
+    from bootfsm.states import detect, fetch  # the states import this module
 
     cfg = ctx.config
     kernel = target_kernel(ctx.host, opts.kernel)

@@ -57,6 +57,7 @@ class DriverSpec:
     module_type: str = "auto"
     dpkg_lock_timeout: float = 120.0
     command_timeout: float = 600.0
+    smi_wait: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,7 @@ _POSITIVE = {
     ("run", "deadline"),
     ("driver", "dpkg_lock_timeout"),
     ("driver", "command_timeout"),
+    ("driver", "smi_wait"),
     ("fetch", "connect_timeout"),
     ("fetch", "read_timeout"),
     ("fetch", "parallel"),

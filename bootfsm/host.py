@@ -8,6 +8,7 @@ are absolute (``/etc/os-release``) and are joined under ``root`` here and only h
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import fcntl
 import glob as _glob
@@ -31,6 +32,34 @@ __all__ = ["OUTPUT_TAIL_BYTES", "CommandResult", "Host", "fsync_dir"]
 
 OUTPUT_TAIL_BYTES = 4096
 _KILL_GRACE_S = 2.0
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _resolve_prctl() -> Callable[..., int] | None:
+    """libc's prctl, resolved once in the parent (the child must not dlopen after fork)."""
+    try:
+        fn: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return fn
+
+
+_PRCTL = _resolve_prctl()
+
+
+def _die_with(parent: int) -> Callable[[], None]:
+    """A preexec_fn: the child gets SIGKILL when the bootfsm thread that started it dies
+    (PR_SET_PDEATHSIG, prctl(2)), so killing bootfsm (its process group, a SIGKILL, an
+    OOM kill) cannot leave nvidia-installer or dpkg running in their own session for a
+    rerun to race. If bootfsm died before the prctl took effect, the child ends itself."""
+
+    def preexec() -> None:
+        if _PRCTL is not None:
+            _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
 
 
 @dataclass(frozen=True)
@@ -279,7 +308,8 @@ class Host:
 
         Output goes to an unlinked temporary file so a command that prints megabytes
         costs no memory; the last ``OUTPUT_TAIL_BYTES`` are kept. On timeout the whole
-        process group gets SIGTERM, then SIGKILL. A command not on PATH raises
+        process group gets SIGTERM, then SIGKILL; if bootfsm itself dies, the command
+        gets SIGKILL (parent-death signal). A command not on PATH raises
         ``BootError(COMMAND_MISSING)``.
         """
         exe = self.which(argv[0])
@@ -297,6 +327,7 @@ class Host:
                 env=full_env,
                 cwd=cwd,
                 start_new_session=True,
+                preexec_fn=_die_with(os.getpid()),
             )
             self._child = proc
             try:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 
+from bootfsm.cdi import EMPTY_DEVICE_EDITS, mig_modes, tolerated_case
 from bootfsm.codes import Code
 from bootfsm.context import Context
-from bootfsm.errors import BootError, TransientError
+from bootfsm.errors import BootError, CommandError, TransientError
 from bootfsm.parsers import ParseError
 from bootfsm.parsers.driver_info import parse_containerd_version
 from bootfsm.units import is_active, systemctl
@@ -20,6 +21,7 @@ UDEV_TEXT = (
 )
 CRI_PLUGIN = {1: "io.containerd.grpc.v1.cri", 2: "io.containerd.cri.v1.runtime"}
 CDI_SPEC = "/etc/cdi/nvidia.yaml"
+CDI_TOLERATED = "/run/bootfsm/cdi-tolerated"  # this boot's generate failed harmlessly
 CDI_UNIT = "nvidia-cdi-refresh.service"
 CDI_UNIT_DIRS = ("/etc/systemd/system", "/lib/systemd/system", "/usr/lib/systemd/system")
 
@@ -71,7 +73,20 @@ def satisfied(ctx: Context) -> bool:
         return False
     if not ctx.host.exists(DROPIN) or ctx.host.read_text(UDEV_RULE) != UDEV_TEXT:
         return False
+    if ctx.config.join.cdi_refresh and not _cdi_fresh(ctx):
+        return False
     return not ctx.config.join.start_kubelet or bool(_healthy(ctx))
+
+
+def _cdi_fresh(ctx: Context) -> bool:
+    """Without the toolkit's refresh unit: a CDI spec written since this boot's
+    /dev/nvidia-uvm (devtmpfs: made at every boot by the driver state's nvidia-modprobe),
+    so every boot regenerates it. The unit's spec is its own (/var/run, per boot)."""
+    if any(ctx.host.exists(f"{d}/{CDI_UNIT}") for d in CDI_UNIT_DIRS):
+        return True
+    uvm = ctx.host.mtime("/dev/nvidia-uvm")
+    spec = max((ctx.host.mtime(p) or -1.0 for p in (CDI_SPEC, CDI_TOLERATED)), default=-1.0)
+    return uvm is not None and spec >= uvm
 
 
 def refresh_cdi(ctx: Context) -> None:
@@ -82,11 +97,24 @@ def refresh_cdi(ctx: Context) -> None:
         systemctl(ctx, "restart", CDI_UNIT, code=Code.CDI_REFRESH_FAILED, what="CDI refresh")
         return
     ctx.host.makedirs(CDI_SPEC.rsplit("/", 1)[0])
-    ctx.require(
-        ["nvidia-ctk", "cdi", "generate", f"--output={ctx.host.path(CDI_SPEC)}"],
-        code=Code.CDI_REFRESH_FAILED,
-        timeout=120,
-        what="CDI refresh (nvidia-ctk cdi generate) failed",
+    argv = ["nvidia-ctk", "cdi", "generate", f"--output={ctx.host.path(CDI_SPEC)}"]
+    r = ctx.run(argv, timeout=120)
+    if r.ok:
+        return
+    smi = ctx.run(["nvidia-smi", "-q"], timeout=120) if EMPTY_DEVICE_EDITS in r.output else None
+    case = tolerated_case(r.output, mig_modes(smi.output) if smi and smi.ok else [])
+    if case is None or r.timed_out:
+        code = ctx.state_row.timeout_code if r.timed_out and ctx.state_row else None
+        what = "CDI refresh (nvidia-ctk cdi generate) failed"
+        raise CommandError(
+            code or Code.CDI_REFRESH_FAILED, argv, r.returncode, r.output[-1500:], what
+        )
+    ctx.event("cdi.tolerated", case=case, rc=r.returncode, output=r.output[-500:])
+    ctx.host.makedirs(CDI_TOLERATED.rsplit("/", 1)[0], mode=0o700)
+    ctx.host.write_atomic(CDI_TOLERATED, f"{case}\n", 0o600)
+    ctx.warn(
+        f"nvidia-ctk cdi generate exit {r.returncode} tolerated ({case}): MIG mode is on "
+        "with no MIG instances yet; partitioning them regenerates the spec"
     )
 
 

@@ -197,10 +197,18 @@ def test_bake_targets_the_newest_kernel_with_headers_not_the_running_one(
     booted = run_in_process(w)
     assert booted.outcome.ok, booted.outcome.message
     assert _installs_since(w, n) == []
-    reasons = {e["state"]: e["reason"] for e in _events(booted, "state.skip")}
+    # the boot loaded the baked module (udev), but nvidia_uvm and its device node, the
+    # linker cache and nvidia-smi are per-boot work: the driver state runs, compiles nothing
+    [decision] = _events(booted, "driver.prebaked")
+    assert (decision["match"], decision["build"]) == (True, False)
+    calls = [c["cmd"] for c in w.calls()[n:]]
+    assert {"nvidia-modprobe", "ldconfig", "nvidia-smi"} <= set(calls)
+    assert (w.root / "dev/nvidia-uvm").exists()
+    again = run_in_process(w)  # same boot, init done: now the state is skipped
+    reasons = {e["state"]: e["reason"] for e in _events(again, "state.skip")}
     assert reasons["driver"] == (
-        f"driver {DRIVER_VERSION} (cuda) built by bake for 6.8.0-1020-azure and loaded;"
-        " nothing to compile"
+        f"driver {DRIVER_VERSION} (cuda) built by bake for 6.8.0-1020-azure,"
+        " loaded and initialized this boot"
     )
 
 

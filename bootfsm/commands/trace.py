@@ -57,6 +57,15 @@ def _between(prev: TraceReport, cur: TraceReport) -> str:
     return "then"
 
 
+def _where(r: TraceReport) -> str:
+    """The state a run failed in, or, for a run killed (or still running) without a
+    verdict, the state it was in: its last span still open."""
+    if r.failed_state:
+        return r.failed_state
+    open_ = ("running", "interrupted")  # interrupted: liveness.annotate of a killed run
+    return next((s.state for s in reversed(r.spans) if s.outcome in open_), "")
+
+
 def history_json(reports: list[TraceReport]) -> dict[str, Any]:
     """The runs of one node, oldest first, and the story they tell."""
     runs = []
@@ -70,7 +79,7 @@ def history_json(reports: list[TraceReport]) -> dict[str, Any]:
                 "outcome": r.outcome,
                 "code": r.code,
                 "code_name": r.code_name,
-                "state": r.failed_state if r.outcome != "done" else "",
+                "state": _where(r) if r.outcome != "done" else "",
                 "boot_id": r.boot_id,
                 "retries": sum(len(s.retries) for s in r.spans),
                 "after": _between(reports[i - 1], r) if i else "",

@@ -292,8 +292,7 @@ def simulate_reboot(root: Path) -> None:
     for volatile in ("run", "dev"):
         node.remove(volatile)
         node.p(volatile).mkdir(parents=True)
-    node.remove("sys/module/nvidia")
-    for path in node.p("proc/driver").glob("nvidia*"):
+    for path in [*node.p("sys/module").glob("nvidia*"), *node.p("proc/driver").glob("nvidia*")]:
         node.remove(str(path.relative_to(node.root)))
     node.boot()
 

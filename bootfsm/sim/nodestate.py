@@ -326,8 +326,9 @@ class Node:
             self.write(
                 f"proc/driver/nvidia/gpus/{address}/information", f"Bus Location: {address}\n"
             )
-        for name in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"):
-            self.write(f"dev/{name}", "")
+        # nvidia_uvm has no PCI alias, so loading nvidia (udev, modprobe) never creates
+        # /dev/nvidia-uvm: only `nvidia-modprobe -u -c0` does (NVIDIA/nvidia-modprobe).
+        self.write("dev/nvidiactl", "")
         switches = self.nvswitches()
         for index, address in enumerate(switches):
             self.write(f"proc/driver/nvidia-nvswitch/devices/{address}", f"Device: {index}\n")
@@ -339,9 +340,11 @@ class Node:
         return None
 
     def unload_module(self) -> None:
-        """Forget the loaded module (device nodes stay, as mknod'ed nodes do)."""
+        """Forget the loaded modules (device nodes stay, as mknod'ed nodes do)."""
         for path in ("sys/module/nvidia", "proc/driver/nvidia", "proc/driver/nvidia-nvswitch"):
             self.remove(path)
+        for dependent in self.p("sys/module").glob("nvidia_*"):
+            self.remove(str(dependent.relative_to(self.root)))
 
     def nvml_version(self) -> str | None:
         """Version of the installed NVML (libnvidia-ml.so.1 -> libnvidia-ml.so.<ver>)."""

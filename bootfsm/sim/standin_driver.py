@@ -226,16 +226,32 @@ def nvidia_installer(node: Node, argv: list[str]) -> int:
         )
         return 1
     if args.print_recommended:
-        print(f"kernel_module_type={node.recommended_module_type()}")
+        print(_recommended_type(node, version))
         return 0
     return _install(node, argv, args, version)
+
+
+_FIRST_TURING = 0x1E00  # TU102 0x1E02; every id from here on has a GSP (open-capable)
+
+
+def _recommended_type(node: Node, version: str) -> str:
+    """What `--print-recommended-kernel-module-type` prints: one word, ``open`` or
+    ``proprietary`` (nvidia-installer's print_module_type; the --help text in
+    samples/installer/nvidia-run_help_info_advanced_excerpts.txt: "based on currently
+    attached GPUs"). From 560 the installer defaults to the open modules for every GPU
+    that has a GSP (Turing and newer); before 560 only Blackwell needed them."""
+    branch = version.split(".", 1)[0]
+    if branch.isdigit() and int(branch) >= 560:
+        gpus = node.gpus()
+        return "open" if all(d >= _FIRST_TURING for _, d in gpus) else "proprietary"
+    return node.recommended_module_type()
 
 
 def _install(node: Node, argv: list[str], args: _InstallerArgs, version: str) -> int:
     """The -s --dkms install path."""
     log = Path(args.log_file) if args.log_file else node.p("var/log/nvidia-installer.log")
     kernel = args.kernel or node.kernel
-    module_type = args.module_type or node.recommended_module_type()
+    module_type = args.module_type or _recommended_type(node, version)
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(
         f"nvidia-installer log file '{log}'\ncreation time: {time.ctime()}\n"
@@ -277,18 +293,49 @@ def _install(node: Node, argv: list[str], args: _InstallerArgs, version: str) ->
 # ---------------------------------------------------------------------- dkms / modprobe
 
 
+_DKMS_USAGE = """\
+Usage: {prog} [action] [options]
+  [action]  = {{ add | remove | build | install | uninstall | match | autoinstall |
+                mktarball | ldtarball | status }}
+  [options] = [-m module] [-v module-version] [-k kernel-version] [-a arch]
+              [-c dkms.conf-location] [-q] [--force] [--force-version-override] [--all]
+              [--templatekernel=kernel] [--directive='cli-directive=cli-value']
+              [--config=kernel-.config-location] [--archive=tarball-location]
+              [--kernelsourcedir=source-location]
+              [--binaries-only] [--source-only] [--verbose]
+              [--no-depmod] [--modprobe-on-install] [-j number] [--version]"""
+_DKMS_VALUED = frozenset({"-m", "-v", "-k", "-a", "-c", "-j"})
+_DKMS_FLAGS = frozenset({"-q", "--quiet", "--force", "--all", "--verbose", "--no-depmod",
+                         "--binaries-only", "--source-only", "--modprobe-on-install"})  # fmt: skip
+
+
 def dkms(node: Node, argv: list[str]) -> int:
-    """`dkms status [-m MOD[/VER]] [-v VER] [-k KERNEL]` in the dkms 3 slash format."""
-    if not argv or argv[0] != "status":
-        _err(f"Error! Unsupported action '{argv[0] if argv else ''}' (bootfsm simulator).")
-        return 1
+    """`dkms status [-m MOD[/VER]] [-v VER] [-k KERNEL]` in the dkms 3 slash format.
+
+    Reference: dkms 3.0.10 (Debian 12's dkms_3.0.10-8+deb12u1, /usr/sbin/dkms): an
+    unknown option prints "Error!  Unknown option: X" to stderr (``error`` echoes
+    "Error! " before the message, which starts with a space), the usage to stdout, exit 2.
+    """
+    prog = sys.argv[0]
     opts: dict[str, str] = {}
-    rest = iter(argv[1:])
+    action = ""
+    rest = iter(argv)
     for arg in rest:
-        if arg in ("-m", "-v", "-k"):
+        if arg in _DKMS_VALUED:
             opts[arg] = next(rest, "")
-        elif not arg.startswith("-"):
+        elif arg in _DKMS_FLAGS:
+            continue
+        elif arg.startswith("-"):
+            _err(f"Error!  Unknown option: {arg}")
+            print(_DKMS_USAGE.format(prog=prog))
+            return 2
+        elif not action:
+            action = arg
+        else:
             opts["-m"] = arg
+    if action != "status":
+        _err(f'Error! Unsupported action "{action}" (bootfsm simulator: only status).')
+        return 1
     module, _, want_version = opts.get("-m", "").partition("/")
     want_version = want_version or opts.get("-v", "")
     lines: list[str] = []
@@ -318,55 +365,125 @@ _NVIDIA_MODULES = frozenset({"nvidia", "nvidia-uvm", "nvidia_uvm", "nvidia-modes
                              "nvidia_modeset", "nvidia-drm", "nvidia_drm", "nvidia-peermem",
                              "nvidia_peermem"})  # fmt: skip
 _IN_TREE = frozenset({"ib_umad", "ib_uverbs", "mlx5_ib", "mlx5_core", "rdma_ucm", "nouveau"})
+# kmod 30 (Debian 12) modprobe: its getopt_long options; the valued ones take an argument.
+_MODPROBE_FLAGS = frozenset({"-a", "--all", "-r", "--remove", "-R", "--resolve-alias",
+                             "--first-time", "-i", "--ignore-install", "--ignore-remove",
+                             "-b", "--use-blacklist", "-f", "--force", "--force-modversion",
+                             "--force-vermagic", "-D", "--show-depends", "-n", "--dry-run",
+                             "--show", "-q", "--quiet", "-v", "--verbose", "-s", "--syslog",
+                             "-w", "--wait", "-c", "--showconfig", "--show-config"})  # fmt: skip
+_MODPROBE_VALUED = frozenset({"-S", "--set-version", "-C", "--config", "-d", "--dirname"})
+
+
+def _getopt_error(argv: list[str], flags: frozenset[str], valued: frozenset[str]) -> str | None:
+    """glibc getopt_long's message for the first unknown option, as kmod prints it."""
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg == "--":
+            return None
+        key = arg.split("=", 1)[0]
+        if key in valued:
+            skip = "=" not in arg
+        elif arg.startswith("--") and key not in flags:
+            return f"{sys.argv[0]}: unrecognized option '{arg}'"
+        elif arg.startswith("-") and not arg.startswith("--") and len(arg) > 1:
+            for ch in arg[1:]:
+                if f"-{ch}" not in flags and f"-{ch}" not in valued:
+                    return f"{sys.argv[0]}: invalid option -- '{ch}'"
+    return None
+
+
+def _module_dir(name: str) -> str:
+    return f"sys/module/{name.replace('-', '_')}"
 
 
 def modprobe(node: Node, argv: list[str]) -> int:
-    """`modprobe [-r] [-q] MODULE...`: nvidia modules are simulated; a few in-tree ones exist."""
+    """`modprobe [-r] [-q] MODULE...`: nvidia modules are simulated; a few in-tree ones exist.
+
+    Reference: kmod 30 as run on Debian 12: an unknown option is glibc getopt's
+    "modprobe: unrecognized option '--bogus'" (argv[0] as invoked), exit 1; `-r` of a
+    module that does not exist is "modprobe: FATAL: Module X not found.", exit 1; of an
+    existing module that is not loaded, silent, exit 0; of a module with holders or a
+    reference, "modprobe: FATAL: Module X is in use.", exit 1.
+    """
+    problem = _getopt_error(argv, _MODPROBE_FLAGS, _MODPROBE_VALUED)
+    if problem is not None:
+        _err(problem)
+        return 1
     remove = any(a in ("-r", "--remove") for a in argv)
     quiet = any(a in ("-q", "--quiet") for a in argv)
     modules = [a for a in argv if not a.startswith("-")]
     if not modules:
         _err("modprobe: ERROR: missing parameters. See -h.")
         return 1
-    for module in modules:
+    for module in modules if remove or "-a" in argv or "--all" in argv else modules[:1]:
         if module in _NVIDIA_MODULES:
-            rc = _rmmod_nvidia(node) if remove else _insmod_nvidia(node, quiet)
+            rc = _rmmod_nvidia(node, module) if remove else _insmod_nvidia(node, module, quiet)
             if rc:
                 return rc
         elif module not in _IN_TREE:
-            if remove:
-                continue
             if not quiet:
                 _err(
-                    f"modprobe: FATAL: Module {module} not found in directory"
+                    f"modprobe: FATAL: Module {module} not found."
+                    if remove
+                    else f"modprobe: FATAL: Module {module} not found in directory"
                     f" /lib/modules/{node.kernel}"
                 )
             return 1
     return 0
 
 
-def _insmod_nvidia(node: Node, quiet: bool = False) -> int:
+def _insmod_nvidia(node: Node, module: str = "nvidia", quiet: bool = False) -> int:
     error = node.load_module()
-    if error is None:
+    if error is not None:
+        if not quiet:
+            sys.stderr.write(error)
+        return 1
+    name = module.replace("-", "_")
+    if name != "nvidia" and not node.p(_module_dir(name)).exists():
+        node.write(f"{_module_dir(name)}/refcnt", "0\n")
+        node.write(f"sys/module/nvidia/holders/{name}", "")
+    return 0
+
+
+def _rmmod_nvidia(node: Node, module: str = "nvidia") -> int:
+    name = module.replace("-", "_")
+    if name != "nvidia":
+        if node.p(_module_dir(name)).exists():
+            node.remove(_module_dir(name))
+            node.remove(f"sys/module/nvidia/holders/{name}")
         return 0
-    if not quiet:
-        sys.stderr.write(error)
-    return 1
-
-
-def _rmmod_nvidia(node: Node) -> int:
     loaded = node.loaded_module()
     if loaded is None:
         return 0
-    if node.fault("stale-driver-in-use") and loaded.version == STALE_DRIVER_VERSION:
+    holders = node.p("sys/module/nvidia/holders")
+    in_use = holders.is_dir() and any(holders.iterdir())
+    if in_use or (node.fault("stale-driver-in-use") and loaded.version == STALE_DRIVER_VERSION):
         _err("modprobe: FATAL: Module nvidia is in use.")
         return 1
     node.unload_module()
     return 0
 
 
+_MODINFO_FLAGS = frozenset({"-a", "--author", "-d", "--description", "-l", "--license",
+                            "-p", "--parameters", "-n", "--filename", "-0", "--null",
+                            "-V", "--version", "-h", "--help"})  # fmt: skip
+_MODINFO_VALUED = frozenset({"-F", "--field", "-k", "--set-version", "-b", "--basedir"})
+
+
 def modinfo(node: Node, argv: list[str]) -> int:
-    """`modinfo [-k KERNEL] [-F FIELD] nvidia[-uvm|-modeset]` for DKMS-installed modules."""
+    """`modinfo [-k KERNEL] [-F FIELD] nvidia[-uvm|-modeset]` for DKMS-installed modules.
+
+    Reference: kmod 30 modinfo on Debian 12: "modinfo: unrecognized option '--bogus'"
+    (argv[0] as invoked), exit 1; "modinfo: ERROR: Module X not found.", exit 1.
+    """
+    problem = _getopt_error(argv, _MODINFO_FLAGS, _MODINFO_VALUED)
+    if problem is not None:
+        _err(problem)
+        return 1
     kernel, field_name, names = node.kernel, "", []
     rest = iter(argv)
     for arg in rest:
@@ -376,6 +493,8 @@ def modinfo(node: Node, argv: list[str]) -> int:
             field_name = next(rest, "")
         elif arg.startswith("--field="):
             field_name = arg.split("=", 1)[1]
+        elif arg in ("-b", "--basedir"):
+            next(rest, "")
         elif not arg.startswith("-"):
             names.append(arg)
     if len(names) != 1:
@@ -407,10 +526,80 @@ def modinfo(node: Node, argv: list[str]) -> int:
     return 0
 
 
+# nvidia-modprobe's option table (NVIDIA/nvidia-modprobe option-table.h): -c takes an
+# integer minor, -f a /proc path, -i "START:COUNT"; the rest are flags.
+_NVMP_FLAGS = {"-v": "version", "--version": "version", "-h": "help", "--help": "help",
+               "-u": "uvm", "--unified-memory": "uvm", "-m": "modeset", "--modeset": "modeset",
+               "-s": "nvswitch", "--nvswitch": "nvswitch", "-l": "nvlink", "--nvlink": "nvlink",
+               "-a": "online", "--auto-online-movable": "online"}  # fmt: skip
+_NVMP_VALUED = {"-c": "minor", "--create-nvidia-device-file": "minor",
+                "-f": "cap", "--nvidia-capability-device-file": "cap", "-i": "imex"}  # fmt: skip
+
+
+def _nvmp_args(argv: list[str]) -> tuple[set[str], list[int]] | str:
+    """(flags, device minors), or the unknown option (nvgetopt's grammar: -cN, -c N,
+    --opt=V, --opt V)."""
+    flags: set[str] = set()
+    minors: list[int] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        key, eq, value = arg.partition("=")
+        short = arg[:2] if arg.startswith("-") and not arg.startswith("--") else ""
+        if arg in _NVMP_FLAGS:
+            flags.add(_NVMP_FLAGS[arg])
+        elif key in _NVMP_VALUED or (short in _NVMP_VALUED and len(arg) > 2):
+            name = _NVMP_VALUED[key if key in _NVMP_VALUED else short]
+            if not eq and key in _NVMP_VALUED:
+                i += 1
+                value = argv[i] if i < len(argv) else ""
+            elif not eq:
+                value = arg[2:]
+            if name == "minor":
+                if not value.isdigit():
+                    return arg
+                minors.append(int(value))
+        else:
+            return arg
+        i += 1
+    return flags, minors
+
+
 def nvidia_modprobe(node: Node, argv: list[str]) -> int:
-    """`nvidia-modprobe [-u] [-c N] ...`: load the module and create device nodes; silent."""
-    del argv
-    return _insmod_nvidia(node)
+    """`nvidia-modprobe [-u] [-c N]... [-m]`: load modules, create device files; silent.
+
+    Reference: NVIDIA/nvidia-modprobe nvidia-modprobe.c: with -u it loads nvidia_uvm (and
+    nvidia under it) and -c N creates the UVM device files (/dev/nvidia-uvm, and
+    /dev/nvidia-uvm-tools beside it); without -u it loads nvidia and -c N creates
+    /dev/nvidiaN. An unknown option: nvgetopt's "<argv0>: unrecognized option: "X"",
+    then "ERROR: Invalid commandline, please run `<argv0> --help` for usage
+    information.", exit 1.
+    """
+    parsed = _nvmp_args(argv)
+    prog = sys.argv[0]
+    if isinstance(parsed, str):
+        _err(
+            f'{prog}: unrecognized option: "{parsed}"',
+            f"ERROR: Invalid commandline, please run `{prog} --help` for usage information.\n",
+        )
+        return 1
+    flags, minors = parsed
+    if "version" in flags or "help" in flags:
+        built = node.built_module()
+        print(f"\n{Path(prog).name}:  version {built.version if built else '0.0'}\n")
+        return 0
+    uvm = "uvm" in flags
+    if _insmod_nvidia(node, "nvidia_uvm" if uvm else "nvidia"):
+        return 1
+    for minor in minors:
+        if uvm:
+            node.write("dev/nvidia-uvm", "")
+            node.write("dev/nvidia-uvm-tools", "")
+        elif not {"nvswitch", "nvlink"} & flags:
+            node.write(f"dev/nvidia{minor}", "")
+    if "modeset" in flags and not _insmod_nvidia(node, "nvidia_modeset"):
+        node.write("dev/nvidia-modeset", "")
+    return 0
 
 
 # ---------------------------------------------------------------------- nvidia-smi

@@ -50,9 +50,43 @@ def update_initramfs(node: Node, argv: list[str]) -> int:
     return 0
 
 
+# glibc 2.36 ldconfig (argp): flags, and options that take a value (-f CONF, -C CACHE,
+# -r ROOT, -c FORMAT); long forms as `ldconfig --help` lists them.
+_LDCONFIG_FLAGS = frozenset({"-v", "--verbose", "-n", "-N", "-X", "-p", "--print-cache",
+                             "-l", "-i", "--ignore-aux-cache", "-V", "--version", "-?",
+                             "--help", "--usage"})  # fmt: skip
+_LDCONFIG_VALUED = frozenset({"-f", "-C", "-r", "-c", "--format"})
+
+
+def _ldconfig_bad_option(argv: list[str]) -> str | None:
+    """argp's message for the first unknown option (as glibc's ldconfig prints it)."""
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        key = arg.split("=", 1)[0]
+        if key in _LDCONFIG_VALUED or (arg[:2] in _LDCONFIG_VALUED and len(arg) > 2):
+            skip = key == arg and arg in _LDCONFIG_VALUED
+        elif arg.startswith("--") and key not in _LDCONFIG_FLAGS:
+            return f"{sys.argv[0]}: unrecognized option '{arg}'"
+        elif arg.startswith("-") and arg not in _LDCONFIG_FLAGS and not arg.startswith("--"):
+            bad = next((c for c in arg[1:] if f"-{c}" not in _LDCONFIG_FLAGS), arg[1:2])
+            return f"{sys.argv[0]}: invalid option -- '{bad}'"
+    return None
+
+
 def ldconfig(node: Node, argv: list[str]) -> int:
-    """`ldconfig`: writes etc/ld.so.cache listing the shared objects in the library dirs."""
-    del argv
+    """`ldconfig`: writes etc/ld.so.cache listing the shared objects in the library dirs.
+
+    Reference: glibc 2.36 ldconfig as run on Debian 12: an unknown option prints
+    "<argv0>: unrecognized option '--bogus'" (or "invalid option -- 'Z'") and
+    "Try `ldconfig --help' or `ldconfig --usage' for more information.", exit 64.
+    """
+    problem = _ldconfig_bad_option(argv)
+    if problem is not None:
+        _err(f"{problem}\nTry `ldconfig --help' or `ldconfig --usage' for more information.")
+        return 64
     entries: list[str] = []
     for libdir in (node.libdir, "usr/lib", "lib"):
         base = node.p(libdir)
@@ -126,7 +160,22 @@ def nvidia_ctk(node: Node, argv: list[str]) -> int:
     return 1
 
 
+# `nvidia-ctk cdi generate` flags (NVIDIA/nvidia-container-toolkit
+# cmd/nvidia-ctk/cdi/generate/generate.go, urfave/cli v2: --name, --name=V or --name V).
+_CDI_FLAGS = frozenset({"output", "format", "mode", "discovery-mode", "dev-root",
+                        "device-name-strategy", "driver-root", "library-search-path",
+                        "nvidia-ctk-path", "vendor", "cdi-vendor", "class", "cdi-class",
+                        "csv.file", "csv.ignore-pattern"})  # fmt: skip
+
+
 def _cdi_generate(node: Node, argv: list[str]) -> int:
+    for arg in argv[2:]:
+        name = arg.lstrip("-").split("=", 1)[0]
+        if arg.startswith("-") and name not in _CDI_FLAGS:
+            # urfave/cli: "Incorrect Usage" on stdout, then nvidia-ctk logs the error, exit 1
+            print(f"Incorrect Usage: flag provided but not defined: -{name}\n")
+            _ctk_log("error", f"flag provided but not defined: -{name}")
+            return 1
     output = ""
     for i, arg in enumerate(argv):
         if arg.startswith("--output="):

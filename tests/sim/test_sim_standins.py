@@ -86,7 +86,7 @@ def _ready(node: SimNode, module_type: str | None = None) -> None:
     """Install and load the driver (recommended module type by default)."""
     if module_type is None:
         out = node.run(node.installer(), "--print-recommended-kernel-module-type").stdout
-        module_type = out.strip().split("=", 1)[1]
+        module_type = out.strip()
     done = node.install(module_type)
     assert done.returncode == 0, done.stderr
     loaded = node.run("nvidia-modprobe", "-u", "-c0")
@@ -98,14 +98,15 @@ def _ready(node: SimNode, module_type: str | None = None) -> None:
 
 @pytest.mark.parametrize(
     ("sku", "recommended"),
-    [("h100-hgx", "proprietary"), ("h100-pcie", "proprietary"), ("b200-hgx", "open"),
+    [("h100-hgx", "open"), ("h100-pcie", "open"), ("b200-hgx", "open"),
      ("gb200", "open"), ("gb300", "open")],
 )  # fmt: skip
 def test_install_load_and_query_every_sku(make_node: MakeNode, sku: str, recommended: str) -> None:
     node = make_node(sku)
     kernel = SKUS[sku].kernel
     out = node.run(node.installer(), "--print-recommended-kernel-module-type")
-    assert (out.returncode, out.stdout) == (0, f"kernel_module_type={recommended}\n")
+    # one word (nvidia-installer print_module_type); 570 recommends open from Turing on
+    assert (out.returncode, out.stdout) == (0, f"{recommended}\n")
     assert node.run("nvidia-smi").returncode == 9
 
     _ready(node, recommended)
@@ -509,3 +510,68 @@ def test_cdi_fails_fault(make_node: MakeNode) -> None:
     _ready(node)
     out = node.run("nvidia-ctk", "cdi", "generate", f"--output={node.root}/etc/cdi/nvidia.yaml")
     assert out.returncode == 1 and "failed to generate CDI spec" in out.stderr
+
+
+# ------------------------------------------------- bogus invocations fail like the real tools
+# Expected text written from the real tools as run on Debian 12 (kmod 30, glibc 2.36
+# ldconfig, dkms 3.0.10 from dkms_3.0.10-8+deb12u1_all.deb) and from NVIDIA's sources
+# (nvidia-modprobe.c + nvgetopt, nvidia-container-toolkit generate.go): "{p}" is the
+# program path the tool was run as (getopt and nvgetopt print argv[0]).
+BOGUS = [
+    ("modprobe", ["--bogus", "nvidia"], 1, "{p}: unrecognized option '--bogus'\n"),
+    ("modprobe", ["-Z", "nvidia"], 1, "{p}: invalid option -- 'Z'\n"),
+    ("modprobe", ["-r", "nvidia_bogus"], 1, "modprobe: FATAL: Module nvidia_bogus not found.\n"),
+    ("modinfo", ["--bogus", "nvidia"], 1, "{p}: unrecognized option '--bogus'\n"),
+    ("ldconfig", ["--bogus"], 64, "{p}: unrecognized option '--bogus'\n"
+     "Try `ldconfig --help' or `ldconfig --usage' for more information.\n"),
+    ("ldconfig", ["-Z"], 64, "{p}: invalid option -- 'Z'\n"
+     "Try `ldconfig --help' or `ldconfig --usage' for more information.\n"),
+    ("dkms", ["status", "--bogus"], 2, "Error!  Unknown option: --bogus\n"),
+    ("nvidia-modprobe", ["-u", "--bogus"], 1, '{p}: unrecognized option: "--bogus"\n'
+     "ERROR: Invalid commandline, please run `{p} --help` for usage information.\n\n"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("tool", "argv", "rc", "stderr"), BOGUS, ids=lambda v: str(v)[:20])
+def test_bogus_invocation_fails_like_the_real_tool(
+    make_node: MakeNode, tool: str, argv: list[str], rc: int, stderr: str
+) -> None:
+    node = make_node("h100-pcie")
+    path = str(node.bin_dir / tool)
+    out = node.run(path, *argv)
+    assert (out.returncode, out.stderr) == (rc, stderr.format(p=path))
+    real = shutil.which(tool, path="/usr/sbin:/sbin")
+    if real is not None and tool in ("modprobe", "modinfo", "ldconfig"):
+        truth = subprocess.run([real, *argv], capture_output=True, text=True, check=False)
+        assert (truth.returncode, truth.stderr) == (rc, stderr.format(p=real))
+
+
+def test_dkms_usage_and_ctk_unknown_flag(make_node: MakeNode) -> None:
+    node = make_node("h100-pcie")
+    usage = node.run("dkms", "status", "--bogus").stdout
+    assert usage.startswith(f"Usage: {node.bin_dir / 'dkms'} [action] [options]\n")
+    assert "[--no-depmod] [--modprobe-on-install] [-j number] [--version]" in usage
+    _ready(node)
+    status = node.root / "var/lib/dpkg/status"  # nvidia-ctk exists once its deb is in
+    status.write_text(status.read_text() + "\nPackage: nvidia-container-toolkit-base\n")
+    ctk = node.run("nvidia-ctk", "cdi", "generate", "--bogus")
+    assert ctk.returncode == 1
+    assert ctk.stdout == "Incorrect Usage: flag provided but not defined: -bogus\n\n"
+    assert 'level=error msg="flag provided but not defined: -bogus"' in ctk.stderr
+    good = node.run("nvidia-ctk", "cdi", "generate", f"--output={node.root}/etc/cdi/x.yaml")
+    assert good.returncode == 0, good.stderr
+
+
+def test_nvidia_modprobe_u_makes_the_uvm_node_and_holds_nvidia(make_node: MakeNode) -> None:
+    node = make_node("h100-pcie")
+    _ready(node)  # install, then nvidia-modprobe -u -c0
+    assert (node.root / "dev/nvidia-uvm").exists() and (node.root / "dev/nvidia-uvm-tools").exists()
+    assert (node.root / "sys/module/nvidia_uvm").is_dir()
+    busy = node.run("modprobe", "-r", "nvidia")
+    assert (busy.returncode, busy.stderr) == (1, "modprobe: FATAL: Module nvidia is in use.\n")
+    assert node.run("modprobe", "-r", "nvidia_uvm").returncode == 0
+    assert node.run("modprobe", "-r", "nvidia").returncode == 0
+    assert not (node.root / "sys/module/nvidia").exists()
+    plain = node.run("nvidia-modprobe", "-c", "3")
+    assert plain.returncode == 0 and (node.root / "dev/nvidia3").exists()
+    assert not (node.root / "sys/module/nvidia_uvm").exists()
