@@ -211,16 +211,16 @@ def parse_fabric_block(text: str) -> SmiGpu:
     heads = [i for i, line in enumerate(lines) if line.strip() == "Fabric"]
     if not heads:
         raise ParseError("fabric block: no 'Fabric' heading")
-    head = heads[0]
-    base = len(lines[head]) - len(lines[head].lstrip(" "))
-    gpu = _GpuBuilder("")
-    gpu.feed(4, "Fabric", None)
-    for line in lines[head + 1 :]:
-        indent, key, value = _split(line)
-        if indent <= base:
-            break
-        gpu.feed(indent - base + 4, key, value)
-    built = gpu.build()
-    if not built.fabric_state:
-        raise ParseError("fabric block: no State line under 'Fabric'")
-    return built
+    for head in heads:  # the first heading with a State under it (pastes repeat headings)
+        base = len(lines[head]) - len(lines[head].lstrip(" "))
+        gpu = _GpuBuilder("")
+        gpu.feed(4, "Fabric", None)
+        for line in lines[head + 1 :]:
+            indent, key, value = _split(line)
+            if indent <= base:
+                break
+            gpu.feed(indent - base + 4, key, value)
+        built = gpu.build()
+        if built.fabric_state:
+            return built
+    raise ParseError("fabric block: no State line under 'Fabric'")
