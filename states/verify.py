@@ -24,8 +24,13 @@ from bootfsm.errors import BootError, TransientError
 from bootfsm.guards import needs_fabric_manager
 from bootfsm.hardware import blackwell_or_later, has_fabric_probe, model_for
 from bootfsm.parsers import ParseError
-from bootfsm.parsers.driver_info import parse_proc_driver_version
-from bootfsm.parsers.nvidia_smi import SmiFailure, SmiGpu, SmiReport, classify_smi_failure
+from bootfsm.parsers.nvidia_smi import (
+    SmiFailure,
+    SmiGpu,
+    SmiReport,
+    classify_smi_failure,
+    wrong_module_type,
+)
 from bootfsm.parsers.nvidia_smi_xml import parse_smi_xml
 from bootfsm.units import is_active
 
@@ -36,7 +41,6 @@ __all__ = [
     "judge_fabric",
     "run",
     "satisfied",
-    "wrong_module_type",
 ]
 
 NAME = "verify"
@@ -130,31 +134,6 @@ def fabric_gpus(report: SmiReport) -> list[dict[str, Any]]:
         }
         for g in report.gpus
     ]
-
-
-def wrong_module_type(smi_output: str, pci_device_ids: list[int], proc_version: str) -> str | None:
-    """Why `No devices were found` means the wrong kernel module, or None when it does not.
-
-    True when nvidia-smi found no devices, the PCI bus has a Blackwell-or-later GPU
-    (device id >= 0x2900) and /proc/driver/nvidia/version names the proprietary module.
-    Pure: the caller reads the inputs (the driver state can use it for its own check).
-    """
-    if classify_smi_failure(smi_output) is not SmiFailure.NO_DEVICES:
-        return None
-    newer = sorted({d for d in pci_device_ids if blackwell_or_later(d)})
-    if not newer:
-        return None
-    try:
-        loaded = parse_proc_driver_version(proc_version)
-    except ParseError:
-        return None
-    if loaded.open_module:
-        return None
-    names = ", ".join(f"{model_for(d).name} ({d:#06x})" for d in newer)
-    return (
-        f"nvidia-smi: No devices were found: the proprietary nvidia module {loaded.version}"
-        f" is loaded, but {names} needs the open kernel modules"
-    )
 
 
 def _query(ctx: Context) -> SmiReport:

@@ -24,8 +24,8 @@ from bootfsm.facts import NodeFacts, PciGpu
 from bootfsm.hardware import model_for
 from bootfsm.host import Host
 from bootfsm.journal import Journal
+from bootfsm.parsers.nvidia_smi import wrong_module_type
 from bootfsm.states import verify
-from bootfsm.states.verify import wrong_module_type
 from tests.samples import sample
 
 XML = "nvidia-smi/k8s-test-infra_hardware_xml/"

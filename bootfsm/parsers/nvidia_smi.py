@@ -13,7 +13,9 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
+from bootfsm.hardware import blackwell_or_later, model_for
 from bootfsm.parsers import ParseError
+from bootfsm.parsers.driver_info import parse_proc_driver_version
 
 __all__ = [
     "SmiFailure",
@@ -23,6 +25,7 @@ __all__ = [
     "device_id_of",
     "parse_fabric_block",
     "parse_smi_query",
+    "wrong_module_type",
 ]
 
 _BUS_ID = r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]"
@@ -224,3 +227,28 @@ def parse_fabric_block(text: str) -> SmiGpu:
         if built.fabric_state:
             return built
     raise ParseError("fabric block: no State line under 'Fabric'")
+
+
+def wrong_module_type(smi_output: str, pci_device_ids: list[int], proc_version: str) -> str | None:
+    """Why `No devices were found` means the wrong kernel module, or None when it does not.
+
+    True when nvidia-smi found no devices, the PCI bus has a Blackwell-or-later GPU
+    (device id >= 0x2900) and /proc/driver/nvidia/version names the proprietary module.
+    Pure: the caller reads the inputs (the driver state's post-load check can use it too).
+    """
+    if classify_smi_failure(smi_output) is not SmiFailure.NO_DEVICES:
+        return None
+    newer = sorted({d for d in pci_device_ids if blackwell_or_later(d)})
+    if not newer:
+        return None
+    try:
+        loaded = parse_proc_driver_version(proc_version)
+    except ParseError:
+        return None
+    if loaded.open_module:
+        return None
+    names = ", ".join(f"{model_for(d).name} ({d:#06x})" for d in newer)
+    return (
+        f"nvidia-smi: No devices were found: the proprietary nvidia module {loaded.version}"
+        f" is loaded, but {names} needs the open kernel modules"
+    )
