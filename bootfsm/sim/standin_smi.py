@@ -17,7 +17,8 @@ References (read, not copied; no product code is used to make this output):
   trailing space after "GPU Memory Power Readings" and after an empty Chassis Serial
   Number); the 535/550/565 captures beside it have the same frame with fewer keys.
 * ``-q -x``: the 580.173.02 layout of k8s-test-infra_hardware_xml/qx-gb300.xml and
-  qx-gb200.xml (``nvsmi_device_v13.dtd`` DOCTYPE, one tab a level, ``<fabric>`` with
+  qx-gb200.xml for 580 and later drivers, the 570.148.08 layout of qx-a100.xml before
+  (``nvsmi_device_v13.dtd`` / ``v12`` DOCTYPE, one tab a level, ``<fabric>`` with
   ``cliqueId``/``clusterUuid``/``<health>``, a ``<supported_clocks>`` list of every
   graphics clock, which is most of its 29-44 KB per GPU).
 * the default table: the 550 layout of samples/nvidia-smi/table_550.90.07_gpud.txt.
@@ -26,7 +27,8 @@ The templates below use a small notation of their own: two spaces a level, ``Key
 value`` for a line, ``Key`` for a section, ``Key|`` for a section heading the real
 tool prints with a trailing space; in XML ``tag!`` is an empty element printed open
 and closed on two lines, ``tag: value  #NL`` a value on its own line, and
-``@supported_graphics_clocks`` the clock list. Values in braces come from the board
+``@supported_graphics_clocks`` the clock list, and a ``[580]`` / ``[570]`` prefix a
+line only 580-and-later / earlier drivers print. Values in braces come from the board
 table and the node.
 """
 
@@ -286,13 +288,15 @@ Capabilities
   EGM: disabled
 """
 
-# -q -x, one <gpu> element, 580.173.02 layout.
+# -q -x, one <gpu> element: the 580.173.02 layout (qx-gb300.xml, qx-gb200.xml); lines
+# marked [580] are printed by 580 and later drivers only, lines marked [570] by earlier
+# ones only, which gives the 570.148.08 layout of qx-a100.xml.
 _XML_GPU = """\
 product_name: {product_name}
 product_brand: {brand}
 product_architecture: {architecture}
 display_mode: Requested functionality has been deprecated
-display_attached: No
+[580] display_attached: No
 display_active: Disabled
 persistence_mode: Enabled
 addressing_mode: {addressing_mode}
@@ -307,7 +311,7 @@ driver_model
   pending_dm: N/A
 serial: {serial}
 uuid: {uuid}
-pdi: {pdi}
+[580] pdi: {pdi}
 minor_number: {minor}
 vbios_version: {vbios}
 multigpu_board: No
@@ -339,6 +343,9 @@ gpu_virtualization_mode
   virtualization_mode: None
   host_vgpu_mode: N/A
   vgpu_heterogeneous_mode: N/A
+[570] gpu_reset_status
+  reset_required: Requested functionality has been deprecated
+  drain_and_reset_recommended: Requested functionality has been deprecated
 gpu_recovery_action: None
 gsp_firmware_version: {driver_version}
 ibmnpu
@@ -383,7 +390,7 @@ clocks_event_reasons
   clocks_event_reason_sync_boost: Not Active
   clocks_event_reason_sw_thermal_slowdown: Not Active
   clocks_event_reason_display_clocks_setting: Not Active
-clocks_event_reasons_counters
+[580] clocks_event_reasons_counters
   clocks_event_reasons_counters_sw_power_cap: 0 us
   clocks_event_reasons_counters_sync_boost: 0 us
   clocks_event_reasons_counters_sw_therm_slowdown: 0 us
@@ -445,9 +452,9 @@ ecc_errors
     sram_microcontroller: 0
     sram_pcie: 0
     sram_other: 0
-  channel_repair_pending: No
-  tpc_repair_pending: No
-  unrepairable_memory: No
+  [580] channel_repair_pending: No
+  [580] tpc_repair_pending: No
+  [580] unrepairable_memory: No
 retired_pages
   multiple_single_bit_retirement
     retired_count: N/A
@@ -459,9 +466,9 @@ retired_pages
   pending_retirement: N/A
 remapped_rows
   remapped_row_corr: 0
-  remapped_row_corr_inactive: 0
+  [580] remapped_row_corr_inactive: 0
   remapped_row_unc: 0
-  remapped_row_unc_inactive: 0
+  [580] remapped_row_unc_inactive: 0
   remapped_row_pending: No
   remapped_row_failure: No
   row_remapper_histogram
@@ -473,12 +480,16 @@ remapped_rows
 temperature
   gpu_temp: {temp} C
   gpu_temp_tlimit: {tlimit} C
-  gpu_temp_max_tlimit_threshold: -5 C
-  gpu_temp_slow_tlimit_threshold: -2 C
-  gpu_temp_max_gpu_tlimit_threshold: 0 C
+  [580] gpu_temp_max_tlimit_threshold: -5 C
+  [570] gpu_temp_max_threshold: {temp_shutdown} C
+  [580] gpu_temp_slow_tlimit_threshold: -2 C
+  [570] gpu_temp_slow_threshold: {temp_slowdown} C
+  [580] gpu_temp_max_gpu_tlimit_threshold: 0 C
+  [570] gpu_temp_max_gpu_threshold: {temp_max_gpu} C
   gpu_target_temperature: N/A
   memory_temp: {mem_temp} C
-  gpu_temp_max_mem_tlimit_threshold: 0 C
+  [580] gpu_temp_max_mem_tlimit_threshold: 0 C
+  [570] gpu_temp_max_mem_threshold: {temp_max_mem} C
 supported_gpu_target_temp
   gpu_target_temp_min: N/A
   gpu_target_temp_max: N/A
@@ -530,19 +541,21 @@ max_customer_boost_clocks
 clock_policy
   auto_boost: N/A
   auto_boost_default: N/A
+[570] voltage
+  graphics_volt: N/A
 fabric
   state: {fabric_state}
   status: {fabric_status}
   cliqueId: {clique_id}
   clusterUuid: {cluster_uuid}
   health
-    summary: {health_summary}
+    [580] summary: {health_summary}
     bandwidth: {health_bandwidth}
     route_recovery_in_progress: {health_flag}
     route_unhealthy: {health_flag}
     access_timeout_recovery: {health_flag}
-    incorrect_configuration: {health_config}
-    partition_assigned: N/A
+    [580] incorrect_configuration: {health_config}
+    [580] partition_assigned: N/A
 supported_clocks
   supported_mem_clock
     value: {mem_clock} MHz
@@ -688,6 +701,10 @@ def _values(
         "bar1": str(board.bar1),
         "banks": str(board.banks),
         "temp": str(31 + index % 5),
+        "temp_shutdown": "92",
+        "temp_slowdown": "89",
+        "temp_max_gpu": "85",
+        "temp_max_mem": "95",
         "tlimit": str(52 - index % 5),
         "mem_temp": str(33 + index % 4),
         "power_draw": f"{board.power_limit * 0.1 + index * 0.37:.2f}",
@@ -745,11 +762,36 @@ def _text_gpu(values: Mapping[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _for_branch(template: list[_Line], branch: int) -> list[_Line]:
+    """The template lines a driver branch prints: [580] lines from 580 on, [570] lines
+    before it; a section left out takes its children with it."""
+    out: list[_Line] = []
+    skip_below: int | None = None
+    for depth, key, value in template:
+        if skip_below is not None and depth > skip_below:
+            continue
+        skip_below = None
+        tag, _, rest = key.partition("] ")
+        if key.startswith("[") and rest:
+            wanted = branch >= 580 if tag == "[580" else branch < 580
+            if not wanted:
+                skip_below = depth
+                continue
+            key = rest
+        out.append((depth, key, value))
+    return out
+
+
+def _branch(version: str) -> int:
+    head = version.split(".", 1)[0]
+    return int(head) if head.isdigit() else 0
+
+
 def _xml_gpu(values: Mapping[str, str], clocks: list[int]) -> str:
     """One `-q -x` <gpu> element."""
     lines = [f'\t<gpu id="{values["bus_id"]}">']
     stack: list[str] = []
-    for depth, key, value in _XML_LINES:
+    for depth, key, value in _for_branch(_XML_LINES, _branch(values["driver_version"])):
         while len(stack) > depth:
             lines.append("\t" * (len(stack) + 1) + f"</{stack.pop()}>")
         tabs = "\t" * (depth + 2)
@@ -791,9 +833,10 @@ def render_query(node: Node, version: str, gpus: list[tuple[int, str, int]], xml
         for i, a, d in gpus
     ]
     if xml:
+        dtd = 13 if _branch(version) >= 580 else 12  # qx-gb300.xml: v13, qx-a100.xml: v12
         head = (
             '<?xml version="1.0" ?>\n'
-            '<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v13.dtd">\n'
+            f'<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v{dtd}.dtd">\n'
             "<nvidia_smi_log>\n"
             f"\t<timestamp>{_stamp()}</timestamp>\n"
             f"\t<driver_version>{version}</driver_version>\n"

@@ -25,11 +25,13 @@ XML = "nvidia-smi/k8s-test-infra_hardware_xml/"
 
 
 class Sim:
-    def __init__(self, tmp_path: Path, sku: str, module_type: str | None = None) -> None:
+    def __init__(
+        self, tmp_path: Path, sku: str, module_type: str | None = None, version: str = VERSION
+    ) -> None:
         self.root = tmp_path / sku
         self.bin_dir = build_node(self.root, SKUS[sku], (), compile_seconds=0.01)
         arch = SKUS[sku].arch
-        extract = self.root / f"var/lib/bootfsm/extract/NVIDIA-Linux-{arch}-{VERSION}"
+        extract = self.root / f"var/lib/bootfsm/extract/NVIDIA-Linux-{arch}-{version}"
         extract.mkdir(parents=True)
         installer = extract / "nvidia-installer"
         installer.write_text(standin_script("nvidia-installer", self.root))
@@ -105,6 +107,13 @@ def gb300(tmp_path_factory: pytest.TempPathFactory) -> Sim:
     return sim
 
 
+@pytest.fixture(scope="module")
+def gb300_580(tmp_path_factory: pytest.TempPathFactory) -> Sim:
+    sim = Sim(tmp_path_factory.mktemp("gb300-580"), "gb300", version="580.173.02")
+    sim.load()
+    return sim
+
+
 @pytest.mark.parametrize("sku", ["h100", "gb300"])
 def test_text_has_the_real_570_layout(sku: str, request: pytest.FixtureRequest) -> None:
     sim: Sim = request.getfixturevalue(sku)
@@ -117,8 +126,16 @@ def test_text_has_the_real_570_layout(sku: str, request: pytest.FixtureRequest) 
     assert "    GPU Memory Power Readings \n" in out  # the real trailing space
 
 
-@pytest.mark.parametrize(("sku", "capture"), [("gb300", "qx-gb300.xml"), ("h100", "qx-gb200.xml")])
-def test_xml_has_the_real_580_layout(
+@pytest.mark.parametrize(
+    ("sku", "capture"),
+    [
+        ("gb300_580", "qx-gb300.xml"),  # 580.173.02 driver: the 580.173.02 layout
+        ("gb300_580", "qx-gb200.xml"),
+        ("h100", "qx-a100.xml"),  # 570.211.01 driver: the 570.148.08 layout
+        ("gb300", "qx-a100.xml"),
+    ],
+)
+def test_xml_has_the_real_layout_of_its_branch(
     sku: str, capture: str, request: pytest.FixtureRequest
 ) -> None:
     sim: Sim = request.getfixturevalue(sku)
@@ -132,12 +149,12 @@ def test_xml_has_the_real_580_layout(
     assert top[:4] == ["timestamp", "driver_version", "cuda_version", "attached_gpus"]
 
 
-def test_sizes_are_real(h100: Sim, gb300: Sim) -> None:
+def test_sizes_are_real(h100: Sim, gb300_580: Sim) -> None:
     # real: 8x H100 -q 73-80 KB, -q -x 212 KB; 4x GB300 -q -x 118 KB
     q, qx = h100.run("nvidia-smi", "-q").stdout, h100.run("nvidia-smi", "-q", "-x").stdout
     assert 70_000 < len(q) < 95_000
     assert 180_000 < len(qx) < 260_000
-    gx = gb300.run("nvidia-smi", "-q", "-x").stdout
+    gx = gb300_580.run("nvidia-smi", "-q", "-x").stdout
     assert abs(len(gx) - len(sample(XML + "qx-gb300.xml"))) < 12_000
 
 
