@@ -56,7 +56,7 @@ __all__ = [
 BAKE_DEADLINE_S = 3600.0
 """Budget of one bake: image builds are off the node's critical path (the 720 s deadline)."""
 
-_PROFILE_GPU = {"x86_64": 0x2330, "aarch64": 0x2342}  # H100 SXM5 (HGX), GH200 (Grace)
+_PROFILE_GPU = {"x86_64": 0x2330, "aarch64": 0x2941}  # H100 SXM5 (HGX), GB200 (IMEX tray)
 
 
 def bake_module_type(cfg: Config) -> str:

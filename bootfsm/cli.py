@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="JSON lines on the console")
     p.add_argument(
         "--deadline",
-        type=_finite(1.0),
+        type=float,
         default=None,
         help="global deadline in seconds (overrides run.deadline; env BOOTFSM_DEADLINE too)",
     )

@@ -60,8 +60,11 @@ class Code(IntEnum):
     FABRIC_MANAGER_FAILED = 50
     FABRIC_NOT_READY = 51
     IMEX_INSTALL_FAILED = 52
+    FABRIC_STATUS_FAILED = 53
+    FABRIC_UNHEALTHY = 54
     DRIVER_LIBRARY_MISMATCH = 60
     GPU_COUNT_MISMATCH = 61
+    WRONG_MODULE_TYPE = 62
     CONTAINERD_RESTART_FAILED = 90
     KUBELET_NOT_HEALTHY = 91
     CDI_REFRESH_FAILED = 92
@@ -292,6 +295,21 @@ CODES: dict[Code, CodeInfo] = {
             cse=84,
         ),
         _row(
+            Code.FABRIC_STATUS_FAILED,
+            "GPU fabric Completed with a Status other than Success (final)",
+            "the message names the status (e.g. Insufficient Resources): check the NVLink"
+            " partition / fabric manager configuration; waiting does not change it",
+            cse=84,
+        ),
+        _row(
+            Code.FABRIC_UNHEALTHY,
+            "GPU fabric Completed/Success but its Health Summary stayed Unhealthy",
+            "check `nvidia-smi -q -d FABRIC` Health fields and the NVLink domain (IMEX, NVSwitch"
+            " trays); the GPU is attached but not fit for work",
+            transient=True,
+            cse=84,
+        ),
+        _row(
             Code.DRIVER_LIBRARY_MISMATCH,
             "NVML reports a driver/library version mismatch",
             "a partial upgrade left an old module loaded; reboot the node",
@@ -301,6 +319,14 @@ CODES: dict[Code, CodeInfo] = {
             Code.GPU_COUNT_MISMATCH,
             "nvidia-smi sees fewer GPUs than the PCI bus",
             "a GPU fell off the bus or failed init; check dmesg (Xid) and replace the node",
+            cse=84,
+        ),
+        _row(
+            Code.WRONG_MODULE_TYPE,
+            "nvidia-smi finds no devices: the proprietary kernel module is loaded on a GPU"
+            " that needs the open modules (Blackwell or later, device id >= 0x2900)",
+            'set driver.module_type = "open" (or "auto") and rebuild; the proprietary module'
+            " never drives these GPUs",
             cse=84,
         ),
         _row(

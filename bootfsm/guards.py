@@ -9,12 +9,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from bootfsm.facts import NodeFacts
+from bootfsm.hardware import blackwell_or_later
 
 __all__ = ["GUARDS", "needs_fabric_manager", "needs_imex", "no_nvlink_fabric"]
 
 
-def _grace(f: NodeFacts) -> bool:
-    return any(g.model.grace for g in f.gpus)
+def _grace_blackwell(f: NodeFacts) -> bool:
+    """A Grace-Blackwell (or later) tray: GB200/GB300, the parts of NVLink domains."""
+    return any(g.model.grace and blackwell_or_later(g.device_id) for g in f.gpus)
 
 
 def needs_fabric_manager(f: NodeFacts) -> bool:
@@ -23,18 +25,14 @@ def needs_fabric_manager(f: NodeFacts) -> bool:
 
 
 def needs_imex(f: NodeFacts) -> bool:
-    """arm64 Grace-Blackwell/Grace tray: cross-node NVLink is coordinated by IMEX."""
-    return f.raw_arch == "aarch64" and _grace(f) and not needs_fabric_manager(f)
+    """arm64 Grace-Blackwell tray (GB200/GB300 NVLink domain): IMEX coordinates cross-node
+    NVLink. A standalone Grace Hopper (GH200) has no NVLink domain and needs none."""
+    return f.raw_arch == "aarch64" and _grace_blackwell(f) and not needs_fabric_manager(f)
 
 
 def no_nvlink_fabric(f: NodeFacts) -> bool:
     """Neither fabric manager nor IMEX applies (PCIe GPUs, no NVLink fabric)."""
     return not needs_fabric_manager(f) and not needs_imex(f)
-
-
-def fabric_applies(f: NodeFacts) -> bool:
-    """GPUs report a Fabric state that must reach Completed before use."""
-    return not no_nvlink_fabric(f)
 
 
 GUARDS: Mapping[str, Callable[[NodeFacts], bool]] = {

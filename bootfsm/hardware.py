@@ -9,6 +9,7 @@ from enum import StrEnum
 from types import MappingProxyType
 
 __all__ = [
+    "BLACKWELL_FIRST_DEVICE_ID",
     "GPU_CLASSES",
     "GPU_MODELS",
     "MELLANOX_VENDOR",
@@ -18,7 +19,9 @@ __all__ = [
     "DeviceRole",
     "Family",
     "GpuModel",
+    "blackwell_or_later",
     "classify",
+    "has_fabric_probe",
     "model_for",
     "requires_open_module",
     "sku_family",
@@ -71,7 +74,11 @@ def _table(*models: GpuModel) -> Mapping[int, GpuModel]:
 
 _A, _H, _B = Family.AMPERE, Family.HOPPER, Family.BLACKWELL
 
-# Device ids from pci.ids, except GB300 (reported as 31c2/31c3, not confirmed in pci.ids).
+# Names only (plus family and Grace for the guards): rules that must hold for future
+# parts go by device id (``blackwell_or_later``), not by membership in this table.
+# Device ids from pci.ids (GB300 31c2 "GB110 [GB300]" is there; 31c3 is reported by
+# NVIDIA's driver README list), B300 3182 from a B300 audit capture (lspci -nn
+# "[10de:3182]"), RTX 5090 2b85 from its nvidia-smi -q ("Device Id : 0x2B8510DE").
 GPU_MODELS: Mapping[int, GpuModel] = _table(
     GpuModel(0x20B0, "A100 SXM4 40GB", _A, grace=False),
     GpuModel(0x20B2, "A100 SXM4 80GB", _A, grace=False),
@@ -85,6 +92,8 @@ GPU_MODELS: Mapping[int, GpuModel] = _table(
     GpuModel(0x2348, "GH200 144GB HBM3e", _H, grace=True),
     GpuModel(0x2901, "B200", _B, grace=False),
     GpuModel(0x2941, "GB200", _B, grace=True),
+    GpuModel(0x2B85, "GeForce RTX 5090", _B, grace=False),
+    GpuModel(0x3182, "B300 SXM6 AC", _B, grace=False),
     GpuModel(0x31C2, "GB300", _B, grace=True),
     GpuModel(0x31C3, "GB300", _B, grace=True),
 )
@@ -124,9 +133,26 @@ def model_for(device_id: int) -> GpuModel:
     return GpuModel(device_id, f"NVIDIA {device_id:#06x}", Family.UNKNOWN, grace=False)
 
 
+BLACKWELL_FIRST_DEVICE_ID = 0x2900
+"""Every NVIDIA GPU device id from 0x2900 up is Blackwell or later (GB100 is 0x29xx;
+Ada's last ids are 0x28xx): the open kernel module is the only one that drives them."""
+
+
+def blackwell_or_later(device_id: int) -> bool:
+    """True for a device id of Blackwell or a later generation, named in the table or not."""
+    return device_id >= BLACKWELL_FIRST_DEVICE_ID
+
+
 def requires_open_module(models: Iterable[GpuModel]) -> bool:
-    """Tell whether any GPU needs the open kernel module (all Blackwell parts do)."""
-    return any(m.family is Family.BLACKWELL for m in models)
+    """Tell whether any GPU needs the open kernel module (every id >= 0x2900 does)."""
+    return any(blackwell_or_later(m.device_id) for m in models)
+
+
+def has_fabric_probe(model: GpuModel) -> bool:
+    """Whether the GPU's fabric state is worth judging: Ampere has no GPU fabric probe and
+    reports Fabric N/A even with NVSwitch and fabric manager running (Hopper and newer
+    report it). Unknown ids are judged by what they report."""
+    return model.family is not Family.AMPERE
 
 
 def sku_family(models: Sequence[GpuModel]) -> str:

@@ -28,9 +28,15 @@ from bootfsm.archive import check_members
 from bootfsm.codes import Code
 from bootfsm.errors import BootError
 
-__all__ = ["OUTPUT_TAIL_BYTES", "CommandResult", "Host", "fsync_dir"]
+__all__ = ["OUTPUT_LIMIT_BYTES", "OUTPUT_TAIL_BYTES", "CommandResult", "Host", "fsync_dir"]
 
+OUTPUT_LIMIT_BYTES = 16 << 20
+"""The most output of one command bootfsm reads (16 MiB); more is a BootError.
+
+A real `nvidia-smi -q -x` is 25-45 KB per GPU (356 KB for 8x B200), so parsers get
+their input whole with a wide margin."""
 OUTPUT_TAIL_BYTES = 4096
+"""How much of a command's output is journaled or shown (``CommandResult.tail``)."""
 _KILL_GRACE_S = 2.0
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -64,7 +70,11 @@ def _die_with(parent: int) -> Callable[[], None]:
 
 @dataclass(frozen=True)
 class CommandResult:
-    """What one command did: argv, exit code, duration and the tail of its output."""
+    """What one command did: argv, exit code, duration and its whole output.
+
+    ``output`` is everything the command printed (stdout and stderr together, at most
+    ``OUTPUT_LIMIT_BYTES``); ``tail`` is the part fit to journal or show.
+    """
 
     argv: tuple[str, ...]
     returncode: int
@@ -76,6 +86,11 @@ class CommandResult:
     def ok(self) -> bool:
         """True when the command exited 0 within its time limit."""
         return self.returncode == 0 and not self.timed_out
+
+    @property
+    def tail(self) -> str:
+        """The last ``OUTPUT_TAIL_BYTES`` characters of the output, for journals and messages."""
+        return self.output[-OUTPUT_TAIL_BYTES:]
 
 
 class Host:
@@ -306,10 +321,11 @@ class Host:
     ) -> CommandResult:
         """Run argv (no shell) with a time limit; capture combined output, bounded.
 
-        Output goes to an unlinked temporary file so a command that prints megabytes
-        costs no memory; the last ``OUTPUT_TAIL_BYTES`` are kept. On timeout the whole
-        process group gets SIGTERM, then SIGKILL; if bootfsm itself dies, the command
-        gets SIGKILL (parent-death signal). A command not on PATH raises
+        Output goes to an unlinked temporary file and is read back whole: a parser gets
+        all of it. More than ``OUTPUT_LIMIT_BYTES`` is refused with
+        ``BootError(HOST_IO_ERROR)`` (the command's tail is still journaled). On timeout
+        the whole process group gets SIGTERM, then SIGKILL; if bootfsm itself dies, the
+        command gets SIGKILL (parent-death signal). A command not on PATH raises
         ``BootError(COMMAND_MISSING)``.
         """
         exe = self.which(argv[0])
@@ -338,17 +354,24 @@ class Host:
             finally:
                 self._child = None
             size = out.seek(0, os.SEEK_END)
-            out.seek(max(0, size - OUTPUT_TAIL_BYTES))
-            tail = out.read().decode("utf-8", errors="replace")
+            out.seek(size - OUTPUT_TAIL_BYTES if size > OUTPUT_LIMIT_BYTES else 0)
+            captured = out.read().decode("utf-8", errors="replace")
         result = CommandResult(
             argv=tuple(argv),
             returncode=proc.returncode if proc.returncode is not None else -9,
             duration_s=round(self.monotonic() - start, 4),
-            output=tail,
+            output=captured,
             timed_out=timed_out,
         )
         if self.on_command is not None:
             self.on_command(result)
+        if size > OUTPUT_LIMIT_BYTES:
+            raise BootError(
+                Code.HOST_IO_ERROR,
+                f"{argv[0]} printed {size} bytes, more than the {OUTPUT_LIMIT_BYTES >> 20} MiB"
+                " bootfsm reads from one command",
+                output=result.tail,
+            )
         return result
 
     def stop_child(self) -> list[str] | None:

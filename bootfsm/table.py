@@ -91,7 +91,7 @@ STATES: tuple[StateRow, ...] = (
     ),
     StateRow(
         "imex",
-        "install nvidia-imex, keep its host service masked (arm64 Grace)",
+        "install nvidia-imex, keep its host service masked (arm64 Grace-Blackwell)",
         120,
         Code.IMEX_INSTALL_FAILED,
         Code.IMEX_INSTALL_FAILED,

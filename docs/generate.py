@@ -1,9 +1,9 @@
 """Regenerate the generated parts of docs/ from the code (`make docs`).
 
 docs/machine.md and docs/codes.md whole, the CSE mapping table between its markers in
-docs/provisioning-hook.md, the man page docs/man/bootfsm.1 and the shell completions in
-docs/completion/ (installed with the wheel). tests/test_docs.py, tests/test_cse_codes.py
-and tests/test_cli_conventions.py fail when a generated part drifts from the code.
+docs/provisioning-hook.md, the man page docs/man/bootfsm.1, the shell completions in
+docs/completion/ (installed with the wheel) and the unit's RestartPreventExitStatus=
+(every permanent code). The tests fail when a generated part drifts from the code.
 """
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ from bootfsm.commands.codes import cse_markdown
 from bootfsm.commands.codes import markdown as codes_markdown
 from bootfsm.commands.completion import bash, manpage, zsh
 from bootfsm.commands.graph import markdown as machine_markdown
+from bootfsm.commands.unit import restart_prevent_codes
 
 DOCS = Path(__file__).resolve().parent
+UNIT = DOCS.parent / "systemd" / "bootfsm.service"
 
 
 def main() -> None:
@@ -33,6 +35,10 @@ def main() -> None:
         flags=re.S,
     )
     hook.write_text(text)
+    codes = " ".join(map(str, restart_prevent_codes()))
+    unit = re.sub(r"(?m)^RestartPreventExitStatus=.*$", f"RestartPreventExitStatus={codes}",
+                  UNIT.read_text())  # fmt: skip
+    UNIT.write_text(unit)
     parser = build_parser()
     (DOCS / "man").mkdir(exist_ok=True)
     (DOCS / "man" / "bootfsm.1").write_text(manpage(parser, EXIT_CODES))

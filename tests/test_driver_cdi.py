@@ -65,7 +65,7 @@ def _shims(w: World, mig: str) -> dict[str, str]:
         "nvidia-smi": (
             "import subprocess, sys\n"
             f"r = subprocess.run([{str(real_smi)!r}, *sys.argv[1:]])\n"
-            "if '-q' in sys.argv[1:] and r.returncode == 0:\n"
+            "if '-q' in sys.argv[1:] and '-x' not in sys.argv[1:] and r.returncode == 0:\n"
             f"    print('    MIG Mode\\n        Current                           : {mig}')\n"
             "sys.exit(r.returncode)\n"
         ),

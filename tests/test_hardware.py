@@ -13,7 +13,9 @@ from bootfsm.hardware import (
     DeviceRole,
     Family,
     GpuModel,
+    blackwell_or_later,
     classify,
+    has_fabric_probe,
     model_for,
     requires_open_module,
     sku_family,
@@ -39,6 +41,8 @@ from tests.samples import sample
         (0x2941, Family.BLACKWELL, True),
         (0x31C2, Family.BLACKWELL, True),
         (0x31C3, Family.BLACKWELL, True),
+        (0x2B85, Family.BLACKWELL, False),
+        (0x3182, Family.BLACKWELL, False),
     ],
 )
 def test_table(device_id: int, family: Family, grace: bool) -> None:
@@ -90,6 +94,41 @@ def test_requires_open_module() -> None:
     assert requires_open_module(iter([model_for(0x2941)]))
     assert not requires_open_module([model_for(0x2342), model_for(0x1234)])
     assert not requires_open_module([])
+
+
+@pytest.mark.parametrize(
+    ("device_id", "needs_open"),
+    [
+        (0x2900, True),  # the first Blackwell id
+        (0x2909, True),  # not in the table: the rule, not the list, decides
+        (0x3182, True),  # B300 SXM6 AC (lspci_b300_excerpts.txt)
+        (0x31C2, True),  # GB300 (qx-gb300.xml pci_device_id 31C210DE)
+        (0x2B85, True),  # GeForce RTX 5090 (RTX5090x1_gls_q.txt Device Id 0x2B8510DE)
+        (0x2E12, True),  # an id the table does not name
+        (0x307F, True),  # Rubin (the 615.23 capture's pci_device_id), unknown here
+        (0x28FF, False),  # the last id below the rule (Ada range)
+        (0x26B9, False),  # L40S (qx-l40s.xml)
+        (0x2342, False),  # GH200: Hopper
+        (0x20B0, False),
+    ],
+)
+def test_open_module_rule_is_by_id(device_id: int, needs_open: bool) -> None:
+    assert blackwell_or_later(device_id) is needs_open
+    assert requires_open_module([model_for(device_id)]) is needs_open
+
+
+def test_names_of_new_ids() -> None:
+    assert model_for(0x3182).name == "B300 SXM6 AC"
+    assert model_for(0x2B85).name == "GeForce RTX 5090"
+    assert model_for(0x2909).name == "NVIDIA 0x2909"  # named by nobody, still open-only
+
+
+def test_fabric_probe_by_family() -> None:
+    assert not has_fabric_probe(model_for(0x20B2))  # A100: Fabric N/A by design
+    assert not has_fabric_probe(model_for(0x2236))  # A10
+    assert has_fabric_probe(model_for(0x2330))
+    assert has_fabric_probe(model_for(0x31C2))
+    assert has_fabric_probe(model_for(0x1234))  # unknown ids are judged by what they report
 
 
 def test_sku_family() -> None:

@@ -49,7 +49,7 @@ def _assert_driver_order(w: World, calls: list[dict[str, Any]]) -> None:
     smi = _index(calls, "nvidia-smi", [])
     plain_smi = next(i for i, c in enumerate(calls) if c["cmd"] == "nvidia-smi" and not c["argv"])
     assert load < ldconfig < plain_smi, [c["cmd"] for c in calls]
-    assert smi == plain_smi < _index(calls, "nvidia-smi", ["-q"])  # before verify asks
+    assert smi == plain_smi < _index(calls, "nvidia-smi", ["-q", "-x"])  # before verify asks
     cache = (w.root / "etc/ld.so.cache").read_text()
     assert "libnvidia-ml.so.1" in cache  # the libraries were in place when ldconfig ran
 

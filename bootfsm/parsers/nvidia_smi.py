@@ -1,38 +1,56 @@
-"""Parse (and, for the simulator, render) `nvidia-smi -q` text; classify its failure output."""
+"""Parse `nvidia-smi -q` text and classify nvidia-smi's failure output.
+
+verify reads the structured `nvidia-smi -q -x` (:mod:`bootfsm.parsers.nvidia_smi_xml`);
+the text reader stays because most real captures of older layouts (460-570: A100 HGX,
+H100 HGX/NVL, H200, GH200, RTX 5090, TITAN V, A10) exist only as `-q` text, and both
+readers give the same :class:`SmiReport`, so one judgement covers every capture.
+``parse_fabric_block`` reads a lone Fabric block as people paste it (any outer indent).
+"""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from bootfsm.hardware import blackwell_or_later, model_for
 from bootfsm.parsers import ParseError
+from bootfsm.parsers.driver_info import parse_proc_driver_version
 
 __all__ = [
     "SmiFailure",
     "SmiGpu",
     "SmiReport",
     "classify_smi_failure",
+    "device_id_of",
+    "parse_fabric_block",
     "parse_smi_query",
-    "render_smi_query",
+    "wrong_module_type",
 ]
 
 _BUS_ID = r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]"
 _GPU_HEADER = re.compile(rf"GPU ({_BUS_ID})\s*")
 _KEY_VALUE = re.compile(r"( *)([^:\s][^:]*?) *:(?: (.*))?")
 _INFOROM_WARNING = re.compile(r"\s*WARNING: infoROM is corrupted at gpu\s*(.*)")
-_KEY_WIDTH = 42  # the colon sits in column 42 in every real layout
+_PCI_DEVICE_ID = re.compile(r"(?:0x)?([0-9A-Fa-f]{4})10DE", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
 class SmiGpu:
-    """One GPU block; fabric values are as printed, "" when the Fabric block is absent."""
+    """One GPU; fabric values are as printed, "" when the Fabric block (or a line) is absent.
+
+    ``device_id`` is the PCI device id (0x2330 from "Device Id : 0x233010DE"), 0 when
+    the report does not give it.
+    """
 
     bus_id: str
     product_name: str
     fabric_state: str
     fabric_status: str
+    device_id: int = 0
+    clique_id: str = ""
+    cluster_uuid: str = ""
+    health_summary: str = ""
 
 
 @dataclass(frozen=True)
@@ -52,6 +70,7 @@ class SmiFailure(StrEnum):
     DRIVER_LIBRARY_MISMATCH = "driver_library_mismatch"
     NO_DRIVER = "no_driver"
     INFOROM_CORRUPTED = "inforom_corrupted"
+    NO_DEVICES = "no_devices"
 
 
 _FAILURE_MESSAGES: tuple[tuple[str, SmiFailure], ...] = (
@@ -61,6 +80,9 @@ _FAILURE_MESSAGES: tuple[tuple[str, SmiFailure], ...] = (
     ),
     ("couldn't communicate with the NVIDIA driver", SmiFailure.NO_DRIVER),
     ("infoROM is corrupted", SmiFailure.INFOROM_CORRUPTED),
+    # nvidia-smi's words (exit 6) when the driver is loaded but manages no GPU, e.g. the
+    # proprietary module on a Blackwell GPU, which only the open module supports.
+    ("No devices were found", SmiFailure.NO_DEVICES),
 )
 
 
@@ -72,31 +94,52 @@ def classify_smi_failure(text: str) -> SmiFailure | None:
     return None
 
 
+def device_id_of(value: str) -> int:
+    """The PCI device id in nvidia-smi's "0x233010DE" (text) or "233010DE" (XML); 0 if not so."""
+    match = _PCI_DEVICE_ID.fullmatch(value.strip())
+    return int(match[1], 16) if match else 0
+
+
+_FABRIC_KEYS = {"State": 0, "Status": 1, "CliqueId": 2, "ClusterUUID": 3}
+
+
 @dataclass
 class _GpuBuilder:
     """Mutable accumulator for one GPU block while scanning."""
 
     bus_id: str
     product_name: str = ""
-    fabric_state: str = ""
-    fabric_status: str = ""
-    in_fabric: bool = False
+    device_id: int = 0
+    fabric: list[str] | None = None  # State, Status, CliqueId, ClusterUUID, Health Summary
+    section: str = ""
+    subsection: str = ""
 
     def feed(self, indent: int, key: str, value: str | None) -> None:
         """Take one line of this GPU's block."""
         if indent <= 4:
-            self.in_fabric = indent == 4 and key == "Fabric" and value is None
+            self.section = key if indent == 4 and value is None else ""
+            self.subsection = ""
             if indent == 4 and key == "Product Name":
                 self.product_name = value or ""
-        elif self.in_fabric and indent == 8:
-            if key == "State":
-                self.fabric_state = value or ""
-            elif key == "Status":
-                self.fabric_status = value or ""
+            if self.section == "Fabric":
+                self.fabric = ["", "", "", "", ""]
+            return
+        if indent == 8:
+            self.subsection = key if value is None else ""
+        if self.section == "PCI" and indent == 8 and key == "Device Id":
+            self.device_id = device_id_of(value or "")
+        elif self.section == "Fabric" and self.fabric is not None:
+            if indent == 8 and key in _FABRIC_KEYS:
+                self.fabric[_FABRIC_KEYS[key]] = value or ""
+            elif indent == 12 and self.subsection == "Health" and key == "Summary":
+                self.fabric[4] = value or ""
 
     def build(self) -> SmiGpu:
         """Freeze the block."""
-        return SmiGpu(self.bus_id, self.product_name, self.fabric_state, self.fabric_status)
+        state, status, clique, cluster, health = self.fabric or ["", "", "", "", ""]
+        return SmiGpu(
+            self.bus_id, self.product_name, state, status, self.device_id, clique, cluster, health
+        )
 
 
 def _split(line: str) -> tuple[int, str, str | None]:
@@ -160,55 +203,52 @@ def _report(header: dict[str, str], gpus: list[_GpuBuilder], warnings: list[str]
     )
 
 
-def _kv(indent: int, key: str, value: str) -> str:
-    """Format one key/value line with the colon in the real column."""
-    return f"{' ' * indent}{key}".ljust(_KEY_WIDTH) + f": {value}".rstrip()
+def parse_fabric_block(text: str) -> SmiGpu:
+    """Read one pasted Fabric block (as `nvidia-smi -q | grep -A N Fabric` shows it).
+
+    The outer indent may be missing; keys are State, Status, CliqueId, ClusterUUID and
+    Health/Summary. The GPU's bus id and product name are "" (a bare block has none).
+    ParseError when there is no "Fabric" heading followed by a State line.
+    """
+    lines = [raw.rstrip() for raw in text.splitlines() if raw.strip()]
+    heads = [i for i, line in enumerate(lines) if line.strip() == "Fabric"]
+    if not heads:
+        raise ParseError("fabric block: no 'Fabric' heading")
+    for head in heads:  # the first heading with a State under it (pastes repeat headings)
+        base = len(lines[head]) - len(lines[head].lstrip(" "))
+        gpu = _GpuBuilder("")
+        gpu.feed(4, "Fabric", None)
+        for line in lines[head + 1 :]:
+            indent, key, value = _split(line)
+            if indent <= base:
+                break
+            gpu.feed(indent - base + 4, key, value)
+        built = gpu.build()
+        if built.fabric_state:
+            return built
+    raise ParseError("fabric block: no State line under 'Fabric'")
 
 
-def _check_renderable(value: str, what: str) -> None:
-    """Refuse values that could not survive a render -> parse round trip."""
-    if value != value.strip() or len(f"<{value}>".splitlines()) != 1:
-        raise ValueError(f"render_smi_query: {what} {value!r} is not a single trimmed line")
+def wrong_module_type(smi_output: str, pci_device_ids: list[int], proc_version: str) -> str | None:
+    """Why `No devices were found` means the wrong kernel module, or None when it does not.
 
-
-def render_smi_query(
-    driver_version: str,
-    cuda_version: str,
-    gpus: Sequence[SmiGpu],
-    *,
-    timestamp: str = "Thu Jan  1 00:00:00 1970",
-) -> str:
-    """Write `nvidia-smi -q` text in the 560 layout, which parse_smi_query reads back."""
-    if not driver_version:
-        raise ValueError("render_smi_query: driver_version is empty")
-    for what, value in (
-        ("driver_version", driver_version),
-        ("cuda_version", cuda_version),
-        ("timestamp", timestamp),
-    ):
-        _check_renderable(value, what)
-    lines = [
-        "==============NVSMI LOG==============",
-        "",
-        _kv(0, "Timestamp", timestamp),
-        _kv(0, "Driver Version", driver_version),
-        _kv(0, "CUDA Version", cuda_version),
-        "",
-        _kv(0, "Attached GPUs", str(len(gpus))),
-    ]
-    for gpu in gpus:
-        if re.fullmatch(_BUS_ID, gpu.bus_id) is None:
-            raise ValueError(f"render_smi_query: bad bus id {gpu.bus_id!r}")
-        _check_renderable(gpu.product_name, "product_name")
-        _check_renderable(gpu.fabric_state, "fabric_state")
-        _check_renderable(gpu.fabric_status, "fabric_status")
-        lines += [f"GPU {gpu.bus_id}", _kv(4, "Product Name", gpu.product_name)]
-        if gpu.fabric_state or gpu.fabric_status:
-            lines += [
-                "    Fabric",
-                _kv(8, "State", gpu.fabric_state),
-                _kv(8, "Status", gpu.fabric_status),
-                _kv(8, "CliqueId", "N/A"),
-                _kv(8, "ClusterUUID", "N/A"),
-            ]
-    return "\n".join(lines) + "\n"
+    True when nvidia-smi found no devices, the PCI bus has a Blackwell-or-later GPU
+    (device id >= 0x2900) and /proc/driver/nvidia/version names the proprietary module.
+    Pure: the caller reads the inputs (the driver state's post-load check can use it too).
+    """
+    if classify_smi_failure(smi_output) is not SmiFailure.NO_DEVICES:
+        return None
+    newer = sorted({d for d in pci_device_ids if blackwell_or_later(d)})
+    if not newer:
+        return None
+    try:
+        loaded = parse_proc_driver_version(proc_version)
+    except ParseError:
+        return None
+    if loaded.open_module:
+        return None
+    names = ", ".join(f"{model_for(d).name} ({d:#06x})" for d in newer)
+    return (
+        f"nvidia-smi: No devices were found: the proprietary nvidia module {loaded.version}"
+        f" is loaded, but {names} needs the open kernel modules"
+    )

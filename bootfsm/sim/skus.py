@@ -41,6 +41,9 @@ class Sku:
     kernel: str
     containerd_version: str
     vm_size: str
+    clique_id: int = 0
+    """Fabric CliqueId once Completed: a Grace-Blackwell NVLink domain's clique (GB200
+    capture: 2, GB300 capture: 32766); 0 on single-node NVSwitch/NVLink5 systems."""
 
 
 def _skus(*skus: Sku) -> Mapping[str, Sku]:
@@ -104,6 +107,7 @@ SKUS: Mapping[str, Sku] = _skus(
         kernel="6.8.0-1025-azure",
         containerd_version="2.0.4",
         vm_size="Standard_ND128isr_NDR_GB200_v6",
+        clique_id=2,
     ),
     Sku(
         name="gb300",
@@ -118,6 +122,7 @@ SKUS: Mapping[str, Sku] = _skus(
         kernel="6.8.0-1025-azure",
         containerd_version="2.1.1",
         vm_size="Standard_ND128isr_GB300_v6",
+        clique_id=32766,
     ),
 )
 

@@ -1,4 +1,4 @@
-"""Driver stand-ins: nvidia-installer, dkms, modprobe, modinfo, nvidia-modprobe, nvidia-smi.
+"""Driver stand-ins: nvidia-installer, dkms, modprobe, modinfo, nvidia-modprobe.
 
 Each command is ``fn(node, argv) -> exit code`` writing to stdout/stderr like the real
 tool (messages copied from real output where the samples show it).
@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bootfsm.sim.nodestate import FABRIC_MANAGER, RUN_DIR, Node, log_call, smi_bus_id
+from bootfsm.sim.nodestate import Node, log_call
 from bootfsm.sim.skus import STALE_DRIVER_VERSION
 
 __all__ = ["COMMANDS", "cuda_version_for", "install_driver_files", "runfile_identity"]
@@ -602,124 +602,10 @@ def nvidia_modprobe(node: Node, argv: list[str]) -> int:
     return 0
 
 
-# ---------------------------------------------------------------------- nvidia-smi
-
-
-def _fabric(node: Node, count_call: bool) -> tuple[str, str]:
-    """(State, Status) of every GPU's Fabric block right now."""
-    arm_grace = node.arch == "aarch64"
-    switched = bool(node.nvswitches()) or node.nvlink5()
-    if not arm_grace and not switched:
-        return "N/A", "N/A"
-    if node.fault("fabric-in-progress-forever"):
-        return "In Progress", "N/A"
-    if arm_grace:
-        counter = node.p(f"{RUN_DIR}/smi-query-calls")
-        seen = int(counter.read_text()) if counter.exists() else 0
-        if count_call:
-            node.write(f"{RUN_DIR}/smi-query-calls", str(seen + 1))
-        return (
-            ("In Progress", "N/A")
-            if seen < node.fabric_in_progress_calls
-            else ("Completed", "Success")
-        )
-    if node.unit_state(FABRIC_MANAGER) == "active":
-        return "Completed", "Success"
-    return "In Progress", "N/A"
-
-
-_BOARD = {0x2330: (81559, 700), 0x2331: (81559, 350), 0x2901: (183359, 1000),
-          0x2941: (189471, 1200), 0x31C2: (284208, 1400), 0x31C3: (284208, 1400)}  # fmt: skip
-_TABLE_HEAD = """\
-+-----------------------------------------------------------------------------------------+
-| NVIDIA-SMI {v:<23}Driver Version: {v:<15}CUDA Version: {cuda:<9}|
-|-----------------------------------------+------------------------+----------------------+
-| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |
-| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |
-|                                         |                        |               MIG M. |
-|=========================================+========================+======================|
-"""
-_TABLE_GPU = """\
-| {i:>3}  {name:<26}     On  |   {bus} Off |                    0 |
-| N/A   30C    P0             70W / {watts:>4}W |       1MiB / {mem:>6}MiB |      0%      Default |
-|                                         |                        |             Disabled |
-+-----------------------------------------+------------------------+----------------------+
-"""
-_TABLE_TAIL = """\
-
-+-----------------------------------------------------------------------------------------+
-| Processes:                                                                              |
-|  GPU   GI   CI        PID   Type   Process name                              GPU Memory |
-|        ID   ID                                                               Usage      |
-|=========================================================================================|
-|  No running processes found                                                             |
-+-----------------------------------------------------------------------------------------+
-"""
-
-
-def _table(node: Node, version: str, gpus: list[tuple[str, int]]) -> str:
-    """The default nvidia-smi table (550+ layout, column for column)."""
-    text = time.strftime("%a %b %d %H:%M:%S %Y") + "\n"
-    text += _TABLE_HEAD.format(v=version, cuda=cuda_version_for(version))
-    for index, (address, device) in enumerate(gpus):
-        mem, watts = _BOARD.get(device, (81559, 700))
-        name = node.product_name(device)[:26]
-        text += _TABLE_GPU.format(i=index, name=name, bus=smi_bus_id(address), watts=watts, mem=mem)
-    return text + _TABLE_TAIL
-
-
-def nvidia_smi(node: Node, argv: list[str]) -> int:
-    """`nvidia-smi`, `nvidia-smi -L` and `nvidia-smi -q`, reading the node's driver state."""
-    from bootfsm.parsers.nvidia_smi import SmiGpu, render_smi_query
-
-    library = node.nvml_version()
-    module = node.loaded_module()
-    if library is None or module is None:
-        print(_NO_DRIVER)
-        return 9
-    if library != module.version:
-        print("Failed to initialize NVML: Driver/library version mismatch")
-        print(f"NVML library version: {'.'.join(library.split('.')[:2])}")
-        return 18
-    gpus = node.visible_gpus()
-    warning = f"WARNING: infoROM is corrupted at gpu {gpus[0][0].upper()}" if gpus else ""
-    inforom = node.fault("inforom-corrupted") and bool(gpus)
-    if any(a in ("-L", "--list-gpus") for a in argv):
-        for index, (address, device) in enumerate(gpus):
-            print(f"GPU {index}: {node.product_name(device)} (UUID: {node.gpu_uuid(address)})")
-        return 0
-    if "-x" in argv or "--xml-format" in argv:
-        print("bootfsm simulator: nvidia-smi XML output (-x) is not simulated")
-        return 2
-    if any(a in ("-q", "--query") for a in argv):
-        state, status = _fabric(node, count_call=True)
-        smi_gpus = [SmiGpu(smi_bus_id(a), node.product_name(d), state, status) for a, d in gpus]
-        if inforom:
-            print(warning)
-        sys.stdout.write(
-            render_smi_query(
-                module.version,
-                cuda_version_for(module.version),
-                smi_gpus,
-                timestamp=time.strftime("%a %b %d %H:%M:%S %Y"),
-            )
-        )
-        return 0
-    if argv:
-        print("Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.")
-        return 2
-    sys.stdout.write(_table(node, module.version, gpus))
-    if inforom:
-        print(warning)
-        return 14
-    return 0
-
-
 COMMANDS: Mapping[str, Callable[[Node, list[str]], int]] = {
     "nvidia-installer": nvidia_installer,
     "dkms": dkms,
     "modprobe": modprobe,
     "nvidia-modprobe": nvidia_modprobe,
-    "nvidia-smi": nvidia_smi,
     "modinfo": modinfo,
 }

@@ -214,6 +214,10 @@ _PACKAGES = ("dpkg", "dpkg-query")
 
 def _handler(name: str) -> _Command | None:
     """The command function for a stand-in name; imports only the module it lives in."""
+    if name == "nvidia-smi":
+        from bootfsm.sim import standin_smi
+
+        return standin_smi.nvidia_smi
     if name in _DRIVER:
         from bootfsm.sim import standin_driver
 

@@ -13,8 +13,9 @@ from bootfsm.parsers.nvidia_smi import (
     SmiFailure,
     SmiGpu,
     classify_smi_failure,
+    device_id_of,
+    parse_fabric_block,
     parse_smi_query,
-    render_smi_query,
 )
 from tests.samples import sample
 
@@ -22,6 +23,52 @@ H100 = "nvidia-smi/q_8xH100-HBM3_hgx_535.161.08_gpud.txt"
 A10 = "nvidia-smi/q_1xA10_535.129.03_gpud.txt"
 TITANV = "nvidia-smi/q_1xTITANV_560.35.03_gpud.txt"
 TRUNCATED = "nvidia-smi/q_H100_truncated_invalid_535.183.01_gpud.txt"
+
+
+ZERO = "00000000-0000-0000-0000-000000000000"
+
+
+# Written by hand from each file's "Device Id" and Fabric lines.
+@pytest.mark.parametrize(
+    ("path", "device_id", "clique", "cluster"),
+    [
+        (H100, 0x2330, "", ""),  # 535 layout: no CliqueId / ClusterUUID lines
+        ("nvidia-smi/q_8xH100-HBM3_hgx_535.183.01_gpud.txt", 0x2330, "", ""),
+        ("nvidia-smi/thamada/H100SXMx8_nvidia-smi-repo_q.txt", 0x2330, "0", ZERO),
+        ("nvidia-smi/thamada/H200x1_gls_q.txt", 0x2335, "0", ZERO),
+        (A10, 0x2236, "", ""),
+        (TITANV, 0x1D81, "N/A", "N/A"),
+        ("nvidia-smi/thamada/RTX5090x1_gls_q.txt", 0x2B85, "N/A", "N/A"),
+        ("nvidia-smi/thamada/H100NVLx2_gls_q.txt", 0x2321, "N/A", "N/A"),
+        ("nvidia-smi/thamada/GH200x1_gls_q.txt", 0x2342, "N/A", "N/A"),
+        ("nvidia-smi/thamada/A100SXMx4_gls_q.txt", 0x20B2, "N/A", "N/A"),
+        ("nvidia-smi/azhpc-diagnostics/q_8xA100-SXM4-40GB_ndv4_460.32.03.txt", 0x20B0, "", ""),
+    ],
+)
+def test_device_id_and_clique_of_every_text_capture(
+    path: str, device_id: int, clique: str, cluster: str
+) -> None:
+    gpus = parse_smi_query(sample(path)).gpus
+    assert {(g.device_id, g.clique_id, g.cluster_uuid) for g in gpus} == {
+        (device_id, clique, cluster)
+    }
+    assert {g.health_summary for g in gpus} == {""}  # no text capture has a Summary line
+
+
+def test_azure_ndv4_capture_has_no_fabric_block() -> None:
+    # 460.32.03 predates the Fabric block; PCI domains are 00000001.. as on Azure.
+    report = parse_smi_query(
+        sample("nvidia-smi/azhpc-diagnostics/q_8xA100-SXM4-40GB_ndv4_460.32.03.txt")
+    )
+    assert (report.driver_version, report.cuda_version, report.attached_gpus) == (
+        "460.32.03",
+        "11.2",
+        8,
+    )
+    domains = ["1", "2", "3", "4", "B", "C", "D", "E"]
+    assert [g.bus_id for g in report.gpus] == [f"0000000{d}:00:00.0" for d in domains]
+    assert {(g.fabric_state, g.fabric_status) for g in report.gpus} == {("", "")}
+    assert {g.product_name for g in report.gpus} == {"A100-SXM4-40GB"}
 
 
 @pytest.mark.parametrize(
@@ -61,6 +108,30 @@ TRUNCATED = "nvidia-smi/q_H100_truncated_invalid_535.183.01_gpud.txt"
             ["03"],
             ("Completed", "Success"),
         ),
+        (
+            "nvidia-smi/thamada/H100SXMx8_nvidia-smi-repo_q.txt",
+            "565.57.01",
+            "12.7",
+            ["NVIDIA H100 80GB HBM3"] * 8,
+            ["18", "2A", "3A", "5D", "9A", "AB", "BA", "DB"],
+            ("Completed", "Success"),
+        ),
+        (
+            "nvidia-smi/thamada/RTX5090x1_gls_q.txt",
+            "570.124.06",
+            "12.8",
+            ["NVIDIA GeForce RTX 5090"],
+            ["02"],
+            ("N/A", "N/A"),
+        ),
+        (
+            "nvidia-smi/thamada/H100NVLx2_gls_q.txt",
+            "550.54.14",
+            "12.4",
+            ["NVIDIA H100 NVL"] * 2,
+            ["AD", "AE"],
+            ("N/A", "N/A"),
+        ),
     ],
 )
 def test_real_samples(
@@ -98,7 +169,7 @@ def test_layout_without_fabric_block() -> None:
     lines = sample(A10).splitlines(keepends=True)
     start = lines.index("    Fabric\n")
     report = parse_smi_query("".join(lines[:start] + lines[start + 3 :]))
-    assert report.gpus[0] == SmiGpu("00000000:07:00.0", "NVIDIA A10", "", "")
+    assert report.gpus[0] == SmiGpu("00000000:07:00.0", "NVIDIA A10", "", "", device_id=0x2236)
 
 
 def test_in_progress_fabric_state() -> None:
@@ -177,66 +248,71 @@ def test_classify_no_driver_and_healthy() -> None:
     assert classify_smi_failure(sample(H100)) is None
 
 
-def test_render_matches_the_real_560_layout() -> None:
-    real = sample(TITANV).splitlines()
-    gpu = SmiGpu("00000000:01:00.0", "NVIDIA TITAN V", "N/A", "N/A")
-    text = render_smi_query("560.35.03", "12.6", [gpu], timestamp="Fri Oct 18 10:13:00 2024")
-    rendered = text.splitlines()
-    assert rendered[:9] == real[:9]  # header, first GPU line and its Product Name line
-    fabric = real.index("    Fabric")
-    assert rendered[9:] == real[fabric : fabric + 5]
+EXCERPTS = "nvidia-smi/fabric_state_excerpts.txt"
 
 
-def test_render_round_trips_and_omits_absent_fabric() -> None:
-    gpus = [
-        SmiGpu("00000008:01:00.0", "NVIDIA GB200", "Completed", "Success"),
-        SmiGpu("00000009:01:00.0", "NVIDIA GB200", "In Progress", "N/A"),
-        SmiGpu("00000018:01:00.0", "NVIDIA GB200", "", ""),
-    ]
-    text = render_smi_query("580.173.02", "13.0", gpus)
-    assert text.count("    Fabric\n") == 2
-    report = parse_smi_query(text)
-    assert (report.driver_version, report.cuda_version, report.attached_gpus) == (
-        "580.173.02",
-        "13.0",
-        3,
+def _excerpt(tag: str) -> str:
+    """The lines of block [tag] of the excerpts file, annotations (#) and shell lines ($) out."""
+    text = sample(EXCERPTS)
+    start = text.index(f"# --- [{tag}]")
+    end = text.find("# --- [", start + 1)
+    block = text[start : end if end != -1 else len(text)]
+    return "\n".join(line for line in block.splitlines() if not line.startswith(("#", "$", "--")))
+
+
+# Values written by hand from fabric_state_excerpts.txt.
+@pytest.mark.parametrize(
+    ("tag", "state", "status", "clique", "cluster", "health"),
+    [
+        ("A", "In Progress", "N/A", "", "", ""),
+        ("B", "Completed", "Success", "", "", ""),
+        ("D", "Completed", "Success", "2", "dc6e40c4-d722-4357-9ba6-5291dd461278", "Unhealthy"),
+        ("E", "Completed", "Insufficient Resources", "0", ZERO, ""),
+        ("G", "In Progress", "N/A", "", "", ""),
+        ("H", "In Progress", "N/A", "", "", ""),
+    ],
+)
+def test_fabric_block_excerpts(
+    tag: str, state: str, status: str, clique: str, cluster: str, health: str
+) -> None:
+    g = parse_fabric_block(_excerpt(tag))
+    assert (g.fabric_state, g.fabric_status, g.clique_id, g.cluster_uuid, g.health_summary) == (
+        state,
+        status,
+        clique,
+        cluster,
+        health,
     )
-    assert report.gpus == tuple(gpus)
+
+
+def test_fabric_block_compacted_gb300_excerpt() -> None:
+    # [C] has the key column narrowed by its author: still read by key, not by column.
+    g = parse_fabric_block(_excerpt("C"))
+    assert (g.fabric_state, g.fabric_status, g.clique_id, g.cluster_uuid, g.health_summary) == (
+        "In Progress",
+        "N/A",
+        "N/A",
+        "N/A",
+        "N/A",
+    )
+
+
+@pytest.mark.parametrize("text", ["", "State : Completed", "    Fabric\n    Processes : None"])
+def test_fabric_block_garbage(text: str) -> None:
+    with pytest.raises(ParseError, match="fabric block"):
+        parse_fabric_block(text)
 
 
 @pytest.mark.parametrize(
-    "gpu",
-    [
-        SmiGpu("not-a-bus", "x", "", ""),
-        SmiGpu("0000:01:00.0 ", "x", "", ""),
-        SmiGpu("0000:01:00.0", " padded", "", ""),
-        SmiGpu("0000:01:00.0", "two\nlines", "", ""),
-    ],
+    ("value", "device"),
+    [("0x233010DE", 0x2330), ("31C210DE", 0x31C2), ("0x2b8510de", 0x2B85), ("N/A", 0), ("", 0)],
 )
-def test_render_refuses_unrenderable_values(gpu: SmiGpu) -> None:
-    with pytest.raises(ValueError, match="render_smi_query"):
-        render_smi_query("570.1", "12.8", [gpu])
+def test_device_id_of(value: str, device: int) -> None:
+    assert device_id_of(value) == device
 
 
-_VALUE = st.text(
-    alphabet=st.characters(blacklist_categories=("Cs", "Cc", "Zl", "Zp")), max_size=30
-).map(str.strip)
-_BUS = st.tuples(st.integers(0, 0xFFFF), st.integers(0, 0xFF), st.integers(0, 0x1F)).map(
-    lambda t: f"{t[0]:08X}:{t[1]:02X}:{t[2]:02X}.0"
-)
-
-
-@given(
-    driver=_VALUE.filter(bool),
-    cuda=_VALUE,
-    gpus=st.lists(
-        st.builds(SmiGpu, _BUS, _VALUE, _VALUE, _VALUE), max_size=4, unique_by=lambda g: g.bus_id
-    ),
-)
-def test_render_parse_round_trip_property(driver: str, cuda: str, gpus: list[SmiGpu]) -> None:
-    report = parse_smi_query(render_smi_query(driver, cuda, gpus))
-    assert (report.driver_version, report.cuda_version) == (driver, cuda)
-    assert report.gpus == tuple(gpus)
+def test_classify_no_devices() -> None:
+    assert classify_smi_failure("No devices were found\n") is SmiFailure.NO_DEVICES
 
 
 @given(st.text())

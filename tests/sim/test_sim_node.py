@@ -205,7 +205,11 @@ def test_simulate_reboot_restarts_grace_fabric_registration(tmp_path: Path) -> N
 
     def state() -> str:
         out = _run(bin_dir, "nvidia-smi", "-q").stdout
-        return next(ln.split(":", 1)[1].strip() for ln in out.splitlines() if "State" in ln)
+        return next(
+            ln.split(":", 1)[1].strip()
+            for ln in out.splitlines()
+            if ln.startswith("        State ")
+        )
 
     assert [state(), state(), state()] == ["In Progress", "In Progress", "Completed"]
     simulate_reboot(tmp_path)

@@ -1,0 +1,114 @@
+"""Parse `nvidia-smi -q -x`: the structured report verify judges the node by.
+
+The XML is read with the standard library (``xml.etree.ElementTree`` over expat), after
+a check on the raw text: every real capture starts with
+``<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_vNN.dtd">`` (an external DTD that expat
+never fetches), so exactly that form is accepted, and any other DOCTYPE, any internal
+DTD subset, any ``<!ENTITY`` declaration and any processing instruction other than the
+XML declaration is refused before a parser sees the text. With no DTD there is nothing to
+expand (no entity bombs, no external entities), so defusedxml would add a dependency to
+a tool that runs as root on every node without closing anything this check leaves open;
+it is not used.
+
+Elements read (names as in the 570-595 captures): ``driver_version`` (or
+``kmd_version``, the name a 615 capture's comment announces as its replacement),
+``cuda_version``, ``attached_gpus``, and per ``<gpu id=BUS>``: ``product_name``,
+``pci/pci_device_id``, ``fabric/{state,status,cliqueId,clusterUuid,health/summary}``.
+An absent element reads as "" (older drivers have no ``fabric``).
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+
+from bootfsm.parsers import ParseError
+from bootfsm.parsers.nvidia_smi import SmiGpu, SmiReport, device_id_of
+
+# nvidia-smi prints this line (exit 14) on stdout whatever the format; it is not XML.
+_INFOROM_WARNING = re.compile(r"^\s*WARNING: infoROM is corrupted at gpu\s*(.*?)\s*$", re.MULTILINE)
+
+__all__ = ["parse_smi_xml"]
+
+_DOCTYPE = re.compile(r'<!DOCTYPE\s+nvidia_smi_log\s+SYSTEM\s+"nvsmi_device_v\d{1,3}\.dtd"\s*>')
+_MARKUP_DECL = re.compile(r"<!(?!--)")
+_PI = re.compile(r"<\?(?!xml[\s?])")
+_BUS_ID = re.compile(r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]")
+
+
+def _check_markup(text: str) -> str:
+    """Refuse DTDs other than the known external one, entities and stray PIs; return text
+    with the known DOCTYPE blanked out."""
+    known = _DOCTYPE.search(text)
+    body = text
+    if known is not None:
+        body = text[: known.start()] + " " * (known.end() - known.start()) + text[known.end() :]
+    decl = _MARKUP_DECL.search(body)
+    if decl is not None:
+        snippet = body[decl.start() : decl.start() + 40]
+        raise ParseError(f"nvidia-smi -q -x: refusing markup declaration {snippet!r}")
+    pi = _PI.search(body)
+    if pi is not None:
+        snippet = body[pi.start() : pi.start() + 40]
+        raise ParseError(f"nvidia-smi -q -x: refusing processing instruction {snippet!r}")
+    return body
+
+
+def _text(node: ET.Element | None, path: str) -> str:
+    found = node.find(path) if node is not None else None
+    return (found.text or "").strip() if found is not None else ""
+
+
+def parse_smi_xml(text: str) -> SmiReport:
+    """Parse `nvidia-smi -q -x`; ParseError on refused markup, bad XML or missing pieces.
+
+    infoROM corruption warnings printed around the XML are taken out and reported in
+    ``inforom_corrupted``.
+    """
+    warnings = tuple(m[1] for m in _INFOROM_WARNING.finditer(text))
+    body = _check_markup(_INFOROM_WARNING.sub("", text).strip())
+    try:
+        root = ET.fromstring(body)  # noqa: S314 - DTDs/entities refused by _check_markup
+    except ET.ParseError as exc:
+        raise ParseError(f"nvidia-smi -q -x: not well-formed XML: {exc}") from exc
+    if root.tag != "nvidia_smi_log":
+        raise ParseError(f"nvidia-smi -q -x: root element is <{root.tag}>, not <nvidia_smi_log>")
+    driver = _text(root, "driver_version") or _text(root, "kmd_version")
+    if not driver:
+        raise ParseError("nvidia-smi -q -x: no <driver_version> (or <kmd_version>)")
+    attached = _text(root, "attached_gpus")
+    if not attached.isascii() or not attached.isdigit():
+        raise ParseError(f"nvidia-smi -q -x: <attached_gpus> is not a number: {attached!r}")
+    gpus: list[SmiGpu] = []
+    for gpu in root.findall("gpu"):
+        bus_id = gpu.get("id", "")
+        if _BUS_ID.fullmatch(bus_id) is None:
+            raise ParseError(f"nvidia-smi -q -x: <gpu id={bus_id!r}> is not a PCI bus id")
+        fabric = gpu.find("fabric")
+        gpus.append(
+            SmiGpu(
+                bus_id=bus_id,
+                product_name=_text(gpu, "product_name"),
+                fabric_state=_text(fabric, "state"),
+                fabric_status=_text(fabric, "status"),
+                device_id=device_id_of(_text(gpu, "pci/pci_device_id")),
+                clique_id=_text(fabric, "cliqueId"),
+                cluster_uuid=_text(fabric, "clusterUuid"),
+                health_summary=_text(fabric, "health/summary"),
+            )
+        )
+    if int(attached) != len(gpus):
+        raise ParseError(
+            f"nvidia-smi -q -x: <attached_gpus> says {int(attached)} but {len(gpus)} <gpu>"
+            " elements were found (truncated output?)"
+        )
+    bus_ids = [g.bus_id for g in gpus]
+    if len(set(bus_ids)) != len(bus_ids):
+        raise ParseError(f"nvidia-smi -q -x: duplicate GPU bus ids in {bus_ids}")
+    return SmiReport(
+        driver_version=driver,
+        cuda_version=_text(root, "cuda_version"),
+        attached_gpus=int(attached),
+        gpus=tuple(gpus),
+        inforom_corrupted=warnings,
+    )
