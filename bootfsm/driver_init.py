@@ -16,7 +16,7 @@ from __future__ import annotations
 from bootfsm.codes import Code
 from bootfsm.context import Context
 from bootfsm.errors import BootError
-from bootfsm.parsers.nvidia_smi import SmiFailure, classify_smi_failure
+from bootfsm.parsers.nvidia_smi import SmiFailure, classify_smi_failure, wrong_module_type
 
 __all__ = [
     "LDCACHE",
@@ -123,6 +123,11 @@ def _smi_answers(ctx: Context, seen: list[str]) -> bool | None:
         raise BootError(
             Code.DRIVER_LIBRARY_MISMATCH, "NVML: Driver/library version mismatch", output=r.output
         )
+    if failure is SmiFailure.NO_DEVICES:  # proprietary module on Blackwell: never retried
+        proc = ctx.host.read_text("/proc/driver/nvidia/version") or ""
+        why = wrong_module_type(r.output, [g.device_id for g in ctx.facts.gpus], proc)
+        if why is not None:
+            raise BootError(Code.WRONG_MODULE_TYPE, why, output=r.tail)
     if r.ok or failure is SmiFailure.INFOROM_CORRUPTED:  # verify reports the infoROM
         return True
     seen.append(f"exit {r.returncode}: {r.output.strip()[-300:]}")

@@ -187,3 +187,29 @@ def test_post_load_nvidia_smi_wait_is_bounded_and_journaled(
         assert (result.outcome.code, result.outcome.state) == (Code.DRIVER_NOT_STARTED, "driver")
         assert "driver.smi_wait = 3 s" in result.outcome.message
         assert wait["answered"] is False and 2.5 <= wait["waited_s"] <= 10
+
+
+@pytest.mark.parametrize(("proc_kind", "final"), [("proprietary", True), ("open", False)])
+def test_no_devices_after_a_proprietary_build_on_blackwell_is_final(
+    tmp_path: Path, proc_kind: str, final: bool
+) -> None:
+    """The post-load check does not retry `No devices were found` when the proprietary
+    module is loaded on a Blackwell GPU: WRONG_MODULE_TYPE (62) at once."""
+    from bootfsm.driver_init import _smi_answers
+    from bootfsm.errors import BootError
+    from tests.test_verify import OPEN, PROPRIETARY, Node
+
+    node = Node(tmp_path, "x86_64", 0x2901, 8)
+    node._script("nvidia-smi", "import sys\nprint('No devices were found')\nsys.exit(6)")
+    (node.root / "proc/driver/nvidia").mkdir(parents=True)
+    proc = PROPRIETARY if proc_kind == "proprietary" else OPEN
+    (node.root / "proc/driver/nvidia/version").write_text(proc)
+    node.ctx.state = "driver"
+    seen: list[str] = []
+    if final:
+        with pytest.raises(BootError) as err:
+            _smi_answers(node.ctx, seen)
+        assert err.value.code.name == "WRONG_MODULE_TYPE"
+        assert "needs the open kernel modules" in err.value.message
+    else:
+        assert _smi_answers(node.ctx, seen) is None and "exit 6" in seen[0]
