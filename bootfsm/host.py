@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from bootfsm import archive as archive_rules
 from bootfsm.archive import check_members
 from bootfsm.codes import Code
 from bootfsm.errors import BootError
@@ -233,8 +234,10 @@ class Host:
                         Code.UNSAFE_ARCHIVE, f"refusing archive {archive.name}: {problem}"
                     )
                 target.mkdir(parents=True, exist_ok=True, mode=0o700)
-                tf.extractall(target, members=members, filter="data")
-        except tarfile.FilterError as exc:
+                archive_rules.extract_members(
+                    tf, str(target), members, use_filter=archive_rules.HAS_EXTRACTION_FILTER
+                )
+        except archive_rules.FILTER_ERRORS as exc:
             raise BootError(Code.UNSAFE_ARCHIVE, f"refusing archive {archive.name}: {exc}") from exc
         except (tarfile.TarError, OSError) as exc:
             raise BootError(Code.HOST_IO_ERROR, f"cannot extract {archive.name}: {exc}") from exc
