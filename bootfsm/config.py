@@ -65,6 +65,8 @@ class SourcesSpec:
 
     runfile_base: str = "https://us.download.nvidia.com/tesla"
     runfile_sha256: str = ""
+    runfile_sha256_x86_64: str = ""
+    runfile_sha256_aarch64: str = ""
     grid_runfile_url: str = ""
     redist_base: str = "https://developer.download.nvidia.com/compute/nvidia-driver/redist"
     cuda_repo: str = (
@@ -84,6 +86,12 @@ class SourcesSpec:
     redist_mirrors: tuple[str, ...] = ()
     cuda_repo_mirrors: tuple[str, ...] = ()
     toolkit_repo_mirrors: tuple[str, ...] = ()
+
+    def runfile_sha256_for(self, runfile_arch: str) -> str:
+        """The runfile sha256 for ``runfile_arch`` (x86_64, aarch64), lower case: the
+        per-architecture key when set, else ``runfile_sha256``; "" when neither is."""
+        per_arch = {"x86_64": self.runfile_sha256_x86_64, "aarch64": self.runfile_sha256_aarch64}
+        return (per_arch.get(runfile_arch) or self.runfile_sha256).lower()
 
 
 @dataclass(frozen=True)
@@ -194,9 +202,10 @@ def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
 
 
 def _check(cfg: Config) -> None:
-    sha = cfg.sources.runfile_sha256
-    if sha and (len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha.lower())):
-        raise ConfigError("sources.runfile_sha256: expected 64 hex digits")
+    for key in ("runfile_sha256", "runfile_sha256_x86_64", "runfile_sha256_aarch64"):
+        sha = getattr(cfg.sources, key)
+        if sha and (len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha.lower())):
+            raise ConfigError(f"sources.{key}: expected 64 hex digits, got {len(sha)} characters")
     v = cfg.driver.version
     if not v or any(not p.isdigit() for p in v.split(".")):
         raise ConfigError(f"driver.version: expected a dotted version like 570.211.01, got {v!r}")

@@ -51,10 +51,12 @@ def judge(ctx: Context, f: NodeFacts) -> None:
         )
     if cfg.driver.install and cfg.driver.kind == "grid" and not cfg.sources.grid_runfile_url:
         raise BootError(Code.CONFIG_INVALID, "driver.kind = grid needs sources.grid_runfile_url")
-    if cfg.driver.install and not cfg.sources.runfile_sha256 and not cfg.sources.allow_unverified:
+    sha = cfg.sources.runfile_sha256_for(f.arch.runfile)
+    if cfg.driver.install and not sha and not cfg.sources.allow_unverified:
         raise BootError(
             Code.UNVERIFIED_ARTIFACT_REFUSED,
-            "the driver runfile has no sha256: set sources.runfile_sha256 "
+            f"the driver runfile has no sha256 for {f.arch.runfile}: set "
+            f"sources.runfile_sha256_{f.arch.runfile} or sources.runfile_sha256 "
             "(or sources.allow_unverified = true)",
         )
 

@@ -67,3 +67,37 @@ def test_permanent_problem_fails_in_detect_with_nothing_downloaded(
     fetched = [e for e in w.mirror.log if not e.path.startswith(("/metadata", "/healthz"))]
     assert fetched == []
     assert w.calls() == []
+
+
+def test_per_arch_runfile_sha256_serves_a_mixed_fleet(make_world: MakeWorld) -> None:
+    """The gb300 (aarch64) node takes runfile_sha256_aarch64; the x86_64 key set beside it
+    to another value is ignored there, and no single key is needed."""
+    w = make_world("gb300")
+    sha = w.runfile_sha256
+    w.config_overrides = {
+        "sources": {
+            "runfile_sha256": "",
+            "runfile_sha256_aarch64": sha,
+            "runfile_sha256_x86_64": "0" * 64,
+        }
+    }
+    w.write_config()
+    result = run_in_process(w)
+    assert result.outcome.code is Code.OK, result.outcome.message
+
+
+def test_per_arch_runfile_sha256_missing_for_this_arch(make_world: MakeWorld) -> None:
+    """Only the x86_64 checksum is configured: an aarch64 node stops in detect with 32,
+    naming the key it needs, before any download."""
+    w = make_world("gb300")
+    w.config_overrides = {
+        "sources": {"runfile_sha256": "", "runfile_sha256_x86_64": w.runfile_sha256}
+    }
+    w.write_config()
+    result = run_in_process(w)
+    assert (result.outcome.code, result.outcome.state) == (
+        Code.UNVERIFIED_ARTIFACT_REFUSED,
+        "detect",
+    )
+    assert "runfile_sha256_aarch64" in result.outcome.message
+    assert [e for e in w.mirror.log if not e.path.startswith(("/metadata", "/healthz"))] == []
