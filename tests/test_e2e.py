@@ -113,7 +113,7 @@ FAULTS = [
     ("stale-driver-in-use", "h100-pcie", Code.REBOOT_REQUIRED, "driver"),
     ("gpu-missing", "h100-pcie", Code.GPU_COUNT_MISMATCH, "verify"),
     ("containerd-restart-fails", "h100-pcie", Code.CONTAINERD_RESTART_FAILED, "join"),
-    ("kernel-headers-missing", "h100-pcie", Code.KERNEL_HEADERS_MISSING, "driver"),
+    ("kernel-headers-missing", "h100-pcie", Code.KERNEL_HEADERS_MISSING, "detect"),
 ]
 
 
