@@ -456,6 +456,79 @@ def test_dpkg_refuses_when_frontend_lock_is_held(make_node: MakeNode, tmp_path: 
     assert node.run("dpkg-query", "-W", "nvidia-imex").stdout == "nvidia-imex\t580.65.06-1\n"
 
 
+def _dpkg_db(root: Path, status: dict[str, str], journal: dict[str, str]) -> None:
+    admin = root / "var/lib/dpkg"
+    (admin / "info").mkdir(parents=True, exist_ok=True)
+    (admin / "updates").mkdir(exist_ok=True)
+    (admin / "available").touch()
+
+    def stanza(name: str, state: str) -> str:
+        return (
+            f"Package: {name}\nStatus: install ok {state}\nPriority: optional\nSection: misc\n"
+            f"Maintainer: T <t@example.com>\nArchitecture: all\nVersion: 1.0\n"
+            f"Description: the {name} package\n"
+        )
+
+    (admin / "status").write_text("\n".join(stanza(n, st) for n, st in status.items()))
+    for i, (name, state) in enumerate(journal.items()):
+        (admin / "updates" / f"{i:04d}").write_text(stanza(name, state))
+    for name in {**status, **journal}:
+        (admin / f"info/{name}.list").write_text("/.\n")
+        (admin / f"info/{name}.md5sums").write_text("")
+
+
+needs_dpkg = pytest.mark.skipif(shutil.which("dpkg") is None, reason="needs the real dpkg")
+_DB = {"alpha": "installed", "bravo": "unpacked", "delta": "half-configured"}
+_JOURNAL = {"charlie": "half-configured", "echo": "half-installed"}
+
+
+@needs_dpkg
+def test_dpkg_audit_and_configure_a_match_the_real_dpkg(
+    make_node: MakeNode, tmp_path: Path
+) -> None:
+    """The stand-in's `--audit` prints what the real dpkg prints for the same database
+    (journal included), and `--configure -a` leaves the same states behind."""
+    node = make_node("h100-pcie")
+    real_root = tmp_path / "real"
+    for root in (node.root, real_root):
+        _dpkg_db(root, _DB, _JOURNAL)
+    real = subprocess.run(
+        ["dpkg", f"--root={real_root}", "--audit"], capture_output=True, text=True, check=False
+    )
+    ours = node.run("dpkg", "--audit")
+    assert (ours.returncode, ours.stdout) == (real.returncode, real.stdout) == (0, real.stdout)
+    assert "charlie" in real.stdout and "bravo" in real.stdout  # not vacuous
+    real_cfg = subprocess.run(
+        ["dpkg", f"--root={real_root}", "--configure", "-a"], capture_output=True, text=True
+    )
+    ours_cfg = node.run("dpkg", "--configure", "-a")
+    assert ours_cfg.returncode == real_cfg.returncode == 0
+    assert sorted(ours_cfg.stdout.splitlines()) == sorted(real_cfg.stdout.splitlines())
+    for root in (node.root, real_root):
+        assert list((root / "var/lib/dpkg/updates").iterdir()) == []
+    again = subprocess.run(
+        ["dpkg", f"--root={real_root}", "--audit"], capture_output=True, text=True
+    )
+    assert node.run("dpkg", "--audit").stdout == again.stdout
+    assert "half installed" in again.stdout  # half-installed needs a reinstall, not configure
+
+
+@needs_dpkg
+def test_dpkg_database_lock_refuses_like_the_real_dpkg(make_node: MakeNode, tmp_path: Path) -> None:
+    node = make_node("h100-pcie")
+    _dpkg_db(node.root, _DB, {})
+    holder = DpkgLockHolder(node.root)
+    holder.path = node.root / "var/lib/dpkg/lock"
+    with holder:
+        real = subprocess.run(
+            ["dpkg", f"--root={node.root}", "--configure", "-a"], capture_output=True, text=True
+        )
+        ours = node.run("dpkg", "--configure", "-a")
+        pid = holder.pid
+    assert (ours.returncode, ours.stderr) == (real.returncode, real.stderr)
+    assert f"dpkg database lock was locked by another process with pid {pid}" in ours.stderr
+
+
 # ------------------------------------------------------------------------- the rest
 
 
