@@ -36,6 +36,7 @@ __all__ = ["DRIVER_VERSION", "FAULTS", "TOOLKIT_VERSION", "World"]
 
 DRIVER_VERSION = "570.211.01"
 TOOLKIT_VERSION = "1.17.2-1"
+NVLSM_VERSION = "2025.06.6"  # the redist 13.0.2 manifest's nvlsm
 TOOLKIT_PACKAGES = (
     "libnvidia-container1",
     "libnvidia-container-tools",
@@ -146,8 +147,16 @@ class World:
             platform=f"linux-{names.redist}",
             start_script_source=standin_script("nvidia-fabricmanager-start.sh", self.root),
         )
+        components = {"fabricmanager": {f"linux-{names.redist}": fm}}
+        if SKUS[self.sku_name].nvlink5:
+            nvlsm = art.build_nvlsm_archive(
+                redist / "nvlsm" / f"linux-{names.redist}",
+                version=NVLSM_VERSION,
+                platform=f"linux-{names.redist}",
+            )
+            components["nvlsm"] = {f"linux-{names.redist}": nvlsm}
         art.write_redistrib_manifest(
-            redist, version=v, components={"fabricmanager": {f"linux-{names.redist}": fm}}
+            redist, version=v, components=components, versions={"nvlsm": NVLSM_VERSION}
         )
         osdir = f"{sku.os_id}{sku.os_version.replace('.', '')}"
         cuda = self.docroot / "cuda" / osdir / names.redist

@@ -258,20 +258,50 @@ def test_fabric_hgx_waits_for_fabric_manager(make_node: MakeNode) -> None:
     assert node.fabric() == ("Completed", "Success")
 
 
-def test_fabric_nvlink5_start_script_starts_fm_and_nvlsm(make_node: MakeNode) -> None:
+def test_fabric_nvlink5_starts_only_through_its_unit(make_node: MakeNode) -> None:
+    """As on a real NVLink5 node: the unit's precheck needs ib_umad and NVLSM; the start
+    script run by hand starts the daemons but leaves nvidia-fabricmanager.service
+    inactive (fm_failure_and_status_excerpts.txt [D]; the 580 unit's ExecStartPre /
+    ExecStart lines)."""
     node = make_node("b200-hgx")
     _ready(node)
     assert node.fabric() == ("In Progress", "N/A")
     script = node.root / "usr/bin/nvidia-fabricmanager-start.sh"
     script.write_text(standin_script("nvidia-fabricmanager-start.sh", node.root))
     script.chmod(0o755)
+    node.add_fm_unit()
+    out = node.run(str(script), "--mode", "precheck")
+    assert out.returncode == 1
+    assert 'Kernel module "ib_umad" has not been loaded' in out.stderr
+    start = node.run("systemctl", "start", "nvidia-fabricmanager")
+    assert start.returncode == 1 and "failed because the control process exited" in start.stderr
+    assert node.run("modprobe", "ib_umad").returncode == 0
+    assert (node.root / "sys/module/ib_umad").is_dir()
+    out = node.run(str(script), "--mode", "start")
+    assert out.returncode == 1 and '"/opt/nvidia/nvlsm/sbin/nvlsm" does not exist' in out.stderr
+    nvlsm = node.root / "opt/nvidia/nvlsm/sbin/nvlsm"
+    nvlsm.parent.mkdir(parents=True)
+    nvlsm.write_text("#!/bin/sh\n")
     out = node.run(str(script), "--mode", "start")
     assert out.returncode == 0, out.stderr
     assert "Detected NVL5+ system" in out.stdout
+    # the unit stays as its last start left it, whatever the script did by hand
+    assert node.run("systemctl", "is-active", "nvidia-fabricmanager").stdout == "failed\n"
+    start = node.run("systemctl", "start", "nvidia-fabricmanager")
+    assert start.returncode == 0, start.stderr
     assert node.run("systemctl", "is-active", "nvidia-fabricmanager", "nvlsm").stdout == (
         "active\nactive\n"
     )
     assert node.fabric() == ("Completed", "Success")
+
+
+def test_ib_umad_missing_fault(make_node: MakeNode) -> None:
+    node = make_node("b200-hgx", "ib-umad-missing")
+    out = node.run("modprobe", "ib_umad")
+    assert out.returncode == 1
+    assert out.stderr == (
+        "modprobe: FATAL: Module ib_umad not found in directory /lib/modules/6.8.0-1021-azure\n"
+    )
 
 
 def test_fabric_manager_fails_without_switches(make_node: MakeNode) -> None:
