@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
@@ -182,6 +183,8 @@ def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
     if isinstance(default, int | float):
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{where}: expected a number, got {value!r}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{where}: expected a finite number, got {value!r}")
         if (section, key) in _POSITIVE and value <= 0:
             raise ConfigError(f"{where}: must be greater than 0, got {value!r}")
         if isinstance(default, int) and not isinstance(default, bool):

@@ -99,3 +99,10 @@ def test_runfile_sha256_per_architecture() -> None:
 def test_runfile_sha256_per_architecture_is_validated(key: str, value: object) -> None:
     with pytest.raises(ConfigError, match=f"sources.{key}"):
         parse_config({"sources": {key: value}})
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_numbers_are_refused(value: float) -> None:
+    """nan passes every `<= 0` check; it must not become a deadline."""
+    with pytest.raises(ConfigError, match="run.deadline: expected a finite number"):
+        parse_config({"run": {"deadline": value}})
