@@ -2,11 +2,28 @@
 
 from __future__ import annotations
 
+import copy
 import posixpath
 import tarfile
 from collections.abc import Iterable
 
-__all__ = ["check_member", "check_members"]
+__all__ = [
+    "FILTER_ERRORS",
+    "HAS_EXTRACTION_FILTER",
+    "check_member",
+    "check_members",
+    "extract_members",
+]
+
+HAS_EXTRACTION_FILTER: bool = hasattr(tarfile, "data_filter") and hasattr(tarfile, "FilterError")
+"""Python's tar extraction filters (PEP 706) exist from 3.11.4 (and in 3.8.17+, 3.9.17+,
+3.10.12+ backports); Debian 12's python3 is 3.11.2 and has none. The feature is
+detected, never the version string."""
+
+FILTER_ERRORS: tuple[type[Exception], ...] = (
+    (tarfile.FilterError,) if HAS_EXTRACTION_FILTER else ()  # type: ignore[attr-defined,unused-ignore]
+)
+"""What the ``data`` filter raises; empty where the filter does not exist."""
 
 _ALLOWED = {tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.DIRTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE}
 
@@ -73,3 +90,32 @@ def check_members(members: Iterable[tuple[str, bytes, str]]) -> str | None:
         if type_ == tarfile.SYMTYPE:
             links.add(posixpath.normpath(name))
     return None
+
+
+def _sanitized(member: tarfile.TarInfo) -> tarfile.TarInfo:
+    """What the ``data`` filter does to a member already judged safe: no setuid, setgid
+    or sticky bit, no group/other write, owned by whoever extracts (root here)."""
+    clean = member.replace(deep=False) if hasattr(member, "replace") else copy.copy(member)
+    if clean.isreg() or clean.islnk():
+        clean.mode = (clean.mode & 0o755) | 0o600
+    elif clean.isdir():
+        clean.mode = (clean.mode & 0o755) | 0o700
+    clean.uid = clean.gid = 0
+    clean.uname = clean.gname = "root"
+    return clean
+
+
+def extract_members(
+    tf: tarfile.TarFile, target: str, members: list[tarfile.TarInfo], *, use_filter: bool
+) -> None:
+    """Extract members that ``check_members`` accepted (the caller's duty) into ``target``.
+
+    With ``use_filter`` (``HAS_EXTRACTION_FILTER``) Python's ``data`` filter applies as
+    well; without it bootfsm's own rules (already applied by the caller) are the only
+    gate and the members' modes and owners are cleaned as the filter would.
+    """
+    if use_filter:
+        tf.extractall(target, members=members, filter="data")
+        return
+    # members were checked by check_members (absolute, "..", links, devices refused)
+    tf.extractall(target, members=[_sanitized(m) for m in members])  # noqa: S202

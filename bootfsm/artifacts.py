@@ -44,6 +44,7 @@ __all__ = [
 ]
 
 FM_COMPONENT = "fabricmanager"
+NVLSM_COMPONENT = "nvlsm"  # NVLink5 subnet manager, in the driver redist manifest since 580
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class Artifact:
     """One file to download: where from, what it must hash to, where it is cached."""
 
     name: str
-    role: str  # runfile | fabricmanager | imex | toolkit
+    role: str  # runfile | fabricmanager | nvlsm | imex | toolkit
     url: str
     sha256: str
     size: int | None
@@ -146,7 +147,7 @@ def _ordered(bases: Sequence[str], first: int) -> tuple[str, ...]:
 
 def _runfile(cfg: Config, facts: NodeFacts) -> Artifact:
     assert facts.arch is not None
-    sha = cfg.sources.runfile_sha256.lower()
+    sha = cfg.sources.runfile_sha256_for(facts.arch.runfile)
     if cfg.driver.kind == "grid":
         url = expand(cfg.sources.grid_runfile_url, cfg, facts)
         return Artifact("runfile", "runfile", url, sha, None, _filename(url))
@@ -227,11 +228,12 @@ def resolve(
             )
         )
     if "redistrib" in urls:
-        out.append(
-            _fabricmanager(
-                facts, bases("redistrib"), urls["redistrib"], _index(indexes, "redistrib", urls)
+        text = _index(indexes, "redistrib", urls)
+        out.append(_component(facts, bases("redistrib"), urls["redistrib"], text, FM_COMPONENT))
+        if facts.nvlink5:
+            out.append(
+                _component(facts, bases("redistrib"), urls["redistrib"], text, NVLSM_COMPONENT)
             )
-        )
     if "cuda_packages" in urls:
         branch = cfg.driver.version.split(".", 1)[0]
         out.append(
@@ -254,24 +256,28 @@ def resolve(
     return out
 
 
-def _fabricmanager(facts: NodeFacts, bases: Sequence[str], url: str, text: str) -> Artifact:
+def _component(facts: NodeFacts, bases: Sequence[str], url: str, text: str, key: str) -> Artifact:
+    """A redist archive (fabric manager, NVLSM) for this node's platform, with the
+    manifest's sha256 and size. NVLSM missing is NVLSM_INSTALL_FAILED: the manifest
+    predates 580 or this platform has none."""
     assert facts.arch is not None
     try:
         manifest = parse_redistrib(text)
     except ParseError as exc:
         raise BootError(Code.INDEX_INVALID, f"{redact_url(url)}: {exc}") from exc
     platform = f"linux-{facts.arch.redist}"
-    comp = manifest.components.get(FM_COMPONENT)
+    comp = manifest.components.get(key)
     entry = comp.platforms.get(platform) if comp else None
     if entry is None:
-        raise BootError(
-            Code.ARTIFACT_NOT_FOUND,
-            f"{FM_COMPONENT} for {platform} is not listed in {redact_url(url)}",
+        code = Code.NVLSM_INSTALL_FAILED if key == NVLSM_COMPONENT else Code.ARTIFACT_NOT_FOUND
+        need = (
+            " (NVLink5 needs it; driver 580+ manifests list it)" if key == NVLSM_COMPONENT else ""
         )
+        raise BootError(code, f"{key} for {platform} is not listed in {redact_url(url)}{need}")
     urls = [join_url(b, entry.relative_path) for b in bases]
     return Artifact(
-        FM_COMPONENT,
-        "fabricmanager",
+        key,
+        key,
         urls[0],
         entry.sha256.lower(),
         entry.size,

@@ -57,17 +57,22 @@ class Code(IntEnum):
     REBOOT_REQUIRED = 42
     MODULE_LOAD_FAILED = 43
     TOOLKIT_INSTALL_FAILED = 44
+    DPKG_REPAIR_FAILED = 48
     FABRIC_MANAGER_FAILED = 50
     FABRIC_NOT_READY = 51
     IMEX_INSTALL_FAILED = 52
     FABRIC_STATUS_FAILED = 53
     FABRIC_UNHEALTHY = 54
+    NVLSM_INSTALL_FAILED = 55
+    IB_UMAD_NOT_LOADED = 56
     DRIVER_LIBRARY_MISMATCH = 60
     GPU_COUNT_MISMATCH = 61
     WRONG_MODULE_TYPE = 62
     CONTAINERD_RESTART_FAILED = 90
     KUBELET_NOT_HEALTHY = 91
     CDI_REFRESH_FAILED = 92
+    CONTAINERD_CONFIG_INVALID = 93
+    CONTAINERD_RUNTIME_MISSING = 94
     DOWNLOAD_TIMEOUT = 83
     DRIVER_NOT_STARTED = 84
     DRIVER_INSTALL_TIMEOUT = 85
@@ -247,7 +252,8 @@ CODES: dict[Code, CodeInfo] = {
         _row(
             Code.DPKG_LOCK_TIMEOUT,
             "the dpkg lock stayed held past driver.dpkg_lock_timeout",
-            "another package operation (unattended-upgrades?) holds /var/lib/dpkg/lock-frontend",
+            "another package operation (unattended-upgrades?) holds /var/lib/dpkg/lock-frontend"
+            " or /var/lib/dpkg/lock",
             transient=True,
             cse=85,
         ),
@@ -273,6 +279,12 @@ CODES: dict[Code, CodeInfo] = {
             Code.TOOLKIT_INSTALL_FAILED,
             "the NVIDIA container toolkit packages did not install",
             "see the dpkg output in `bootfsm trace`",
+            cse=84,
+        ),
+        _row(
+            Code.DPKG_REPAIR_FAILED,
+            "an interrupted dpkg left the database half-done and dpkg --configure -a failed",
+            "see its output in `bootfsm trace`; repair what `dpkg --audit` lists",
             cse=84,
         ),
         _row(
@@ -307,6 +319,18 @@ CODES: dict[Code, CodeInfo] = {
             "check `nvidia-smi -q -d FABRIC` Health fields and the NVLink domain (IMEX, NVSwitch"
             " trays); the GPU is attached but not fit for work",
             transient=True,
+            cse=84,
+        ),
+        _row(
+            Code.NVLSM_INSTALL_FAILED,
+            "NVLSM (the NVLink5 subnet manager) is not in the redist manifest or did not install",
+            "NVLink5 nodes need the manifest's nvlsm component (580+ redist); check the manifest",
+            cse=84,
+        ),
+        _row(
+            Code.IB_UMAD_NOT_LOADED,
+            "the ib_umad kernel module did not load; fabric manager cannot start on NVLink5",
+            "install the kernel's InfiniBand modules (linux-modules-extra / MOFED); see dmesg",
             cse=84,
         ),
         _row(
@@ -345,6 +369,18 @@ CODES: dict[Code, CodeInfo] = {
             Code.CDI_REFRESH_FAILED,
             "the CDI specification could not be generated",
             "run `nvidia-ctk cdi generate` by hand to see why",
+            cse=84,
+        ),
+        _row(
+            Code.CONTAINERD_CONFIG_INVALID,
+            "/etc/containerd/config.toml cannot be read as TOML or its imports line edited",
+            "fix config.toml (containerd config dump shows the merged view)",
+            cse=84,
+        ),
+        _row(
+            Code.CONTAINERD_RUNTIME_MISSING,
+            "containerd's merged config has no nvidia runtime after the drop-in was written",
+            "check `containerd config dump`: config.toml must import the drop-in directory",
             cse=84,
         ),
         _row(

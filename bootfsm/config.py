@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
@@ -66,6 +67,8 @@ class SourcesSpec:
 
     runfile_base: str = "https://us.download.nvidia.com/tesla"
     runfile_sha256: str = ""
+    runfile_sha256_x86_64: str = ""
+    runfile_sha256_aarch64: str = ""
     grid_runfile_url: str = ""
     redist_base: str = "https://developer.download.nvidia.com/compute/nvidia-driver/redist"
     cuda_repo: str = (
@@ -85,6 +88,12 @@ class SourcesSpec:
     redist_mirrors: tuple[str, ...] = ()
     cuda_repo_mirrors: tuple[str, ...] = ()
     toolkit_repo_mirrors: tuple[str, ...] = ()
+
+    def runfile_sha256_for(self, runfile_arch: str) -> str:
+        """The runfile sha256 for ``runfile_arch`` (x86_64, aarch64), lower case: the
+        per-architecture key when set, else ``runfile_sha256``; "" when neither is."""
+        per_arch = {"x86_64": self.runfile_sha256_x86_64, "aarch64": self.runfile_sha256_aarch64}
+        return (per_arch.get(runfile_arch) or self.runfile_sha256).lower()
 
 
 @dataclass(frozen=True)
@@ -177,6 +186,8 @@ def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
     if isinstance(default, int | float):
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{where}: expected a number, got {value!r}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{where}: expected a finite number, got {value!r}")
         if (section, key) in _POSITIVE and value <= 0:
             raise ConfigError(f"{where}: must be greater than 0, got {value!r}")
         if isinstance(default, int) and not isinstance(default, bool):
@@ -197,9 +208,10 @@ def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
 
 
 def _check(cfg: Config) -> None:
-    sha = cfg.sources.runfile_sha256
-    if sha and (len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha.lower())):
-        raise ConfigError("sources.runfile_sha256: expected 64 hex digits")
+    for key in ("runfile_sha256", "runfile_sha256_x86_64", "runfile_sha256_aarch64"):
+        sha = getattr(cfg.sources, key)
+        if sha and (len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha.lower())):
+            raise ConfigError(f"sources.{key}: expected 64 hex digits, got {len(sha)} characters")
     v = cfg.driver.version
     if not v or any(not p.isdigit() for p in v.split(".")):
         raise ConfigError(f"driver.version: expected a dotted version like 570.211.01, got {v!r}")

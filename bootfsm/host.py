@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from bootfsm import archive as archive_rules
 from bootfsm.archive import check_members
 from bootfsm.codes import Code
 from bootfsm.errors import BootError
@@ -277,8 +278,10 @@ class Host:
                         Code.UNSAFE_ARCHIVE, f"refusing archive {archive.name}: {problem}"
                     )
                 target.mkdir(parents=True, exist_ok=True, mode=0o700)
-                tf.extractall(target, members=members, filter="data")
-        except tarfile.FilterError as exc:
+                archive_rules.extract_members(
+                    tf, str(target), members, use_filter=archive_rules.HAS_EXTRACTION_FILTER
+                )
+        except archive_rules.FILTER_ERRORS as exc:
             raise BootError(Code.UNSAFE_ARCHIVE, f"refusing archive {archive.name}: {exc}") from exc
         except (tarfile.TarError, OSError) as exc:
             raise BootError(Code.HOST_IO_ERROR, f"cannot extract {archive.name}: {exc}") from exc
@@ -373,6 +376,50 @@ class Host:
                 output=result.tail,
             )
         return result
+
+    def capture(
+        self, argv: Sequence[str], *, timeout: float, max_bytes: int = 1 << 20
+    ) -> tuple[CommandResult, str]:
+        """Run argv (no shell) like ``run``, but keep its standard output whole (up to
+        ``max_bytes``) for commands whose output is data (``containerd config dump`` is
+        larger than ``run``'s tail). The result's output is stderr's tail."""
+        exe = self.which(argv[0])
+        if exe is None:
+            raise BootError(Code.COMMAND_MISSING, f"command not found on PATH: {argv[0]}")
+        start = self.monotonic()
+        timed_out = False
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            proc = subprocess.Popen(
+                [exe, *argv[1:]],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                env={**self.env, "LC_ALL": "C.UTF-8"},
+                start_new_session=True,
+            )
+            self._child = proc
+            try:
+                proc.wait(timeout=max(timeout, 0.01))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                self._kill_group(proc)
+            finally:
+                self._child = None
+            out.seek(0)
+            data = out.read(max_bytes).decode("utf-8", errors="replace")
+            size = err.seek(0, os.SEEK_END)
+            err.seek(max(0, size - OUTPUT_TAIL_BYTES))
+            tail = err.read().decode("utf-8", errors="replace")
+        result = CommandResult(
+            argv=tuple(argv),
+            returncode=proc.returncode if proc.returncode is not None else -9,
+            duration_s=round(self.monotonic() - start, 4),
+            output=tail,
+            timed_out=timed_out,
+        )
+        if self.on_command is not None:
+            self.on_command(result)
+        return result, data
 
     def stop_child(self) -> list[str] | None:
         """Stop the command in flight and its whole process group.

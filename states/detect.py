@@ -9,6 +9,7 @@ from bootfsm.context import Context
 from bootfsm.errors import BootError, TransientError
 from bootfsm.facts import NodeFacts, gather_facts
 from bootfsm.hardware import requires_open_module
+from bootfsm.marker import Marker, check_marker, expected_marker, read_marker
 from bootfsm.parsers import ParseError
 from bootfsm.parsers.vmsize import parse_imds_vm_size
 
@@ -51,10 +52,12 @@ def judge(ctx: Context, f: NodeFacts) -> None:
         )
     if cfg.driver.install and cfg.driver.kind == "grid" and not cfg.sources.grid_runfile_url:
         raise BootError(Code.CONFIG_INVALID, "driver.kind = grid needs sources.grid_runfile_url")
-    if cfg.driver.install and not cfg.sources.runfile_sha256 and not cfg.sources.allow_unverified:
+    sha = cfg.sources.runfile_sha256_for(f.arch.runfile)
+    if cfg.driver.install and not sha and not cfg.sources.allow_unverified:
         raise BootError(
             Code.UNVERIFIED_ARTIFACT_REFUSED,
-            "the driver runfile has no sha256: set sources.runfile_sha256 "
+            f"the driver runfile has no sha256 for {f.arch.runfile}: set "
+            f"sources.runfile_sha256_{f.arch.runfile} or sources.runfile_sha256 "
             "(or sources.allow_unverified = true)",
         )
 
@@ -73,6 +76,50 @@ def _vm_size(ctx: Context) -> str | None:
         return None
 
 
+def must_build(ctx: Context, f: NodeFacts) -> str | None:
+    """Why this boot will compile the driver (a reason), or None when it will not: the
+    image ships the driver (driver.install = false), the configured version is already
+    loaded, or a bake marker matches this node (read-only)."""
+    cfg = ctx.config.driver
+    if not cfg.install:
+        return None
+    loaded = (ctx.host.read_text("/sys/module/nvidia/version") or "").strip()
+    if loaded == cfg.version:
+        return None
+    m = read_marker(ctx.host, ctx.config)
+    if m is None:
+        return "no bake marker"
+    if not isinstance(m, Marker):
+        return f"unreadable bake marker ({m})"
+    needs_open = requires_open_module(g.model for g in f.gpus)
+    diff = check_marker(m, expected_marker(ctx.config, f), needs_open=needs_open)
+    return f"bake marker differs in {diff[0].field}" if diff else None
+
+
+def _headers_present(ctx: Context, build: str) -> bool:
+    """``build`` exists on the node; its usual form is an absolute symlink to
+    /usr/src/linux-headers-<kernel>, resolved inside the node root (``--root``)."""
+    target = ctx.host.readlink(build) if ctx.host.is_symlink(build) else None
+    if target is not None and target.startswith("/") and ".." not in target.split("/"):
+        return ctx.host.exists(target)
+    return ctx.host.exists(build)
+
+
+def check_headers(ctx: Context, f: NodeFacts) -> None:
+    """KERNEL_HEADERS_MISSING before any download when the driver must be built and
+    /lib/modules/<kernel>/build (what DKMS compiles against) is absent."""
+    reason = must_build(ctx, f)
+    build = f"/lib/modules/{f.kernel}/build"
+    if reason is None or _headers_present(ctx, build):
+        return
+    raise BootError(
+        Code.KERNEL_HEADERS_MISSING,
+        f"{build} is missing and the driver must be built here ({reason}): install the "
+        f"headers of kernel {f.kernel} (linux-headers-{f.kernel}) in the image, or bake "
+        "the module (bootfsm bake)",
+    )
+
+
 def run(ctx: Context) -> None:
     """Gather facts, journal them, and stop on the first permanent problem."""
     facts = gather_facts(ctx.host)
@@ -80,4 +127,5 @@ def run(ctx: Context) -> None:
         facts = replace(facts, vm_size=_vm_size(ctx))
     ctx.journal.event("node.facts", durable=True, **facts.summary())
     judge(ctx, facts)
+    check_headers(ctx, facts)
     ctx.facts_ = facts

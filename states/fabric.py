@@ -1,8 +1,14 @@
-"""fabric: fabric manager from NVIDIA's redist archive, enabled and running (x86 NVSwitch).
+"""fabric: fabric manager from NVIDIA's redist archive, enabled and running (x86 NVSwitch,
+and NVLink5 HGX B200/B300 with NVLSM).
 
-Only entered when ``needs_fabric_manager`` holds. On every other node the transition
-callback ``disable_stale_unit`` turns off a fabric manager unit an older image left
-enabled, which would otherwise fail at boot and fail provisioning.
+Only entered when ``needs_fabric_manager`` holds. Fabric manager always starts through
+its unit: the 570+ archive's ``nvidia-fabricmanager.service`` runs
+``nvidia-fabricmanager-start.sh --mode precheck`` then ``--mode start``, and on an
+NVLink5 system that script starts NVLSM (``/opt/nvidia/nvlsm/sbin/nvlsm``) and fabric
+manager inside the unit. Run by hand, the script leaves the unit inactive. On NVLink5
+the precheck needs the ``ib_umad`` module loaded and NVLSM installed, so both come
+first. On every other node the transition callback ``disable_stale_unit`` turns off a
+fabric manager unit an older image left enabled, which would otherwise fail at boot.
 """
 
 from __future__ import annotations
@@ -10,16 +16,18 @@ from __future__ import annotations
 from bootfsm.codes import Code
 from bootfsm.context import Context
 from bootfsm.errors import BootError
-from bootfsm.store import verified
+from bootfsm.store import resolved, verified
 from bootfsm.units import enabled_state, is_active, systemctl
 
 NAME = "fabric"
 UNIT = "nvidia-fabricmanager.service"
 START_SCRIPT = "/usr/bin/nvidia-fabricmanager-start.sh"
+NVLSM_BIN = "/opt/nvidia/nvlsm/sbin/nvlsm"
+IB_UMAD_LOAD = "/etc/modules-load.d/ib_umad.conf"
 
 
-def _marker(ctx: Context) -> str:
-    return f"{ctx.config.run.state_dir}/fabricmanager.version"
+def _marker(ctx: Context, what: str = "fabricmanager") -> str:
+    return f"{ctx.config.run.state_dir}/{what}.version"
 
 
 def install_map(arch_dir: str) -> list[tuple[str, str]]:
@@ -39,9 +47,28 @@ def install_map(arch_dir: str) -> list[tuple[str, str]]:
     ]
 
 
+NVLSM_DIRS = (("lib", "/opt/nvidia/nvlsm/lib"), ("share/nvidia/nvlsm", "/usr/share/nvidia/nvlsm"))
+"""NVLSM archive directories and where their files go (the start script runs
+/opt/nvidia/nvlsm/sbin/nvlsm with -F /usr/share/nvidia/nvlsm/nvlsm.conf)."""
+
+
+def _nvlsm_ok(ctx: Context) -> bool:
+    """The resolved NVLSM archive is the one installed, and its binary is in place."""
+    want = next((a.filename for a in resolved(ctx) or [] if a.role == "nvlsm"), "")
+    have = (ctx.host.read_text(_marker(ctx, "nvlsm")) or "").strip()
+    return bool(want) and have == want and ctx.host.exists(NVLSM_BIN)
+
+
+def _ib_umad_loaded(ctx: Context) -> bool:
+    return ctx.host.exists("/sys/module/ib_umad")
+
+
 def satisfied(ctx: Context) -> bool:
-    """The configured version is installed, the unit enabled and active."""
+    """The configured version is installed (and NVLSM and ib_umad on NVLink5), the unit
+    enabled and active."""
     installed = (ctx.host.read_text(_marker(ctx)) or "").strip()
+    if ctx.facts.nvlink5 and not (_ib_umad_loaded(ctx) and _nvlsm_ok(ctx)):
+        return False
     return (
         installed == ctx.config.driver.version
         and enabled_state(ctx, UNIT) == "enabled"
@@ -49,18 +76,23 @@ def satisfied(ctx: Context) -> bool:
     )
 
 
-def _install(ctx: Context) -> None:
-    [(art, archive)] = verified(ctx, "fabricmanager")
-    dest = f"{ctx.config.run.state_dir}/extract/{art.filename.removesuffix('.tar.xz')}"
+def _extract(ctx: Context, role: str, suffix: str, code: Code) -> tuple[str, str]:
+    """Extract the verified archive of ``role``: (its file name, its one top directory)."""
+    [(art, archive)] = verified(ctx, role)
+    dest = f"{ctx.config.run.state_dir}/extract/{art.filename.removesuffix(suffix)}"
     ctx.host.rmtree(dest)
     names = ctx.host.extract_tar(archive, dest)
     tops = {n.split("/", 1)[0] for n in names}
     if len(tops) != 1:
-        raise BootError(Code.FABRIC_MANAGER_FAILED, f"{art.filename}: expected one top directory")
-    top = f"{dest}/{tops.pop()}"
+        raise BootError(code, f"{art.filename}: expected one top directory")
+    return art.filename, f"{dest}/{tops.pop()}"
+
+
+def _install(ctx: Context) -> None:
+    name, top = _extract(ctx, "fabricmanager", ".tar.xz", Code.FABRIC_MANAGER_FAILED)
     for src, dst in install_map(ctx.facts.raw_arch):
         if not ctx.host.exists(f"{top}/{src}") and not ctx.host.is_symlink(f"{top}/{src}"):
-            raise BootError(Code.FABRIC_MANAGER_FAILED, f"{art.filename} lacks {src}")
+            raise BootError(Code.FABRIC_MANAGER_FAILED, f"{name} lacks {src}")
         ctx.host.install_file(f"{top}/{src}", dst)
     for topo in ctx.host.listdir(f"{top}/share/nvidia/nvswitch"):
         ctx.host.install_file(
@@ -70,23 +102,57 @@ def _install(ctx: Context) -> None:
     ctx.event("fabricmanager.installed", version=ctx.config.driver.version)
 
 
+def install_nvlsm(ctx: Context) -> None:
+    """NVLSM from its verified redist archive: sbin/nvlsm to /opt/nvidia/nvlsm/sbin, its
+    libraries and configuration beside it (NVLSM_INSTALL_FAILED when incomplete)."""
+    code = Code.NVLSM_INSTALL_FAILED
+    name, top = _extract(ctx, "nvlsm", ".tar.xz", code)
+    if not ctx.host.exists(f"{top}/sbin/nvlsm"):
+        raise BootError(code, f"{name} lacks sbin/nvlsm")
+    ctx.host.install_file(f"{top}/sbin/nvlsm", NVLSM_BIN, 0o755)
+    for src, dst in NVLSM_DIRS:
+        for entry in ctx.host.listdir(f"{top}/{src}"):
+            ctx.host.install_file(f"{top}/{src}/{entry}", f"{dst}/{entry}")
+    if not ctx.host.exists("/usr/share/nvidia/nvlsm/nvlsm.conf"):
+        raise BootError(code, f"{name} lacks share/nvidia/nvlsm/nvlsm.conf")
+    if ctx.host.exists(f"{top}/LICENSE"):
+        ctx.host.install_file(f"{top}/LICENSE", "/usr/share/doc/nvlsm/LICENSE")
+    ctx.host.write_atomic(_marker(ctx, "nvlsm"), name + "\n", 0o600)
+    ctx.event("nvlsm.installed", archive=name)
+
+
+def load_ib_umad(ctx: Context) -> None:
+    """``modprobe ib_umad`` (the unit's precheck refuses to start without it) and
+    /etc/modules-load.d/ib_umad.conf so it loads at every boot; IB_UMAD_NOT_LOADED."""
+    if ctx.host.read_text(IB_UMAD_LOAD) != "ib_umad\n":
+        ctx.host.write_atomic(IB_UMAD_LOAD, "ib_umad\n")
+    if _ib_umad_loaded(ctx):
+        return
+    r = ctx.run(["modprobe", "ib_umad"], timeout=60)
+    if not r.ok or not _ib_umad_loaded(ctx):
+        raise BootError(
+            Code.IB_UMAD_NOT_LOADED,
+            'kernel module "ib_umad" did not load: fabric manager cannot start on NVLink5',
+            output=r.output[-1000:],
+        )
+    ctx.event("module.loaded", module="ib_umad")
+
+
 def run(ctx: Context) -> None:
-    """Install from the verified archive, enable the unit, start it (NVLSM on NVLink5)."""
+    """Install from the verified archives; on NVLink5 NVLSM and ib_umad first; then
+    enable and start the unit (which runs the start script) and require it active."""
     if (ctx.host.read_text(_marker(ctx)) or "").strip() != ctx.config.driver.version:
         _install(ctx)
+    if ctx.facts.nvlink5:
+        if not _nvlsm_ok(ctx):
+            install_nvlsm(ctx)
+        load_ib_umad(ctx)
     code = Code.FABRIC_MANAGER_FAILED
     ctx.require(["ldconfig"], code=code, timeout=120)
     systemctl(ctx, "daemon-reload", code=code)
     systemctl(ctx, "enable", UNIT, code=code)
-    if ctx.facts.nvlink5:
-        ctx.require(
-            [str(ctx.host.path(START_SCRIPT)), "--mode", "start"],
-            code=code,
-            timeout=180,
-            what="nvidia-fabricmanager-start.sh failed (fabric manager + NVLSM)",
-        )
-    else:
-        systemctl(ctx, "start", UNIT, code=code, timeout=180)
+    ctx.run(["systemctl", "reset-failed", UNIT], timeout=15)  # a failed earlier try
+    systemctl(ctx, "start", UNIT, code=code, timeout=180, what=f"systemctl start {UNIT} failed")
     if not is_active(ctx, UNIT):
         raise BootError(code, f"{UNIT} is not active after start")
 

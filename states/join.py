@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 
+from bootfsm import containerd
 from bootfsm.cdi import EMPTY_DEVICE_EDITS, mig_modes, tolerated_case
 from bootfsm.codes import Code
+from bootfsm.containerd import CONFIG, DROPIN, ContainerdConfigError
 from bootfsm.context import Context
 from bootfsm.errors import BootError, CommandError, TransientError
 from bootfsm.parsers import ParseError
@@ -13,32 +15,15 @@ from bootfsm.parsers.driver_info import parse_containerd_version
 from bootfsm.units import is_active, systemctl
 
 NAME = "join"
-DROPIN = "/etc/containerd/config.d/10-nvidia-runtime.toml"
 UDEV_RULE = "/etc/udev/rules.d/71-nvidia-dev-char.rules"
 UDEV_TEXT = (
     'ACTION=="add", DEVPATH=="/bus/pci/drivers/nvidia", '
     'RUN+="/usr/bin/nvidia-ctk system create-dev-char-symlinks --create-all"\n'
 )
-CRI_PLUGIN = {1: "io.containerd.grpc.v1.cri", 2: "io.containerd.cri.v1.runtime"}
 CDI_SPEC = "/etc/cdi/nvidia.yaml"
 CDI_TOLERATED = "/run/bootfsm/cdi-tolerated"  # this boot's generate failed harmlessly
 CDI_UNIT = "nvidia-cdi-refresh.service"
 CDI_UNIT_DIRS = ("/etc/systemd/system", "/lib/systemd/system", "/usr/lib/systemd/system")
-
-
-def dropin_text(major: int) -> str:
-    """The containerd drop-in registering the nvidia runtime (plugin path by major)."""
-    plugin = CRI_PLUGIN[2 if major >= 2 else 1]
-    version = 3 if major >= 2 else 2
-    base = f'[plugins."{plugin}".containerd.runtimes.nvidia]'
-    return (
-        f"# written by bootfsm for containerd {major}.x\n"
-        f"version = {version}\n\n"
-        f"{base}\n"
-        '  runtime_type = "io.containerd.runc.v2"\n\n'
-        f'[plugins."{plugin}".containerd.runtimes.nvidia.options]\n'
-        '  BinaryName = "/usr/bin/nvidia-container-runtime"\n'
-    )
 
 
 def _marker(ctx: Context) -> str:
@@ -75,6 +60,11 @@ def satisfied(ctx: Context) -> bool:
         return False
     if ctx.config.join.cdi_refresh and not _cdi_fresh(ctx):
         return False
+    try:
+        if containerd.ensure_import(ctx.host.read_text(CONFIG)) is not None:
+            return False  # config.toml does not import the drop-in (edited since?)
+    except ContainerdConfigError:
+        return False
     return not ctx.config.join.start_kubelet or bool(_healthy(ctx))
 
 
@@ -87,6 +77,44 @@ def _cdi_fresh(ctx: Context) -> bool:
     uvm = ctx.host.mtime("/dev/nvidia-uvm")
     spec = max((ctx.host.mtime(p) or -1.0 for p in (CDI_SPEC, CDI_TOLERATED)), default=-1.0)
     return uvm is not None and spec >= uvm
+
+
+def wire_containerd(ctx: Context, major: int) -> bool:
+    """Write the runtime drop-in, make config.toml import it (only its imports line
+    changes; same mode; atomic), then check containerd's own merged view; True when a
+    file changed. CONTAINERD_CONFIG_INVALID when config.toml cannot be read or edited or
+    containerd refuses it; CONTAINERD_RUNTIME_MISSING when the merged view lacks the
+    nvidia runtime or lost one of config.toml's runtimes."""
+    current = ctx.host.read_text(CONFIG)
+    try:
+        dropin = containerd.dropin_text(current, major)
+        edited = containerd.ensure_import(current, major=major)
+    except ContainerdConfigError as exc:
+        raise BootError(Code.CONTAINERD_CONFIG_INVALID, f"{CONFIG}: {exc}") from exc
+    changed = ctx.host.read_text(DROPIN) != dropin
+    if changed:
+        ctx.host.write_atomic(DROPIN, dropin)
+    if edited is not None:
+        real = ctx.host.path(CONFIG)
+        mode = real.stat().st_mode & 0o7777 if current is not None else 0o644
+        ctx.host.write_atomic(CONFIG, edited, mode)
+        ctx.event("containerd.import_added", config=CONFIG, entry=containerd.DROPIN_GLOB)
+        changed = True
+    argv = ["containerd", "--config", str(ctx.host.path(CONFIG)), "config", "dump"]
+    r, dump = ctx.host.capture(argv, timeout=max(0.0, min(30.0, ctx.remaining())))
+    if not r.ok:
+        raise BootError(
+            Code.CONTAINERD_CONFIG_INVALID,
+            f"containerd config dump refused {CONFIG}",
+            output=r.output[-1000:],
+        )
+    try:
+        problem = containerd.runtime_problem(dump, major, edited or current)
+    except ContainerdConfigError as exc:
+        problem = str(exc)
+    if problem:
+        raise BootError(Code.CONTAINERD_RUNTIME_MISSING, f"containerd config dump: {problem}")
+    return changed
 
 
 def refresh_cdi(ctx: Context) -> None:
@@ -121,14 +149,12 @@ def refresh_cdi(ctx: Context) -> None:
 def run(ctx: Context) -> None:
     """Wire containerd, device symlinks, CDI spec, start kubelet, write the ready marker.
 
-    Order as the runtime needs it: toolkit (driver state), containerd drop-in, udev
-    rule, /dev/char symlinks, then the CDI refresh.
+    Order as the runtime needs it: toolkit (driver state), containerd drop-in and its
+    import (checked in containerd's merged view), udev rule, /dev/char symlinks, then
+    the CDI refresh.
     """
     cfg = ctx.config.join
-    text = dropin_text(_containerd_major(ctx))
-    changed = ctx.host.read_text(DROPIN) != text
-    if changed:
-        ctx.host.write_atomic(DROPIN, text)
+    changed = wire_containerd(ctx, _containerd_major(ctx))
     ctx.host.write_atomic(UDEV_RULE, UDEV_TEXT)
     ctx.require(
         ["nvidia-ctk", "system", "create-dev-char-symlinks", "--create-all"],

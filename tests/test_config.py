@@ -74,3 +74,35 @@ def test_docs_list_every_key_with_its_default() -> None:
             if isinstance(value, tuple):
                 value = list(value)
             assert f"| `{key}` | `{json.dumps(value)}` |" in text, f"{section}.{key}"
+
+
+A, B = "a" * 64, "B" * 64
+
+
+def test_runfile_sha256_per_architecture() -> None:
+    """One config for a mixed fleet: each runfile arch its own key, the single key the
+    fallback (and still working alone)."""
+    both = parse_config({"sources": {"runfile_sha256_x86_64": A, "runfile_sha256_aarch64": B}})
+    assert both.sources.runfile_sha256_for("x86_64") == A
+    assert both.sources.runfile_sha256_for("aarch64") == B.lower()
+    single = parse_config({"sources": {"runfile_sha256": A}})
+    assert single.sources.runfile_sha256_for("aarch64") == A
+    assert single.sources.runfile_sha256_for("x86_64") == A
+    mixed = parse_config({"sources": {"runfile_sha256": A, "runfile_sha256_aarch64": B}})
+    assert mixed.sources.runfile_sha256_for("x86_64") == A
+    assert mixed.sources.runfile_sha256_for("aarch64") == B.lower()
+    assert DEFAULTS.sources.runfile_sha256_for("x86_64") == ""
+
+
+@pytest.mark.parametrize("key", ["runfile_sha256_x86_64", "runfile_sha256_aarch64"])
+@pytest.mark.parametrize("value", ["abc", "g" * 64, 64])
+def test_runfile_sha256_per_architecture_is_validated(key: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=f"sources.{key}"):
+        parse_config({"sources": {key: value}})
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_numbers_are_refused(value: float) -> None:
+    """nan passes every `<= 0` check; it must not become a deadline."""
+    with pytest.raises(ConfigError, match=r"run\.deadline: expected a finite number"):
+        parse_config({"run": {"deadline": value}})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from collections.abc import Callable
 
@@ -67,3 +68,100 @@ def test_permanent_problem_fails_in_detect_with_nothing_downloaded(
     fetched = [e for e in w.mirror.log if not e.path.startswith(("/metadata", "/healthz"))]
     assert fetched == []
     assert w.calls() == []
+
+
+def test_per_arch_runfile_sha256_serves_a_mixed_fleet(make_world: MakeWorld) -> None:
+    """The gb300 (aarch64) node takes runfile_sha256_aarch64; the x86_64 key set beside it
+    to another value is ignored there, and no single key is needed."""
+    w = make_world("gb300")
+    sha = w.runfile_sha256
+    w.config_overrides = {
+        "sources": {
+            "runfile_sha256": "",
+            "runfile_sha256_aarch64": sha,
+            "runfile_sha256_x86_64": "0" * 64,
+        }
+    }
+    w.write_config()
+    result = run_in_process(w)
+    assert result.outcome.code is Code.OK, result.outcome.message
+
+
+def test_per_arch_runfile_sha256_missing_for_this_arch(make_world: MakeWorld) -> None:
+    """Only the x86_64 checksum is configured: an aarch64 node stops in detect with 32,
+    naming the key it needs, before any download."""
+    w = make_world("gb300")
+    w.config_overrides = {
+        "sources": {"runfile_sha256": "", "runfile_sha256_x86_64": w.runfile_sha256}
+    }
+    w.write_config()
+    result = run_in_process(w)
+    assert (result.outcome.code, result.outcome.state) == (
+        Code.UNVERIFIED_ARTIFACT_REFUSED,
+        "detect",
+    )
+    assert "runfile_sha256_aarch64" in result.outcome.message
+    assert [e for e in w.mirror.log if not e.path.startswith(("/metadata", "/healthz"))] == []
+
+
+def _drop_headers(w: World) -> str:
+    kernel = (w.root / "proc/sys/kernel/osrelease").read_text().strip()
+    shutil.rmtree(w.root / f"lib/modules/{kernel}/build")
+    return kernel
+
+
+def test_missing_kernel_headers_fail_in_detect_before_any_download(
+    make_world: MakeWorld,
+) -> None:
+    w = make_world("h100-pcie")
+    kernel = _drop_headers(w)
+    result = run_in_process(w)
+    assert (result.outcome.code, result.outcome.state) == (Code.KERNEL_HEADERS_MISSING, "detect")
+    assert f"/lib/modules/{kernel}/build is missing" in result.outcome.message
+    assert [e for e in w.mirror.log if not e.path.startswith(("/metadata", "/healthz"))] == []
+    assert w.calls() == []
+
+
+def test_headers_as_ubuntu_links_them_resolve_inside_the_root(make_world: MakeWorld) -> None:
+    """linux-headers-<k> ships build as an absolute link to /usr/src/linux-headers-<k>:
+    it is followed inside the node root. Dangling (headers removed), it counts as missing."""
+    w = make_world("h100-pcie")
+    kernel = _drop_headers(w)
+    (w.root / f"lib/modules/{kernel}/build").symlink_to(f"/usr/src/linux-headers-{kernel}")
+    result = run_in_process(w)
+    assert (result.outcome.code, result.outcome.state) == (Code.KERNEL_HEADERS_MISSING, "detect")
+    (w.root / f"usr/src/linux-headers-{kernel}").mkdir(parents=True)
+    (w.root / f"usr/src/linux-headers-{kernel}/Makefile").write_text("# headers\n")
+    result = run_in_process(w)
+    assert result.outcome.state != "detect", result.outcome.message
+
+
+def test_no_headers_needed_when_a_bake_marker_matches(make_world: MakeWorld) -> None:
+    """A matching marker means nothing is compiled at boot: detect lets it through (the
+    driver state then checks the baked module itself)."""
+    from bootfsm.config import load_config
+    from bootfsm.facts import gather_facts
+    from bootfsm.host import Host
+    from bootfsm.marker import expected_marker, marker_path, render_marker
+
+    w = make_world("h100-pcie")
+    _drop_headers(w)
+    cfg = load_config(w.config_path, required=True)
+    facts = gather_facts(Host(w.root))
+    marker = w.root / marker_path(cfg).lstrip("/")
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    baked = dataclasses.replace(expected_marker(cfg, facts), module_type="open")
+    marker.write_text(render_marker(baked))
+    result = run_in_process(w)
+    assert result.outcome.state != "detect", result.outcome.message
+    marker.write_text(render_marker(dataclasses.replace(baked, kernel="9.9.9")))
+    result = run_in_process(w)
+    assert (result.outcome.code, result.outcome.state) == (Code.KERNEL_HEADERS_MISSING, "detect")
+    assert "bake marker differs in kernel" in result.outcome.message
+
+
+def test_no_headers_needed_when_the_image_ships_the_driver(make_world: MakeWorld) -> None:
+    w = make_world("h100-pcie", config_overrides={"driver": {"install": False}})
+    _drop_headers(w)
+    result = run_in_process(w)
+    assert result.outcome.state != "detect", result.outcome.message

@@ -61,11 +61,14 @@ def test_h100_hgx_installs_and_starts_fabric_manager(make_world: MakeWorld) -> N
     assert not (w.root / "usr/bin/nvidia-imex").exists()
 
 
-def test_b200_nvlink5_starts_through_the_start_script(make_world: MakeWorld) -> None:
+def test_b200_nvlink5_starts_through_the_unit(make_world: MakeWorld) -> None:
+    """The archive's unit runs the start script (precheck, start); bootfsm starts the
+    unit, after ib_umad (tests/test_fabric_nvlink5.py has the details)."""
     w = make_world("b200-hgx")
     result = run_in_process(w)
     assert result.outcome.ok, result.outcome.message
-    assert _cmds(w, "nvidia-fabricmanager-start.sh") == [["--mode", "start"]]
+    assert _cmds(w, "nvidia-fabricmanager-start.sh") == []
+    assert ["start", "nvidia-fabricmanager.service"] in _cmds(w, "systemctl")
     assert (
         "--kernel-module-type=open" in installer_calls(w)[0]["argv"]
     )  # Blackwell: the installer recommends open
@@ -113,7 +116,7 @@ FAULTS = [
     ("stale-driver-in-use", "h100-pcie", Code.REBOOT_REQUIRED, "driver"),
     ("gpu-missing", "h100-pcie", Code.GPU_COUNT_MISMATCH, "verify"),
     ("containerd-restart-fails", "h100-pcie", Code.CONTAINERD_RESTART_FAILED, "join"),
-    ("kernel-headers-missing", "h100-pcie", Code.KERNEL_HEADERS_MISSING, "driver"),
+    ("kernel-headers-missing", "h100-pcie", Code.KERNEL_HEADERS_MISSING, "detect"),
 ]
 
 

@@ -212,7 +212,10 @@ EVERY_FAULT = [
     ("stale-fabricmanager-unit", "h100-pcie", Code.OK, "done", 0),
     ("containerd-restart-fails", "h100-pcie", Code.CONTAINERD_RESTART_FAILED, "join", 4),
     ("cdi-fails", "h100-pcie", Code.CDI_REFRESH_FAILED, "join", 84),
-    ("kernel-headers-missing", "h100-pcie", Code.KERNEL_HEADERS_MISSING, "driver", 84),
+    ("kernel-headers-missing", "h100-pcie", Code.KERNEL_HEADERS_MISSING, "detect", 84),
+    ("dpkg-db-lock-held", "gb300", Code.DPKG_LOCK_TIMEOUT, "driver", 85),
+    ("dpkg-interrupted", "gb300", Code.OK, "done", 0),
+    ("ib-umad-missing", "b200-hgx", Code.IB_UMAD_NOT_LOADED, "fabric", 84),
 ]
 
 

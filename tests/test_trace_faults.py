@@ -47,7 +47,7 @@ EXPECTED: dict[str, tuple[str, Code] | None] = {
     "stale-driver-in-use": ("driver", Code.REBOOT_REQUIRED),
     "gpu-missing": ("verify", Code.GPU_COUNT_MISMATCH),
     "containerd-restart-fails": ("join", Code.CONTAINERD_RESTART_FAILED),
-    "kernel-headers-missing": ("driver", Code.KERNEL_HEADERS_MISSING),
+    "kernel-headers-missing": ("detect", Code.KERNEL_HEADERS_MISSING),
 }
 ALL = sorted(FAULTS)
 

@@ -262,7 +262,7 @@ def test_history_tells_fail_reboot_success_as_one_story(
     assert main(["trace", "--root", str(w.root), "--history"]) == 0
     out = capsys.readouterr().out
     assert "-- reboot --" in out
-    assert "story: failed (KERNEL_HEADERS_MISSING in driver) -> reboot -> done" in out
+    assert "story: failed (KERNEL_HEADERS_MISSING in detect) -> reboot -> done" in out
     assert main(["trace", "--root", str(w.root), "--history", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["kind"] == "history" and data["schema"] == 1

@@ -358,6 +358,7 @@ PrivateTmp=false
 Type=forking
 TimeoutStartSec=240
 
+ExecStartPre=/usr/bin/nvidia-fabricmanager-start.sh --mode precheck
 ExecStart=/usr/bin/nvidia-fabricmanager-start.sh --mode start
 ExecStop=/usr/bin/nvidia-fabricmanager-start.sh --mode stop
 
@@ -451,8 +452,45 @@ def build_fabricmanager_archive(
     return final
 
 
+def build_nvlsm_archive(out_dir: Path, *, version: str, platform: str) -> Path:
+    """Build ``out_dir/nvlsm-<platform>-<version>-archive.tar.xz``: NVLSM (the NVLink5
+    subnet manager) as the redist publishes it, under ``nvlsm-<platform>-<version>-archive/``
+    with ``sbin/nvlsm``, ``lib/``, ``share/nvidia/nvlsm/nvlsm.conf``, ``LICENSE`` and
+    ``third-party-notices.txt`` (the layout Arch's nvlsm PKGBUILD unpacks; NVIDIA's RPM
+    puts the same files under /opt/nvidia/nvlsm). Version is NVLSM's own (2025.06.6)."""
+    if platform not in _FM_PLATFORMS:
+        raise ValueError(f"platform must be one of {sorted(_FM_PLATFORMS)}")
+    _check_name("version", version)
+    top = f"nvlsm-{platform}-{version}-archive"
+    files = {
+        "LICENSE": (b"NVIDIA Proprietary (bootfsm simulator stand-in)\n", 0o644),
+        "third-party-notices.txt": (b"Third-party notices (bootfsm simulator stand-in)\n", 0o644),
+        "sbin/nvlsm": (
+            f'#!/bin/sh\necho "nvlsm: bootfsm simulator stand-in, version {version}"\n'.encode(),
+            0o755,
+        ),
+        "lib/libnvlsm_plugin.so": (f"nvlsm plugin {version} placeholder\n".encode(), 0o644),
+        "share/nvidia/nvlsm/nvlsm.conf": (b"# nvlsm.conf (bootfsm simulator stand-in)\n", 0o644),
+    }
+    dirs = sorted({str(p) for rel in files for p in PurePosixPath(rel).parents} - {"."})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    final = out_dir / f"{top}.tar.xz"
+    partial = final.with_name(f".{final.name}.partial")
+    with tarfile.open(partial, "w:xz", format=tarfile.PAX_FORMAT) as tar:
+        tar.addfile(_tar_member(top, tarfile.DIRTYPE, 0o755))
+        for d in dirs:
+            tar.addfile(_tar_member(f"{top}/{d}", tarfile.DIRTYPE, 0o755))
+        for rel, (data, mode) in sorted(files.items()):
+            tar.addfile(
+                _tar_member(f"{top}/{rel}", tarfile.REGTYPE, mode, len(data)), io.BytesIO(data)
+            )
+    os.replace(partial, final)
+    return final
+
+
 _COMPONENT_META = {
     "fabricmanager": ("NVIDIA Fabric Manager", "NVIDIA Driver"),
+    "nvlsm": ("NVLSM SM component", "NVIDIA Proprietary"),
     "imex": ("Nvidia-Imex", "NVIDIA Proprietary"),
     "libnvidia_nscq": ("NVIDIA NSCQ API", "NVIDIA Driver"),
     "nvidia_driver": ("NVIDIA Linux Driver", "NVIDIA Driver"),
@@ -466,13 +504,15 @@ def write_redistrib_manifest(
     components: Mapping[str, Mapping[str, Path]],
     release_date: str = "2025-01-01",
     release_product: str = "nvidia-driver",
+    versions: Mapping[str, str] | None = None,
 ) -> Path:
     """Write ``redist_dir/redistrib_<version>.json`` in NVIDIA's manifest schema.
 
     components maps a component key ("fabricmanager") to platform ("linux-sbsa") to an
     existing file inside redist_dir (ValueError otherwise). Each platform entry holds
     relative_path (POSIX, from redist_dir), sha256, md5 and size (a decimal STRING, as
-    NVIDIA writes it); each component has name, license, license_path and version.
+    NVIDIA writes it); each component has name, license, license_path and version (the
+    driver's, or ``versions[key]``: NVLSM has its own, e.g. 2025.06.6).
     """
     _check_name("version", version)
     base = redist_dir.resolve()
@@ -487,7 +527,7 @@ def write_redistrib_manifest(
             "name": name,
             "license": license_name,
             "license_path": f"{key}/LICENSE.txt",
-            "version": version,
+            "version": (versions or {}).get(key, version),
         }
         for platform, path in sorted(platforms.items()):
             resolved = path.resolve()

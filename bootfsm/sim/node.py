@@ -133,12 +133,23 @@ WantedBy=multi-user.target
 
 _CONTAINERD_CONFIG = {
     "1": (
-        'version = 2\nimports = ["/etc/containerd/config.d/*.toml"]\n\n'
-        '[plugins."io.containerd.grpc.v1.cri".containerd]\n  default_runtime_name = "runc"\n'
+        # as AgentBaker writes it: no imports line (the drop-in needs one added)
+        'version = 2\noom_score = -999\n\n[plugins."io.containerd.grpc.v1.cri"]\n'
+        '  sandbox_image = "mcr.microsoft.com/oss/kubernetes/pause:3.6"\n'
+        '  [plugins."io.containerd.grpc.v1.cri".containerd]\n    default_runtime_name = "runc"\n'
+        '    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]\n'
+        '      runtime_type = "io.containerd.runc.v2"\n'
+        '    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]\n'
+        '      BinaryName = "/usr/bin/runc"\n      SystemdCgroup = true\n'
     ),
     "2": (
-        'version = 3\nimports = ["/etc/containerd/config.d/*.toml"]\n\n'
+        'version = 3\noom_score = -999\n\n[plugins."io.containerd.cri.v1.images".pinned_images]\n'
+        '  sandbox = "mcr.microsoft.com/oss/kubernetes/pause:3.6"\n\n'
         '[plugins."io.containerd.cri.v1.runtime".containerd]\n  default_runtime_name = "runc"\n'
+        '  [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]\n'
+        '    runtime_type = "io.containerd.runc.v2"\n'
+        '  [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]\n'
+        '    BinaryName = "/usr/bin/runc"\n    SystemdCgroup = true\n'
     ),
 }
 

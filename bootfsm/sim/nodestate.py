@@ -519,9 +519,18 @@ class Node:
         return None
 
     def fabric_manager_failure(self) -> str | None:
-        """Why fabric manager cannot start here (no switches, no driver), or None."""
+        """Why fabric manager cannot start here (no switches, no driver; on NVLink5 the
+        start script's precheck: ib_umad loaded, NVLSM installed), or None."""
         if not self.nvswitches() and not self.nvlink5():
             return _NOTHING_TO_DO
+        if self.nvlink5() and not self.p("sys/module/ib_umad").exists():
+            # fm_failure_and_status_excerpts.txt [D]
+            return 'Kernel module "ib_umad" has not been loaded, fabric manager cannot be started'
+        if self.nvlink5() and not self.p("opt/nvidia/nvlsm/sbin/nvlsm").exists():
+            return (
+                '"/opt/nvidia/nvlsm/sbin/nvlsm" does not exist. Please install'
+                ' "Nvidia NVLink Subnet Manager" (nvlsm) package'
+            )
         if self.loaded_module() is None:
             return (
                 "fabric manager failed to open the NVIDIA driver (/dev/nvidiactl):"
@@ -529,8 +538,11 @@ class Node:
             )
         return None
 
-    def fabric_start_script(self) -> tuple[int, str, str]:
-        """nvidia-fabricmanager-start.sh --mode start: (exit code, stdout, stderr)."""
+    def fabric_start_script(self, mode: str = "start") -> tuple[int, str, str]:
+        """nvidia-fabricmanager-start.sh --mode start|precheck: (exit code, stdout, stderr).
+
+        Run by hand, the script starts the daemons outside systemd: the unit stays as it
+        was (``start_unit`` runs it as the unit's ExecStartPre/ExecStart)."""
         if self.nvlink5():
             out = (
                 "Polling for at least one Infiniband device before starting Fabric Manager...\n"
@@ -540,12 +552,12 @@ class Node:
             out = "Detected Pre-NVL5 system\n"
         reason = self.fabric_manager_failure()
         if reason is not None:
-            self.set_unit_state(FABRIC_MANAGER, "failed")
             return 1, out, f'{reason}\n"{_FM_CMD}" failed! Exit code: 1\n'
+        if mode == "precheck":
+            return 0, out, ""
         if self.nvlink5():
-            self.set_unit_state(NVLSM, "active")
             out += 'Started "NVLink Subnet Manager"\n'
-        self.set_unit_state(FABRIC_MANAGER, "active")
+        self.write(f"{RUN_DIR}/fm-daemon", "started by nvidia-fabricmanager-start.sh\n")
         return 0, out + 'Started "Nvidia Fabric Manager"\n', ""
 
     def stop_unit(self, unit: str, verb: str = "stop") -> tuple[int, str]:

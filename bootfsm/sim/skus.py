@@ -145,6 +145,7 @@ FAULTS: Mapping[str, str] = MappingProxyType(
             "an old nvidia-fabricmanager.service unit is installed and enabled"
         ),
         "containerd-restart-fails": "`systemctl restart containerd` fails",
+        "ib-umad-missing": "the kernel has no ib_umad module (modprobe ib_umad fails)",
         "cdi-fails": "`nvidia-ctk cdi generate` fails",
         "kernel-headers-missing": "/lib/modules/<kernel>/build is absent (no DKMS build)",
     }

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import sys
 import time
@@ -424,7 +425,19 @@ def modprobe(node: Node, argv: list[str]) -> int:
             rc = _rmmod_nvidia(node, module) if remove else _insmod_nvidia(node, module, quiet)
             if rc:
                 return rc
-        elif module not in _IN_TREE:
+        elif module in _IN_TREE:
+            if module == "ib_umad" and node.fault("ib-umad-missing") and not remove:
+                if not quiet:
+                    _err(
+                        f"modprobe: FATAL: Module {module} not found in directory"
+                        f" /lib/modules/{node.kernel}"
+                    )
+                return 1
+            if remove:
+                shutil.rmtree(node.p(f"sys/module/{module}"), ignore_errors=True)
+            else:  # the kernel's record of a loaded module
+                node.write(f"sys/module/{module}/initstate", "live\n")
+        else:
             if not quiet:
                 _err(
                     f"modprobe: FATAL: Module {module} not found."

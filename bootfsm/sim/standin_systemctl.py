@@ -243,7 +243,9 @@ def systemctl(node: Node, argv: list[str]) -> int:
 
 
 def fabricmanager_start(node: Node, argv: list[str]) -> int:
-    """nvidia-fabricmanager-start.sh --mode start|stop (the 570+ wrapper in the FM archive)."""
+    """nvidia-fabricmanager-start.sh --mode start|stop|precheck (the 570+ wrapper in the FM
+    archive; the unit runs precheck as ExecStartPre and start as ExecStart). By hand it
+    starts the daemons but not the unit: `systemctl is-active` stays as it was."""
     mode = ""
     for i, arg in enumerate(argv):
         if arg == "--mode" and i + 1 < len(argv):
@@ -254,10 +256,10 @@ def fabricmanager_start(node: Node, argv: list[str]) -> int:
         node.set_unit_state(FABRIC_MANAGER, "inactive")
         node.set_unit_state(NVLSM, "inactive")
         return 0
-    if mode != "start":
-        print("Usage: nvidia-fabricmanager-start.sh --mode start|stop", file=sys.stderr)
+    if mode not in ("start", "precheck"):
+        print("Usage: nvidia-fabricmanager-start.sh --mode start|stop|precheck", file=sys.stderr)
         return 1
-    rc, out, err = node.fabric_start_script()
+    rc, out, err = node.fabric_start_script(mode)
     sys.stdout.write(out)
     sys.stderr.write(err)
     return rc

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from bootfsm.sim.nodestate import UVM_MAJOR, Node, log_call
+from bootfsm.sim.standin_containerd import containerd_config
 
 __all__ = ["ARTIFACT_STANDINS", "PATH_STANDINS", "main"]
 
@@ -98,10 +99,10 @@ def ldconfig(node: Node, argv: list[str]) -> int:
 
 
 def containerd(node: Node, argv: list[str]) -> int:
-    """`containerd --version` in the real format of the SKU's containerd."""
+    """`containerd --version` in the real format of the SKU's containerd; `config dump`
+    in bootfsm/sim/standin_containerd.py."""
     if argv not in (["--version"], ["-v"]):
-        _err("containerd: only --version is simulated")
-        return 1
+        return containerd_config(node, argv)
     version = node.sku.containerd_version
     commit = _CONTAINERD_COMMITS.get(version, "0" * 40)
     if version.startswith("1."):

@@ -36,6 +36,7 @@ __all__ = ["DRIVER_VERSION", "FAULTS", "TOOLKIT_VERSION", "World"]
 
 DRIVER_VERSION = "570.211.01"
 TOOLKIT_VERSION = "1.17.2-1"
+NVLSM_VERSION = "2025.06.6"  # the redist 13.0.2 manifest's nvlsm
 TOOLKIT_PACKAGES = (
     "libnvidia-container1",
     "libnvidia-container-tools",
@@ -49,6 +50,8 @@ MIRROR_FAULTS: Mapping[str, str] = {
     "http-503x3": "the mirror answers 503 three times for the runfile, then serves it",
     "drop-mid-body": "the connection drops halfway through the runfile, once",
     "dpkg-lock-held": "another process holds the dpkg lock for the whole run",
+    "dpkg-db-lock-held": "another process holds only dpkg's database lock (var/lib/dpkg/lock)",
+    "dpkg-interrupted": "a dpkg killed mid-upgrade left a package half-configured in its journal",
 }
 FAULTS: Mapping[str, str] = {**MIRROR_FAULTS, **NODE_FAULTS}
 
@@ -95,6 +98,12 @@ class World:
         self.write_config()
         if "dpkg-lock-held" in self.faults:
             self._stack.enter_context(DpkgLockHolder(self.root))
+        if "dpkg-db-lock-held" in self.faults:
+            holder = DpkgLockHolder(self.root)
+            holder.path = self.root / "var/lib/dpkg/lock"  # as dpkg holds it mid-transaction
+            self._stack.enter_context(holder)
+        if "dpkg-interrupted" in self.faults:
+            self._interrupted_dpkg()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -138,8 +147,16 @@ class World:
             platform=f"linux-{names.redist}",
             start_script_source=standin_script("nvidia-fabricmanager-start.sh", self.root),
         )
+        components = {"fabricmanager": {f"linux-{names.redist}": fm}}
+        if SKUS[self.sku_name].nvlink5:
+            nvlsm = art.build_nvlsm_archive(
+                redist / "nvlsm" / f"linux-{names.redist}",
+                version=NVLSM_VERSION,
+                platform=f"linux-{names.redist}",
+            )
+            components["nvlsm"] = {f"linux-{names.redist}": nvlsm}
         art.write_redistrib_manifest(
-            redist, version=v, components={"fabricmanager": {f"linux-{names.redist}": fm}}
+            redist, version=v, components=components, versions={"nvlsm": NVLSM_VERSION}
         )
         osdir = f"{sku.os_id}{sku.os_version.replace('.', '')}"
         cuda = self.docroot / "cuda" / osdir / names.redist
@@ -177,6 +194,19 @@ class World:
         for name, fault in rules.items():
             if name in self.faults:
                 self.mirror.add_fault(runfile, fault)
+
+    def _interrupted_dpkg(self) -> None:
+        """What a dpkg killed while configuring an upgrade leaves: the package's new
+        stanza, half-configured, in the journal (var/lib/dpkg/updates/0000; dpkg folds
+        the journal into the status file only at its checkpoints)."""
+        updates = self.root / "var/lib/dpkg/updates"
+        updates.mkdir(parents=True, exist_ok=True)
+        (updates / "0000").write_text(
+            "Package: unattended-upgrades\nStatus: install ok half-configured\n"
+            "Priority: optional\nSection: admin\nMaintainer: Michael Vogt <mvo@debian.org>\n"
+            "Architecture: all\nVersion: 2.9.1+nmu4ubuntu1\n"
+            "Description: automatic installation of security upgrades\n"
+        )
 
     def config_text(self) -> str:
         """The node's config.toml: the real defaults, pointed at the loopback mirror."""

@@ -314,3 +314,42 @@ def test_redistrib_manifest_refuses_outside_file(fm_archive: Path, tmp_path: Pat
         artifacts.write_redistrib_manifest(
             tmp_path, version=VERSION, components={"fabricmanager": {"linux-sbsa": fm_archive}}
         )
+
+
+def test_nvlsm_archive_layout_and_manifest_entry(tmp_path: Path) -> None:
+    """The NVLSM archive as the redist publishes it (one top directory; sbin/nvlsm,
+    lib/, share/nvidia/nvlsm/nvlsm.conf, LICENSE), listed in the manifest with its own
+    version, as redistrib_cuda_13.0.2 lists nvlsm 2025.06.6 beside driver 580.95.05."""
+    redist = tmp_path / "redist"
+    arc = artifacts.build_nvlsm_archive(
+        redist / "nvlsm/linux-sbsa", version="2025.06.6", platform="linux-sbsa"
+    )
+    assert arc.name == "nvlsm-linux-sbsa-2025.06.6-archive.tar.xz"
+    with tarfile.open(arc) as tf:
+        names = tf.getnames()
+        mode = tf.getmember("nvlsm-linux-sbsa-2025.06.6-archive/sbin/nvlsm").mode
+    assert {n.split("/", 1)[0] for n in names} == {"nvlsm-linux-sbsa-2025.06.6-archive"}
+    top = "nvlsm-linux-sbsa-2025.06.6-archive/"
+    for rel in (
+        "sbin/nvlsm",
+        "share/nvidia/nvlsm/nvlsm.conf",
+        "LICENSE",
+        "third-party-notices.txt",
+    ):
+        assert top + rel in names
+    assert any(n.startswith(top + "lib/") and n.endswith(".so") for n in names)
+    assert mode == 0o755
+    manifest = artifacts.write_redistrib_manifest(
+        redist,
+        version="580.95.05",
+        components={"nvlsm": {"linux-sbsa": arc}},
+        versions={"nvlsm": "2025.06.6"},
+    )
+    entry = json.loads(manifest.read_text())["nvlsm"]
+    assert (entry["name"], entry["version"]) == ("NVLSM SM component", "2025.06.6")
+    assert entry["linux-sbsa"]["relative_path"] == (
+        "nvlsm/linux-sbsa/nvlsm-linux-sbsa-2025.06.6-archive.tar.xz"
+    )
+    assert entry["linux-sbsa"]["sha256"] == hashlib.sha256(arc.read_bytes()).hexdigest()
+    with pytest.raises(ValueError, match="platform"):
+        artifacts.build_nvlsm_archive(tmp_path, version="1", platform="linux-aarch64")

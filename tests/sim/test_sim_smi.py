@@ -38,7 +38,7 @@ class Sim:
         installer.chmod(0o755)
         if module_type is None:
             out = self.run(str(installer), "--print-recommended-kernel-module-type").stdout
-            module_type = out.strip().split("=", 1)[1]
+            module_type = out.strip()  # one word, as the real installer prints
         kernel = SKUS[sku].kernel
         done = self.run(
             str(installer), "-s", "-a", "--no-drm", "--dkms", f"-k={kernel}",

@@ -259,20 +259,50 @@ def test_fabric_hgx_waits_for_fabric_manager(make_node: MakeNode) -> None:
     assert node.fabric() == ("Completed", "Success")
 
 
-def test_fabric_nvlink5_start_script_starts_fm_and_nvlsm(make_node: MakeNode) -> None:
+def test_fabric_nvlink5_starts_only_through_its_unit(make_node: MakeNode) -> None:
+    """As on a real NVLink5 node: the unit's precheck needs ib_umad and NVLSM; the start
+    script run by hand starts the daemons but leaves nvidia-fabricmanager.service
+    inactive (fm_failure_and_status_excerpts.txt [D]; the 580 unit's ExecStartPre /
+    ExecStart lines)."""
     node = make_node("b200-hgx")
     _ready(node)
     assert node.fabric() == ("In Progress", "N/A")
     script = node.root / "usr/bin/nvidia-fabricmanager-start.sh"
     script.write_text(standin_script("nvidia-fabricmanager-start.sh", node.root))
     script.chmod(0o755)
+    node.add_fm_unit()
+    out = node.run(str(script), "--mode", "precheck")
+    assert out.returncode == 1
+    assert 'Kernel module "ib_umad" has not been loaded' in out.stderr
+    start = node.run("systemctl", "start", "nvidia-fabricmanager")
+    assert start.returncode == 1 and "failed because the control process exited" in start.stderr
+    assert node.run("modprobe", "ib_umad").returncode == 0
+    assert (node.root / "sys/module/ib_umad").is_dir()
+    out = node.run(str(script), "--mode", "start")
+    assert out.returncode == 1 and '"/opt/nvidia/nvlsm/sbin/nvlsm" does not exist' in out.stderr
+    nvlsm = node.root / "opt/nvidia/nvlsm/sbin/nvlsm"
+    nvlsm.parent.mkdir(parents=True)
+    nvlsm.write_text("#!/bin/sh\n")
     out = node.run(str(script), "--mode", "start")
     assert out.returncode == 0, out.stderr
     assert "Detected NVL5+ system" in out.stdout
+    # the unit stays as its last start left it, whatever the script did by hand
+    assert node.run("systemctl", "is-active", "nvidia-fabricmanager").stdout == "failed\n"
+    start = node.run("systemctl", "start", "nvidia-fabricmanager")
+    assert start.returncode == 0, start.stderr
     assert node.run("systemctl", "is-active", "nvidia-fabricmanager", "nvlsm").stdout == (
         "active\nactive\n"
     )
     assert node.fabric() == ("Completed", "Success")
+
+
+def test_ib_umad_missing_fault(make_node: MakeNode) -> None:
+    node = make_node("b200-hgx", "ib-umad-missing")
+    out = node.run("modprobe", "ib_umad")
+    assert out.returncode == 1
+    assert out.stderr == (
+        "modprobe: FATAL: Module ib_umad not found in directory /lib/modules/6.8.0-1021-azure\n"
+    )
 
 
 def test_fabric_manager_fails_without_switches(make_node: MakeNode) -> None:
@@ -455,6 +485,79 @@ def test_dpkg_refuses_when_frontend_lock_is_held(make_node: MakeNode, tmp_path: 
     assert not (node.root / "usr/bin/nvidia-imex").exists()
     assert node.run("dpkg", "-i", "--force-depends", deb).returncode == 0
     assert node.run("dpkg-query", "-W", "nvidia-imex").stdout == "nvidia-imex\t580.65.06-1\n"
+
+
+def _dpkg_db(root: Path, status: dict[str, str], journal: dict[str, str]) -> None:
+    admin = root / "var/lib/dpkg"
+    (admin / "info").mkdir(parents=True, exist_ok=True)
+    (admin / "updates").mkdir(exist_ok=True)
+    (admin / "available").touch()
+
+    def stanza(name: str, state: str) -> str:
+        return (
+            f"Package: {name}\nStatus: install ok {state}\nPriority: optional\nSection: misc\n"
+            f"Maintainer: T <t@example.com>\nArchitecture: all\nVersion: 1.0\n"
+            f"Description: the {name} package\n"
+        )
+
+    (admin / "status").write_text("\n".join(stanza(n, st) for n, st in status.items()))
+    for i, (name, state) in enumerate(journal.items()):
+        (admin / "updates" / f"{i:04d}").write_text(stanza(name, state))
+    for name in {**status, **journal}:
+        (admin / f"info/{name}.list").write_text("/.\n")
+        (admin / f"info/{name}.md5sums").write_text("")
+
+
+needs_dpkg = pytest.mark.skipif(shutil.which("dpkg") is None, reason="needs the real dpkg")
+_DB = {"alpha": "installed", "bravo": "unpacked", "delta": "half-configured"}
+_JOURNAL = {"charlie": "half-configured", "echo": "half-installed"}
+
+
+@needs_dpkg
+def test_dpkg_audit_and_configure_a_match_the_real_dpkg(
+    make_node: MakeNode, tmp_path: Path
+) -> None:
+    """The stand-in's `--audit` prints what the real dpkg prints for the same database
+    (journal included), and `--configure -a` leaves the same states behind."""
+    node = make_node("h100-pcie")
+    real_root = tmp_path / "real"
+    for root in (node.root, real_root):
+        _dpkg_db(root, _DB, _JOURNAL)
+    real = subprocess.run(
+        ["dpkg", f"--root={real_root}", "--audit"], capture_output=True, text=True, check=False
+    )
+    ours = node.run("dpkg", "--audit")
+    assert (ours.returncode, ours.stdout) == (real.returncode, real.stdout) == (0, real.stdout)
+    assert "charlie" in real.stdout and "bravo" in real.stdout  # not vacuous
+    real_cfg = subprocess.run(
+        ["dpkg", f"--root={real_root}", "--configure", "-a"], capture_output=True, text=True
+    )
+    ours_cfg = node.run("dpkg", "--configure", "-a")
+    assert ours_cfg.returncode == real_cfg.returncode == 0
+    assert sorted(ours_cfg.stdout.splitlines()) == sorted(real_cfg.stdout.splitlines())
+    for root in (node.root, real_root):
+        assert list((root / "var/lib/dpkg/updates").iterdir()) == []
+    again = subprocess.run(
+        ["dpkg", f"--root={real_root}", "--audit"], capture_output=True, text=True
+    )
+    assert node.run("dpkg", "--audit").stdout == again.stdout
+    assert "half installed" in again.stdout  # half-installed needs a reinstall, not configure
+
+
+@needs_dpkg
+def test_dpkg_database_lock_refuses_like_the_real_dpkg(make_node: MakeNode, tmp_path: Path) -> None:
+    node = make_node("h100-pcie")
+    _dpkg_db(node.root, _DB, {})
+    holder = DpkgLockHolder(node.root)
+    holder.path = node.root / "var/lib/dpkg/lock"
+    with holder:
+        real = subprocess.run(
+            ["dpkg", f"--root={node.root}", "--configure", "-a"], capture_output=True, text=True
+        )
+        ours = node.run("dpkg", "--configure", "-a")
+        pid = holder.pid
+    assert (ours.returncode, ours.stderr) == (real.returncode, real.stderr)
+    assert f"dpkg database lock was locked by another process with pid {pid}" in ours.stderr
 
 
 # ------------------------------------------------------------------------- the rest

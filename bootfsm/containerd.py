@@ -1,0 +1,277 @@
+"""containerd's configuration, pure: the NVIDIA runtime drop-in, the ``imports`` line of
+config.toml, and what ``containerd config dump`` says.
+
+How containerd reads its files (services/server/config/config.go, 1.6 to 2.x):
+config.toml is loaded, then every file its top-level ``imports = [...]`` lists (paths
+relative to config.toml's directory, globbed), recursively. An imported file's
+``plugins."<name>"`` table *replaces* config.toml's table of the same plugin whole
+("maps merged by keys, but values are replaced entirely"): a drop-in that holds only
+``runtimes.nvidia`` would drop the node's runc runtime, its cgroup driver and its
+sandbox image. So the drop-in carries config.toml's whole CRI runtime plugin table with
+the nvidia runtime added, as ``nvidia-ctk runtime configure --drop-in-config`` does.
+
+The plugin's name follows the *file's* schema version: 1 ``cri``, 2
+``io.containerd.grpc.v1.cri``, 3 ``io.containerd.cri.v1.runtime`` (containerd 2.x
+migrates older files when it loads them; 1.x knows versions 1 and 2 only). The dump is
+in the binary's own schema: version 2 for 1.x, version 3 for 2.x.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import math
+import posixpath
+import tomllib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = [
+    "CONFIG",
+    "DROPIN",
+    "DROPIN_GLOB",
+    "RUNTIME_BINARY",
+    "ContainerdConfigError",
+    "dropin_text",
+    "ensure_import",
+    "imports_cover",
+    "plugin_for_version",
+    "render_toml",
+    "runtime_problem",
+]
+
+CONFIG = "/etc/containerd/config.toml"
+DROPIN = "/etc/containerd/config.d/10-nvidia-runtime.toml"
+DROPIN_GLOB = "/etc/containerd/config.d/*.toml"
+RUNTIME_BINARY = "/usr/bin/nvidia-container-runtime"
+_PLUGINS = {1: "cri", 2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
+
+
+class ContainerdConfigError(ValueError):
+    """config.toml (or a dump) is not what containerd would accept; the message says why."""
+
+
+def plugin_for_version(version: int) -> str:
+    """The CRI runtime plugin's table name in a file of schema ``version``."""
+    if version not in _PLUGINS:
+        raise ContainerdConfigError(f"unknown containerd config version {version}")
+    return _PLUGINS[version]
+
+
+def _load(text: str, what: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ContainerdConfigError(f"{what} is not valid TOML: {exc}") from exc
+
+
+def _version(data: Mapping[str, Any], default: int) -> int:
+    v = data.get("version", default)
+    if isinstance(v, bool) or not isinstance(v, int) or v not in _PLUGINS:
+        raise ContainerdConfigError(f"config.toml: unsupported version {v!r}")
+    return v
+
+
+def _imports(data: Mapping[str, Any]) -> list[str]:
+    imports = data.get("imports", [])
+    if not isinstance(imports, list) or not all(isinstance(i, str) for i in imports):
+        raise ContainerdConfigError("config.toml: imports must be a list of strings")
+    return list(imports)
+
+
+# -- the drop-in -------------------------------------------------------------------------
+
+
+def _key(k: str) -> str:
+    bare = k and all(c.isascii() and (c.isalnum() or c in "-_") for c in k)
+    return k if bare else json.dumps(k)
+
+
+def _scalar(v: Any, where: str) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if math.isnan(v) or math.isinf(v):
+            return ("-" if v < 0 else "") + ("nan" if math.isnan(v) else "inf")
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)  # JSON string escapes are TOML basic-string escapes
+    if isinstance(v, list):
+        return "[" + ", ".join(_scalar(i, where) for i in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_key(k)} = {_scalar(i, where)}" for k, i in v.items()) + "}"
+    raise ContainerdConfigError(f"{where}: cannot write a {type(v).__name__} value")
+
+
+def render_toml(data: Mapping[str, Any], prefix: Sequence[str] = ()) -> str:
+    """TOML for plain data (tables, strings, numbers, booleans, arrays); what
+    ``tomllib.loads`` gives back equals ``data``."""
+    head = [f"{_key(k)} = {_scalar(v, '.'.join([*prefix, k]))}\n" for k, v in data.items()
+            if not isinstance(v, dict)]  # fmt: skip
+    out = "".join(head)
+    for k, v in data.items():
+        if isinstance(v, dict):
+            path = [*prefix, k]
+            body = render_toml(v, path)
+            if any(not isinstance(i, dict) for i in v.values()) or not v:
+                out += ("\n" if out else "") + "[" + ".".join(_key(p) for p in path) + "]\n"
+                out += body
+            else:
+                out += ("\n" if out else "") + body
+    return out
+
+
+def dropin_text(config_text: str | None, major: int) -> str:
+    """The drop-in for a node whose config.toml is ``config_text`` (None: absent) and
+    whose containerd is ``major``.x: config.toml's CRI runtime plugin table, whole, with
+    the nvidia runtime added, in config.toml's own schema version."""
+    data = _load(config_text, "config.toml") if config_text is not None else {}
+    default = 1 if major < 2 else 2  # containerd's reading of a file without version
+    version = _version(data, default) if config_text is not None else (3 if major >= 2 else 2)
+    if major < 2 and version > 2:
+        raise ContainerdConfigError(f"config.toml is version {version}; containerd 1.x reads 1-2")
+    plugin = plugin_for_version(version)
+    table: dict[str, Any] = json.loads(json.dumps(data.get("plugins", {}).get(plugin, {})))
+    runtimes = table.setdefault("containerd", {}).setdefault("runtimes", {})
+    if not isinstance(runtimes, dict):
+        raise ContainerdConfigError(f"config.toml: plugins.{plugin}.containerd.runtimes")
+    runtimes["nvidia"] = {
+        "runtime_type": "io.containerd.runc.v2",
+        "options": {"BinaryName": RUNTIME_BINARY},
+    }
+    return (
+        f"# written by bootfsm: config.toml's {plugin} plugin table with the nvidia runtime\n"
+        "# added (an imported plugin table replaces config.toml's whole)\n"
+        f"version = {version}\n\n" + render_toml({"plugins": {plugin: table}})
+    )
+
+
+# -- the imports line --------------------------------------------------------------------
+
+
+def imports_cover(imports: Sequence[str], path: str, config: str = CONFIG) -> bool:
+    """True when one of ``imports`` (relative to config's directory; Go ``filepath.Glob``
+    patterns, where ``*`` never crosses a ``/``) names ``path``."""
+    for pattern in imports:
+        full = posixpath.normpath(posixpath.join(posixpath.dirname(config), pattern))
+        p, q = full.split("/"), path.split("/")
+        if len(p) == len(q) and all(fnmatch.fnmatchcase(b, a) for a, b in zip(p, q, strict=True)):
+            return True
+    return False
+
+
+def _array_end(text: str, start: int) -> int:
+    """Index just past the ``]`` closing the array that opens at ``text[start] == '['``
+    (strings, escapes and comments respected)."""
+    depth, i, n = 0, start, len(text)
+    while i < n:
+        c = text[i]
+        if c in "\"'":
+            triple = text.startswith(c * 3, i)
+            quote = c * 3 if triple else c
+            i += len(quote)
+            while i < n and not text.startswith(quote, i):
+                i += 2 if (c == '"' and text[i] == "\\") else 1
+            i += len(quote)
+            continue
+        if c == "#":
+            while i < n and text[i] != "\n":
+                i += 1
+            continue
+        if c == "[":
+            depth += 1
+        elif c == "]":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    raise ContainerdConfigError("config.toml: the imports array is not closed")
+
+
+def _top_level_key_line(text: str, key: str) -> tuple[int, int] | None:
+    """(start of the line, index of '[' after '=') of top-level ``key = [``, or None.
+    Only lines before the first table header are top level."""
+    pos = 0
+    for line in text.splitlines(keepends=True):
+        s = line.strip()
+        if s.startswith("["):
+            return None
+        name, eq, rest = s.partition("=")
+        if eq and name.strip() in (key, f'"{key}"', f"'{key}'") and rest.strip().startswith("["):
+            return pos, pos + line.index("[", line.index("="))
+        pos += len(line)
+    return None
+
+
+def ensure_import(
+    text: str | None,
+    entry: str = DROPIN_GLOB,
+    major: int = 1,
+    *,
+    dropin: str = DROPIN,
+    config: str = CONFIG,
+) -> str | None:
+    """config.toml with ``entry`` in its imports, or None when it is already covered.
+
+    Only the ``imports`` line changes (added before the first table when absent); every
+    other byte stays. The result is re-read and must differ from the input in imports
+    alone, else ContainerdConfigError. ``text`` None (no config.toml): a minimal file.
+    """
+    if text is None:
+        return f"version = {3 if major >= 2 else 2}\nimports = [{json.dumps(entry)}]\n"
+    before = _load(text, "config.toml")
+    imports = _imports(before)
+    if imports_cover(imports, dropin, config):
+        return None
+    nl = "\r\n" if "\r\n" in text else "\n"
+    rendered = "imports = [" + ", ".join(json.dumps(i) for i in [*imports, entry]) + "]"
+    found = _top_level_key_line(text, "imports")
+    if found is not None:
+        start, bracket = found
+        new = text[:start] + rendered + text[_array_end(text, bracket) :]
+    elif "imports" in before:
+        raise ContainerdConfigError("config.toml: cannot locate its imports line to edit it")
+    else:
+        lines = text.splitlines(keepends=True)
+        at = 0
+        for i, line in enumerate(lines):  # after the leading comments and version line
+            s = line.strip()
+            if s.startswith("[") or (s and not s.startswith("#") and not s.startswith("version")):
+                break
+            at = i + 1
+        if lines and at and not lines[at - 1].endswith(("\n", "\r")):
+            lines[at - 1] += nl
+        new = "".join(lines[:at]) + rendered + nl + "".join(lines[at:])
+    after = _load(new, "the edited config.toml")
+    if _imports(after) != [*imports, entry] or {**after, "imports": 0} != {**before, "imports": 0}:
+        raise ContainerdConfigError("config.toml: editing the imports line changed other keys")
+    return new
+
+
+# -- the merged view ---------------------------------------------------------------------
+
+
+def runtime_problem(dump: str, major: int, config_text: str | None = None) -> str | None:
+    """What is wrong with ``containerd config dump`` output for containerd ``major``.x
+    (None: the nvidia runtime is there, with its binary, and every runtime config.toml
+    defines survived the merge)."""
+    data = _load(dump, "containerd config dump output")
+    version = 3 if major >= 2 else 2
+    plugin = plugin_for_version(version)
+    runtimes = data.get("plugins", {}).get(plugin, {}).get("containerd", {}).get("runtimes", {})
+    nvidia = runtimes.get("nvidia") if isinstance(runtimes, dict) else None
+    if not isinstance(nvidia, dict):
+        return f"the merged config has no plugins.{plugin}.containerd.runtimes.nvidia"
+    binary = (nvidia.get("options") or {}).get("BinaryName")
+    if binary != RUNTIME_BINARY:
+        return f"the nvidia runtime's BinaryName is {binary!r}, not {RUNTIME_BINARY!r}"
+    if config_text:
+        cfg = _load(config_text, "config.toml")
+        own = cfg.get("plugins", {}).get(plugin_for_version(_version(cfg, 1 if major < 2 else 2)))
+        defined = ((own or {}).get("containerd") or {}).get("runtimes") or {}
+        lost = sorted(set(defined) - set(runtimes))
+        if lost:
+            return f"the merged config lost config.toml's runtime(s) {', '.join(lost)}"
+    return None
