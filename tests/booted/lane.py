@@ -326,6 +326,14 @@ class Boot:
         return self.text("journal.txt")
 
 
+# One booted container at a time. With --keep-unit and no machined every container stays
+# in the caller's cgroup, so two booted systemds would share one cgroup tree and remove
+# each other's /system.slice/<unit> cgroups: seen as systemd 257 "Failed to spawn
+# executor: No such file or directory" on bootfsm's restart while the other image booted.
+# Image builds, installs and unit-test runs (no systemd inside) still overlap.
+BOOT_LOCK = threading.Lock()
+
+
 def boot(
     image: Path,
     rundir: Path,
@@ -361,19 +369,19 @@ def boot(
         *(["--volatile=overlay"] if volatile else []),
         *binds,
     ]
-    started = time.monotonic()
-    # the unified cgroup hierarchy inside, as real nodes have, even on a hybrid host: under
-    # cgroup v1 systemd 257 could not spawn bootfsm's restart after a SIGKILL
+    # the unified cgroup hierarchy inside, as real nodes have, even on a hybrid host
     env = {**os.environ, "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"}
-    p = subprocess.run(
-        cmd,
-        text=True,
-        capture_output=True,
-        stdin=subprocess.DEVNULL,
-        check=False,
-        timeout=BOOT_TIMEOUT + 60,
-        env=env,
-    )
+    with BOOT_LOCK:
+        started = time.monotonic()
+        p = subprocess.run(
+            cmd,
+            text=True,
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            check=False,
+            timeout=BOOT_TIMEOUT + 60,
+            env=env,
+        )
     console = p.stdout + p.stderr
     (rundir / "console.txt").write_text(console)
     return Boot(rundir / "out", console, time.monotonic() - started, p.returncode)
@@ -558,38 +566,33 @@ def check_deadline(b: Boot, systemd: str, deadline: float, timeout_start: float)
 def scenarios(img: Image, prepared: Path, work: Path, pyver: str) -> list[Result]:
     results: list[Result] = []
 
-    def record(name: str, fn: Callable[[], Checks], t0: float) -> None:
+    def record(name: str, fn: Callable[[], Checks], seconds: float) -> None:
         try:
             c = fn()
             ok, detail = not c.problems, "; ".join(c.problems or c.facts or ["as expected"])
         except Exception as exc:  # a broken scenario is a FAIL, never a skip
             ok, detail = False, f"{type(exc).__name__}: {exc}"
-        results.append(
-            Result(img.name, img.systemd, pyver, name, ok, detail, time.monotonic() - t0)
-        )
+        results.append(Result(img.name, img.systemd, pyver, name, ok, detail, seconds))
         log(results[-1].line())
 
     # (1) success, on a copy that (5) then boots again
     node = work / "node"
     shutil.rmtree(node, ignore_errors=True)
     run(["cp", "-a", "--reflink=auto", str(prepared), str(node)])
-    t0 = time.monotonic()
     first = boot(node, work / "1-success", {"name": "success"}, volatile=False)
     record(
         "1 success: active (exited), STATUS= summary, kubelet after bootfsm",
         lambda: check_success(first, img.systemd),
-        t0,
+        first.elapsed,
     )
-    t0 = time.monotonic()
     second = boot(node, work / "5-reboot", {"name": "reboot"}, volatile=False)
     record(
         "5 reboot of the provisioned node: every state skipped, kubelet within seconds",
         lambda: check_reboot(second, img.systemd, first),
-        t0,
+        second.elapsed,
     )
     shutil.rmtree(node, ignore_errors=True)
 
-    t0 = time.monotonic()
     b2 = boot(
         prepared,
         work / "2-permanent",
@@ -599,10 +602,9 @@ def scenarios(img: Image, prepared: Path, work: Path, pyver: str) -> list[Result
     record(
         "2 permanent failure (31): no restart, kubelet Dependency failed, code in status",
         lambda: check_permanent(b2, img.systemd),
-        t0,
+        b2.elapsed,
     )
 
-    t0 = time.monotonic()
     b3 = boot(
         prepared,
         work / "3-transient",
@@ -613,10 +615,9 @@ def scenarios(img: Image, prepared: Path, work: Path, pyver: str) -> list[Result
     record(
         "3 transient failure (40) then success on the automatic restart: kubelet ends active",
         lambda: check_restarted(b3, img.systemd, r"code=exited, status=40"),
-        t0,
+        b3.elapsed,
     )
 
-    t0 = time.monotonic()
     b4 = boot(
         prepared,
         work / "4-sigkill",
@@ -627,11 +628,10 @@ def scenarios(img: Image, prepared: Path, work: Path, pyver: str) -> list[Result
     record(
         "4 SIGKILL of bootfsm mid-driver: the restart converges",
         lambda: check_restarted(b4, img.systemd, r"code=killed, status=9/KILL"),
-        t0,
+        b4.elapsed,
     )
 
     deadline, timeout_start = 20.0, 80.0  # the shipped 720/780 scaled down, same 60 s margin
-    t0 = time.monotonic()
     b6 = boot(
         prepared,
         work / "6-deadline",
@@ -645,7 +645,7 @@ def scenarios(img: Image, prepared: Path, work: Path, pyver: str) -> list[Result
     record(
         "6 global deadline vs TimeoutStartSec: bootfsm gives up first (100), never killed",
         lambda: check_deadline(b6, img.systemd, deadline, timeout_start),
-        t0,
+        b6.elapsed,
     )
     return results
 
