@@ -10,7 +10,7 @@ SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PKGS := makeself dpkg xz-utils systemd chromium
 SKU     ?= gb300
 
-.PHONY: all demo test lint fmt docs bench fuzz deps deps-sim mermaid _apt clean
+.PHONY: all demo test test-booted lint fmt docs bench fuzz deps deps-sim mermaid _apt clean
 
 all: test
 
@@ -51,6 +51,14 @@ demo: deps-sim $(STAMP)
 
 test: deps $(STAMP)
 	$(PY) -m pytest -n 2 --dist loadfile
+
+# the shipped unit under a real systemd: Debian 12 and 13 images (mmdebstrap, cached under
+# /var/cache/bootfsm-booted), booted with systemd-nspawn; needs root (docs/testing.md)
+test-booted: $(STAMP)
+	@$(MAKE) --no-print-directory _apt WANT="mmdebstrap:mmdebstrap systemd-nspawn:systemd-container"
+	@[ -e /usr/share/keyrings/debian-archive-keyring.gpg ] || { $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq debian-archive-keyring >/dev/null; }
+	$(SUDO) $(PY) tests/booted/lane.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

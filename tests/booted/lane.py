@@ -1,0 +1,755 @@
+"""The booted lane (`make test-booted`): the shipped unit under a real systemd, on real
+Debian images built from Debian's own packages, with their own Pythons.
+
+For each image (Debian 12: systemd 252, Python 3.11; Debian 13: systemd 257, Python 3.13):
+
+1. a base image from mmdebstrap, cached under the cache dir by a content key (suite,
+   mirror, package list, mmdebstrap options);
+2. a working copy: bootfsm installed from this checkout's wheel into a venv made with the
+   image's own python3 (dependencies from a wheelhouse that pip filled on the host,
+   installed offline inside the image), the unit installed with
+   ``bootfsm install-unit --root IMAGE``, the lane's units and helper added;
+3. the unit test suite's pure parts under the image's python3 (non-booted container);
+4. one ``systemd-nspawn --boot`` per scenario; a report unit inside dumps what systemd
+   and the node show into a bind-mounted directory and powers off; the host asserts on it.
+
+Prints one line per scenario, ``ok``/``FAIL`` first, naming the image's systemd; exits 1
+on any FAIL or when a tool is missing (never skips). See docs/testing.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import glob
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+IMAGE_FILES = HERE / "image"
+PACKAGES = (
+    "systemd",
+    "systemd-sysv",
+    "python3",
+    "python3-venv",
+    "containerd",
+    # the simulator's artifact builders run inside the image: a real makeself runfile,
+    # real dpkg-deb packages, tar.xz
+    "makeself",
+    "xz-utils",
+)
+MMDEBSTRAP_OPTS = ("--variant=minbase", "--mode=root", "--format=directory")
+SKU = "h100-pcie"  # PCIe, no fabric manager (see docs/testing.md)
+TEST_DEPS = ("pytest>=8,<10", "hypothesis>=6.100,<7", "pytest-httpserver>=1.1,<2")
+# the pure parts of the suite: no host tools beyond what the image has
+UNIT_TESTS = (
+    "tests/parsers",
+    "tests/test_codes.py",
+    "tests/test_config.py",
+    "tests/test_table.py",
+    "tests/test_detect.py",
+    "tests/test_hardware.py",
+    "tests/test_notify.py",
+)
+BOOT_TIMEOUT = 240  # seconds per boot, all scenarios (the longest settles in ~40 s)
+VENV = "/opt/bootfsm"
+TEST_VENV = "/opt/booted-tests"
+DROPINS = "/etc/systemd/system/bootfsm.service.d"
+START = "ExecMainStartTimestampMonotonic"
+
+
+@dataclass(frozen=True)
+class Image:
+    name: str
+    suite: str
+    systemd: str  # expected major version
+
+
+IMAGES = (Image("debian-12", "bookworm", "252"), Image("debian-13", "trixie", "257"))
+
+
+def log(msg: str) -> None:
+    print(f"[booted {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def run(argv: list[str], *, timeout: float = 600, **kw: object) -> subprocess.CompletedProcess[str]:
+    p = subprocess.run(argv, text=True, capture_output=True, timeout=timeout, check=False, **kw)  # type: ignore[call-overload]
+    if p.returncode != 0:
+        raise RuntimeError(
+            f"{' '.join(argv)} exited {p.returncode}:\n{p.stdout[-3000:]}{p.stderr[-3000:]}"
+        )
+    return p  # type: ignore[no-any-return]
+
+
+def cache_dir() -> Path:
+    """$BOOTED_CACHE, else /var/cache/bootfsm-booted as root, else $XDG_CACHE_HOME."""
+    if os.environ.get("BOOTED_CACHE"):
+        return Path(os.environ["BOOTED_CACHE"])
+    if os.geteuid() == 0:
+        return Path("/var/cache/bootfsm-booted")
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "bootfsm-booted"
+
+
+def debian_mirror() -> str:
+    """The Debian mirror this machine's apt uses ($BOOTED_DEBIAN_MIRROR overrides)."""
+    if os.environ.get("BOOTED_DEBIAN_MIRROR"):
+        return os.environ["BOOTED_DEBIAN_MIRROR"]
+    files = ["/etc/apt/sources.list", *sorted(glob.glob("/etc/apt/sources.list.d/*"))]
+    for name in files:
+        with contextlib.suppress(OSError):
+            text = Path(name).read_text()
+            uris = re.findall(r"^URIs:\s*(\S+)", text, re.M)
+            uris += re.findall(r"^deb\s+(?:\[[^]]*\]\s+)?(\S+)\s+\S+", text, re.M)
+            for uri in uris:
+                if uri.rstrip("/").endswith("/debian"):
+                    return uri.rstrip("/")
+    raise RuntimeError("no Debian mirror in /etc/apt/sources.list*; set BOOTED_DEBIAN_MIRROR")
+
+
+def preflight() -> list[str]:
+    problems = []
+    for tool in ("mmdebstrap", "systemd-nspawn", "systemctl"):
+        if not shutil.which(tool):
+            problems.append(
+                f"{tool} is missing (make test-booted installs mmdebstrap systemd-container)"
+            )
+    if os.geteuid() != 0:
+        problems.append(
+            "systemd-nspawn --boot needs root (run make test-booted as root or via sudo)"
+        )
+    return problems
+
+
+# -- images ---------------------------------------------------------------------------
+def base_image(img: Image, cache: Path) -> tuple[Path, bool]:
+    """The cached mmdebstrap image for `img`; (path, built now)."""
+    mirror = debian_mirror()
+    key_src = json.dumps([img.suite, mirror, PACKAGES, MMDEBSTRAP_OPTS])
+    key = hashlib.sha256(key_src.encode()).hexdigest()[:16]
+    path = cache / f"base-{img.suite}-{key}"
+    if (path / ".complete").is_file():
+        return path, False
+    tmp = cache / f".tmp-base-{img.suite}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    log(f"{img.name}: building base image with mmdebstrap ({img.suite}, {mirror})")
+    run(
+        [
+            "mmdebstrap",
+            *MMDEBSTRAP_OPTS,
+            f"--include={','.join(PACKAGES)}",
+            img.suite,
+            str(tmp),
+            mirror,
+        ],
+        timeout=1200,
+    )
+    (tmp / ".complete").write_text(key_src + "\n")
+    for old in cache.glob(f"base-{img.suite}-*"):
+        shutil.rmtree(old, ignore_errors=True)
+    tmp.rename(path)
+    return path, True
+
+
+def image_python(base: Path) -> str:
+    """X.Y of the image's python3 (its /usr/bin/python3 link names it)."""
+    target = os.readlink(base / "usr/bin/python3")
+    m = re.fullmatch(r"python(\d+\.\d+)", target)
+    if not m:
+        raise RuntimeError(f"cannot tell the image's python3 version from {target!r}")
+    return m[1]
+
+
+def wheelhouse(cache: Path, pyver: str, wheel_dir: Path) -> Path:
+    """Dependency wheels for the image's Python, downloaded by pip on the host (cached)."""
+    meta = tomllib.loads((REPO / "pyproject.toml").read_text())
+    reqs = [*meta["project"]["dependencies"], *TEST_DEPS]
+    key = hashlib.sha256(json.dumps([pyver, reqs]).encode()).hexdigest()[:16]
+    path = cache / f"wheelhouse-py{pyver}-{key}"
+    if not (path / ".complete").is_file():
+        log(f"wheelhouse for Python {pyver}: pip download")
+        shutil.rmtree(path, ignore_errors=True)
+        run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--only-binary=:all:",
+                f"--python-version={pyver}",
+                "-d",
+                str(path),
+                *reqs,
+            ]
+        )
+        (path / ".complete").write_text("\n".join(reqs) + "\n")
+    out = wheel_dir / f"py{pyver}"
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(path, out)
+    for whl in wheel_dir.glob("bootfsm-*.whl"):
+        shutil.copy(whl, out)
+    return out
+
+
+def nspawn(image: Path, *argv: str, binds: tuple[str, ...] = (), timeout: float = 600) -> str:
+    """Run one command in a non-booted container of `image`."""
+    cmd = [
+        "systemd-nspawn",
+        "-q",
+        "-D",
+        str(image),
+        "--register=no",
+        "--keep-unit",
+        "--private-network",
+        *[f"--bind{b}" for b in binds],
+        *argv,
+    ]
+    return run(cmd, timeout=timeout).stdout
+
+
+def prepare(img: Image, base: Path, work: Path, wheels: Path) -> Path:
+    """A working copy of the base with bootfsm installed the way docs/systemd.md says."""
+    prepared = work / "prepared"
+    shutil.rmtree(prepared, ignore_errors=True)
+    run(["cp", "-a", "--reflink=auto", str(base), str(prepared)])
+    opt = prepared / "opt/booted"
+    opt.mkdir(parents=True)
+    shutil.copy(IMAGE_FILES / "booted_node.py", opt / "booted_node.py")
+    (prepared / "booted").mkdir()
+    wh = "/opt/booted/wheels"
+    binds = (f"-ro={wheels}:{wh}",)
+    script = (
+        f"set -e; python3 -m venv {VENV}; "
+        f"{VENV}/bin/pip install -q --no-index --find-links {wh} bootfsm; "
+        f"python3 -m venv {TEST_VENV}; "
+        f"{TEST_VENV}/bin/pip install -q --no-index --find-links {wh} bootfsm "
+        + " ".join(f"'{r}'" for r in TEST_DEPS)
+        + f"; {VENV}/bin/python /opt/booted/booted_node.py prepare {SKU}"
+    )
+    (prepared / "opt/booted/wheels").mkdir()
+    nspawn(prepared, "/bin/sh", "-c", script, binds=binds)
+    # the unit, the way an image builder installs it: from the host, into the root
+    host_bootfsm = Path(sys.executable).parent / "bootfsm"
+    out = run(
+        [
+            str(host_bootfsm),
+            "install-unit",
+            "--root",
+            str(prepared),
+            "--exec",
+            f"{VENV}/bin/bootfsm",
+        ]
+    )
+    (work / "install-unit.txt").write_text(out.stdout + out.stderr)
+    units = prepared / "etc/systemd/system"
+    for unit in (IMAGE_FILES / "units").glob("*.service"):
+        shutil.copy(unit, units / unit.name)
+    dropins = units / "bootfsm.service.d"
+    dropins.mkdir(exist_ok=True)
+    shutil.copy(IMAGE_FILES / "units/50-booted.conf", dropins / "50-booted.conf")
+    kubelet = prepared / "usr/local/bin/kubelet"
+    shutil.copy(IMAGE_FILES / "kubelet", kubelet)
+    kubelet.chmod(0o755)
+    (prepared / "etc/default/kubelet").write_text(
+        'KUBELET_NODE_LABELS="bootfsm-booted=true"\nKUBELET_FLAGS=\n'
+    )
+    names = [u.name for u in (IMAGE_FILES / "units").glob("*.service")]
+    run(["systemctl", f"--root={prepared}", "enable", *names])
+    return prepared
+
+
+def unit_tests(img: Image, prepared: Path) -> tuple[bool, str]:
+    """The pure part of the unit suite under the image's own python3."""
+    samples = REPO.parent / "shared/reference/samples"
+    binds = [f"-ro={REPO}:/src"]
+    env = []
+    if samples.is_dir():
+        binds.append(f"-ro={samples}:/samples")
+        env = ["--setenv=BOOTFSM_SAMPLES=/samples"]
+    cmd = [
+        "systemd-nspawn",
+        "-q",
+        "-D",
+        str(prepared),
+        "--register=no",
+        "--keep-unit",
+        "--private-network",
+        "--volatile=overlay",
+        "--chdir=/src",
+        *env,
+        *[f"--bind{b}" for b in binds],
+        f"{TEST_VENV}/bin/python",
+        "-c",
+        "import sys, platform; print('python', platform.python_version());"
+        "import pytest; sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-p', "
+        "'no:xdist', '-o', 'addopts=', *sys.argv[1:]]))",
+        *UNIT_TESTS,
+    ]
+    p = subprocess.run(cmd, text=True, capture_output=True, timeout=900, check=False)
+    out = p.stdout + p.stderr
+    return p.returncode == 0, out
+
+
+# -- boots ----------------------------------------------------------------------------
+def parse_show(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+@dataclass
+class Boot:
+    out: Path
+    console: str
+    elapsed: float
+    rc: int
+
+    def show(self, unit: str) -> dict[str, str]:
+        return parse_show(self.text(f"show-{unit}.txt"))
+
+    def text(self, name: str) -> str:
+        p = self.out / name
+        return p.read_text(errors="replace") if p.is_file() else ""
+
+    def journal(self) -> str:
+        return self.text("journal.txt")
+
+
+# One booted container at a time. With --keep-unit and no machined every container stays
+# in the caller's cgroup, so two booted systemds would share one cgroup tree and remove
+# each other's /system.slice/<unit> cgroups: seen as systemd 257 "Failed to spawn
+# executor: No such file or directory" on bootfsm's restart while the other image booted.
+# Image builds, installs and unit-test runs (no systemd inside) still overlap.
+BOOT_LOCK = threading.Lock()
+
+
+def boot(
+    image: Path,
+    rundir: Path,
+    scenario: dict[str, object],
+    *,
+    volatile: bool,
+    files: dict[str, str] | None = None,
+    ro_binds: dict[str, str] | None = None,
+) -> Boot:
+    """One boot of `image`; /booted in the container is `rundir` (scenario in, report out)."""
+    shutil.rmtree(rundir, ignore_errors=True)
+    (rundir / "out").mkdir(parents=True)
+    (rundir / "scenario.json").write_text(json.dumps(scenario, indent=2) + "\n")
+    for name, text in (files or {}).items():
+        (rundir / name).write_text(text)
+    binds = [f"--bind={rundir}:/booted"]
+    for node_path, text in (ro_binds or {}).items():
+        src = rundir / ("bind-" + node_path.strip("/").replace("/", "_"))
+        src.write_text(text)
+        binds.append(f"--bind-ro={src}:{node_path}")
+    cmd = [
+        "timeout",
+        "--kill-after=15",
+        str(BOOT_TIMEOUT),
+        "systemd-nspawn",
+        "--boot",
+        "-D",
+        str(image),
+        "--register=no",
+        "--keep-unit",
+        "--private-network",
+        "--console=passive",
+        *(["--volatile=overlay"] if volatile else []),
+        *binds,
+    ]
+    # the unified cgroup hierarchy inside, as real nodes have, even on a hybrid host
+    env = {**os.environ, "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"}
+    with BOOT_LOCK:
+        started = time.monotonic()
+        p = subprocess.run(
+            cmd,
+            text=True,
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            check=False,
+            timeout=BOOT_TIMEOUT + 60,
+            env=env,
+        )
+    console = p.stdout + p.stderr
+    (rundir / "console.txt").write_text(console)
+    return Boot(rundir / "out", console, time.monotonic() - started, p.returncode)
+
+
+def mono(props: dict[str, str], key: str) -> float:
+    return int(props.get(key, "0") or "0") / 1e6
+
+
+@dataclass
+class Result:
+    image: str
+    systemd: str
+    python: str
+    name: str
+    ok: bool
+    detail: str
+    seconds: float
+
+    def line(self) -> str:
+        verdict = "ok  " if self.ok else "FAIL"
+        return (
+            f"{verdict} systemd {self.systemd} ({self.image}, python {self.python}) "
+            f"{self.name}: {self.detail} [{self.seconds:.0f} s]"
+        )
+
+
+@dataclass
+class Checks:
+    problems: list[str] = field(default_factory=list)
+    facts: list[str] = field(default_factory=list)
+
+    def eq(self, what: str, got: object, want: object) -> None:
+        if got != want:
+            self.problems.append(f"{what}={got!r} (want {want!r})")
+
+    def true(self, what: str, cond: bool) -> None:
+        if not cond:
+            self.problems.append(what)
+
+
+def base_checks(c: Checks, b: Boot, systemd: str) -> None:
+    c.true(
+        f"no report (boot rc {b.rc}; see {b.out.parent}/console.txt)",
+        (b.out / "settled.txt").is_file(),
+    )
+    c.true("systemd never settled", "settled=True" in b.text("settled.txt"))
+    version = b.text("systemd-version.txt").split()[1:2]
+    c.eq("systemd", version[0] if version else "", systemd)
+
+
+def kubelet_after_bootfsm(c: Checks, bf: dict[str, str], kl: dict[str, str]) -> None:
+    c.eq("kubelet ActiveState", kl.get("ActiveState"), "active")
+    c.eq("kubelet SubState", kl.get("SubState"), "running")
+    start, done = (
+        mono(kl, "ExecMainStartTimestampMonotonic"),
+        mono(bf, "ExecMainExitTimestampMonotonic"),
+    )
+    c.true(f"kubelet started at {start:.3f} before bootfsm exited at {done:.3f}", start >= done > 0)
+
+
+def check_success(b: Boot, systemd: str) -> Checks:
+    c = Checks()
+    base_checks(c, b, systemd)
+    bf, kl = b.show("bootfsm"), b.show("kubelet")
+    c.eq("ActiveState", bf.get("ActiveState"), "active")
+    c.eq("SubState", bf.get("SubState"), "exited")
+    c.eq("ExecMainStatus", bf.get("ExecMainStatus"), "0")
+    c.eq("NRestarts", bf.get("NRestarts"), "0")
+    c.true(
+        f"StatusText {bf.get('StatusText')!r} is not the summary",
+        bf.get("StatusText", "").startswith("OK code=0 OK state=done: node provisioned"),
+    )
+    kubelet_after_bootfsm(c, bf, kl)
+    c.true(
+        "real dpkg did not install nvidia-container-toolkit",
+        "ii |nvidia-container-toolkit|1.17.2-1" in b.text("dpkg-l.txt").replace("ii  |", "ii |"),
+    )
+    c.eq("containerd ActiveState", b.show("containerd").get("ActiveState"), "active")
+    c.facts.append(
+        f"provisioned in {mono(bf, 'ExecMainExitTimestampMonotonic') - mono(bf, START):.1f} s"
+    )
+    return c
+
+
+def check_permanent(b: Boot, systemd: str) -> Checks:
+    c = Checks()
+    base_checks(c, b, systemd)
+    bf, kl = b.show("bootfsm"), b.show("kubelet")
+    c.eq("ActiveState", bf.get("ActiveState"), "failed")
+    c.eq("Result", bf.get("Result"), "exit-code")
+    c.eq("ExecMainStatus", bf.get("ExecMainStatus"), "31")
+    c.eq("NRestarts (RestartPreventExitStatus)", bf.get("NRestarts"), "0")
+    status = b.text("status-bootfsm.txt")
+    c.true("systemctl status lacks 'status=31'", "status=31" in status)
+    c.true(
+        "systemctl status lacks the FAILED code=31 summary",
+        "FAILED code=31 CHECKSUM_MISMATCH" in status,
+    )
+    c.eq("kubelet ActiveState", kl.get("ActiveState"), "inactive")
+    c.true(
+        "journal lacks 'Dependency failed for kubelet.service'",
+        re.search(r"Dependency failed for (kubelet\.service|Kubelet)", b.journal()) is not None,
+    )
+    return c
+
+
+def check_restarted(b: Boot, systemd: str, exit_pattern: str) -> Checks:
+    c = Checks()
+    base_checks(c, b, systemd)
+    bf, kl = b.show("bootfsm"), b.show("kubelet")
+    c.eq("ActiveState", bf.get("ActiveState"), "active")
+    c.eq("SubState", bf.get("SubState"), "exited")
+    c.eq("ExecMainStatus", bf.get("ExecMainStatus"), "0")
+    c.true(f"NRestarts={bf.get('NRestarts')} (want >= 1)", int(bf.get("NRestarts", "0") or 0) >= 1)
+    c.true(
+        f"journal lacks the first run's end ({exit_pattern})",
+        re.search(r"bootfsm\.service: Main process exited, " + exit_pattern, b.journal())
+        is not None,
+    )
+    kubelet_after_bootfsm(c, bf, kl)
+    dep = (
+        "kubelet's first start job failed (Dependency failed)"
+        if "Dependency failed for" in b.journal()
+        else "kubelet's start job waited"
+    )
+    c.facts.append(f"NRestarts={bf.get('NRestarts')}; {dep}")
+    return c
+
+
+def check_reboot(b: Boot, systemd: str, first: Boot) -> Checks:
+    c = Checks()
+    base_checks(c, b, systemd)
+    bf, kl = b.show("bootfsm"), b.show("kubelet")
+    c.eq("ActiveState", bf.get("ActiveState"), "active")
+    c.eq("ExecMainStatus", bf.get("ExecMainStatus"), "0")
+    kubelet_after_bootfsm(c, bf, kl)
+    took = mono(kl, "ActiveEnterTimestampMonotonic") - mono(bf, "InactiveExitTimestampMonotonic")
+    c.true(f"kubelet up {took:.1f} s after bootfsm started (want < 15)", 0 < took < 15)
+    c.facts.append(f"kubelet up {took:.1f} s after bootfsm started")
+    calls_before = first.text("calls.jsonl").count("\n")
+    new_calls = b.text("calls.jsonl").splitlines()[calls_before:]
+    installs = [x for x in new_calls if '"nvidia-installer"' in x or '"update-initramfs"' in x]
+    c.true(f"the second boot ran {installs[:2]}", not installs)
+    c.eq("dpkg.log on the second boot (unchanged)", b.text("dpkg.log"), first.text("dpkg.log"))
+    bootfsm_lines = [ln for ln in b.journal().splitlines() if " bootfsm[" in ln]
+    # detect always runs (it reads the node's facts); every working state must be skipped
+    for state in ("fetch", "driver", "verify", "join"):
+        c.true(
+            f"journal: state {state} not skipped",
+            any("state.skip" in ln and f"state={state} " in ln for ln in bootfsm_lines),
+        )
+    c.true(
+        "journal: a state ran",
+        not any("state.enter" in ln and "state=detect" not in ln for ln in bootfsm_lines),
+    )
+    return c
+
+
+def check_deadline(b: Boot, systemd: str, deadline: float, timeout_start: float) -> Checks:
+    c = Checks()
+    base_checks(c, b, systemd)
+    bf = b.show("bootfsm")
+    c.eq("ActiveState", bf.get("ActiveState"), "failed")
+    c.eq("Result (not 'timeout')", bf.get("Result"), "exit-code")
+    c.eq("ExecMainStatus", bf.get("ExecMainStatus"), "100")
+    c.eq("NRestarts", bf.get("NRestarts"), "0")
+    ran = mono(bf, "ExecMainExitTimestampMonotonic") - mono(bf, "ExecMainStartTimestampMonotonic")
+    c.true(
+        f"ran {ran:.1f} s: not between the deadline {deadline:g} s"
+        f" and TimeoutStartSec {timeout_start:g} s",
+        deadline <= ran < timeout_start,
+    )
+    c.true("journal shows a start timeout", "timed out" not in b.journal().replace("deadline", ""))
+    c.facts.append(
+        f"exited {ran - deadline:.1f} s after its {deadline:g} s deadline"
+        f" (TimeoutStartSec {timeout_start:g})"
+    )
+    return c
+
+
+def scenarios(img: Image, prepared: Path, work: Path, pyver: str) -> list[Result]:
+    results: list[Result] = []
+
+    def record(name: str, fn: Callable[[], Checks], seconds: float) -> None:
+        try:
+            c = fn()
+            ok, detail = not c.problems, "; ".join(c.problems or c.facts or ["as expected"])
+        except Exception as exc:  # a broken scenario is a FAIL, never a skip
+            ok, detail = False, f"{type(exc).__name__}: {exc}"
+        results.append(Result(img.name, img.systemd, pyver, name, ok, detail, seconds))
+        log(results[-1].line())
+
+    # (1) success, on a copy that (5) then boots again
+    node = work / "node"
+    shutil.rmtree(node, ignore_errors=True)
+    run(["cp", "-a", "--reflink=auto", str(prepared), str(node)])
+    first = boot(node, work / "1-success", {"name": "success"}, volatile=False)
+    record(
+        "1 success: active (exited), STATUS= summary, kubelet after bootfsm",
+        lambda: check_success(first, img.systemd),
+        first.elapsed,
+    )
+    second = boot(node, work / "5-reboot", {"name": "reboot"}, volatile=False)
+    record(
+        "5 reboot of the provisioned node: every state skipped, kubelet within seconds",
+        lambda: check_reboot(second, img.systemd, first),
+        second.elapsed,
+    )
+    shutil.rmtree(node, ignore_errors=True)
+
+    b2 = boot(
+        prepared,
+        work / "2-permanent",
+        {"name": "permanent", "mirror_faults": ["checksum-mismatch"]},
+        volatile=True,
+    )
+    record(
+        "2 permanent failure (31): no restart, kubelet Dependency failed, code in status",
+        lambda: check_permanent(b2, img.systemd),
+        b2.elapsed,
+    )
+
+    b3 = boot(
+        prepared,
+        work / "3-transient",
+        {"name": "transient"},
+        volatile=True,
+        files={"dpkg-lock-seconds": "12\n"},
+    )
+    record(
+        "3 transient failure (40) then success on the automatic restart: kubelet ends active",
+        lambda: check_restarted(b3, img.systemd, r"code=exited, status=40"),
+        b3.elapsed,
+    )
+
+    b4 = boot(
+        prepared,
+        work / "4-sigkill",
+        {"name": "sigkill", "compile_seconds": 8},
+        volatile=True,
+        files={"kill-mid-driver": ""},
+    )
+    record(
+        "4 SIGKILL of bootfsm mid-driver: the restart converges",
+        lambda: check_restarted(b4, img.systemd, r"code=killed, status=9/KILL"),
+        b4.elapsed,
+    )
+
+    deadline, timeout_start = 20.0, 80.0  # the shipped 720/780 scaled down, same 60 s margin
+    b6 = boot(
+        prepared,
+        work / "6-deadline",
+        {"name": "deadline", "node_faults": ["installer-hangs"]},
+        volatile=True,
+        ro_binds={
+            "/etc/default/bootfsm": f"BOOTFSM_DEADLINE={deadline:g}\nBOOTFSM_ARGS=\n",
+            f"{DROPINS}/60-booted-timeout.conf": f"[Service]\nTimeoutStartSec={timeout_start:g}\n",
+        },
+    )
+    record(
+        "6 global deadline vs TimeoutStartSec: bootfsm gives up first (100), never killed",
+        lambda: check_deadline(b6, img.systemd, deadline, timeout_start),
+        b6.elapsed,
+    )
+    return results
+
+
+def lane(img: Image, cache: Path, wheels: Path, results: list[Result], only: set[str]) -> None:
+    t0 = time.monotonic()
+    work = cache / "work" / img.name
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        base, built = base_image(img, cache)
+        pyver = image_python(base)
+        wh = wheelhouse(cache, pyver, wheels)
+        prepared = prepare(img, base, work, wh)
+        log(
+            f"{img.name}: base {'built' if built else 'cached'},"
+            f" prepared in {time.monotonic() - t0:.0f} s"
+        )
+        full = nspawn(
+            prepared, "/usr/bin/python3", "-c", "import platform; print(platform.python_version())"
+        ).strip()
+    except Exception as exc:
+        results.append(
+            Result(
+                img.name,
+                img.systemd,
+                "?",
+                "image build",
+                False,
+                str(exc)[-2000:],
+                time.monotonic() - t0,
+            )
+        )
+        log(results[-1].line())
+        return
+    if not only or "unit" in only:
+        t1 = time.monotonic()
+        ok, out = unit_tests(img, prepared)
+        (work / "unit-tests.txt").write_text(out)
+        summary = [ln for ln in out.splitlines() if re.search(r"\d+ (passed|failed|error)", ln)]
+        tail = [re.sub(r"\x1b\[[0-9;]*m", "", ln).strip("= ") for ln in summary[-1:]] or [
+            "no pytest summary"
+        ]
+        results.append(
+            Result(
+                img.name,
+                img.systemd,
+                full,
+                f"unit tests under the image's python3 {full}",
+                ok,
+                tail[0],
+                time.monotonic() - t1,
+            )
+        )
+        log(results[-1].line())
+    if not only or "boot" in only:
+        results.extend(scenarios(img, prepared, work, full))
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--image", action="append", choices=[i.name for i in IMAGES])
+    ap.add_argument("--only", action="append", choices=["unit", "boot"])
+    args = ap.parse_args(argv)
+    problems = preflight()
+    if problems:
+        for p in problems:
+            print(f"FAIL booted lane: {p}")
+        return 1
+    t0 = time.monotonic()
+    cache = cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    wheels = cache / "work" / f"wheels-{os.getpid()}"
+    shutil.rmtree(wheels, ignore_errors=True)
+    wheels.mkdir(parents=True)
+    build = cache / "work" / f"build-{os.getpid()}"
+    log("building bootfsm's wheel from this checkout")
+    # pip wheel builds in a temporary copy; nothing is written into the checkout
+    run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(REPO)],
+        env={**os.environ, "TMPDIR": str(build.parent)},
+    )
+    images = [i for i in IMAGES if not args.image or i.name in args.image]
+    results: list[Result] = []
+    threads = [
+        threading.Thread(target=lane, args=(i, cache, wheels, results, set(args.only or ())))
+        for i in images
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    shutil.rmtree(wheels, ignore_errors=True)
+    order = {i.name: n for n, i in enumerate(IMAGES)}
+    results.sort(key=lambda r: (order[r.image], r.name))
+    for r in results:
+        print(r.line())
+    failed = [r for r in results if not r.ok]
+    print(
+        f"booted lane: {len(results) - len(failed)} ok, {len(failed)} FAIL"
+        f" in {time.monotonic() - t0:.0f} s"
+        f" (cache {cache}; reports under {cache}/work)"
+    )
+    return 1 if failed or not results else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
