@@ -22,15 +22,17 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bootfsm.artifacts import Artifact
 from bootfsm.codes import Code
 from bootfsm.errors import BootError, TransientError
 from bootfsm.http import Cancelled, Http
 from bootfsm.partfile import StreamResult, bytes_on_disk, partial_source, url_id
 from bootfsm.progress import Progress, Track
 from bootfsm.redact import redact_url
+
+if TYPE_CHECKING:
+    from bootfsm.artifacts import Artifact  # annotations only: it imports the host layer
 
 __all__ = ["Fetched", "Fetcher", "Job"]
 

@@ -470,7 +470,7 @@ class Http:
                 -1,
                 size,
                 url,
-                _Plan(deadline, progress, cancel, allow_http_hosts, fsync, {}),
+                _Plan(deadline, progress, cancel, allow_http_hosts, fsync, {}, count),
             )
         left = _left(url, deadline)
         start, end, done = segs[first]
@@ -509,7 +509,7 @@ class Http:
                         pf.check_space(part, size, freed=_file_size(part))
                         pf.discard(part)
                     plan = _Plan(
-                        deadline, progress, cancel, allow_http_hosts, fsync, dict(r.headers)
+                        deadline, progress, cancel, allow_http_hosts, fsync, dict(r.headers), count
                     )
                     _io(part, lambda: pf.write_segments(meta_file, r.headers, size, url, segs))
                     return self._segments((r, watch), part, segs, first, size, url, plan)
@@ -563,16 +563,17 @@ class Http:
             state.frontier, state.fd = fr, fd
             resumed = fr.done()
             state.resumed = resumed
+            state.queue = [i for i, (s, e, d) in enumerate(segs) if i != first and s + d < e]
+            state.queue.reverse()  # popped from the end: in file order
             threads = []
-            for i, (s, e, d) in enumerate(segs):
-                if i != first and s + d < e:
-                    t = threading.Thread(
-                        target=state.worker, args=(i,), name="bootfsm-seg", daemon=True
-                    )
-                    t.start()
-                    threads.append(t)
+            for _ in range(min(plan.connections - 1, len(state.queue))):
+                t = threading.Thread(target=state.worker, name="bootfsm-seg", daemon=True)
+                t.start()
+                threads.append(t)
             if probe is not None:
                 state.guard(lambda: state.pump(probe[0], first, probe[1]))
+                probe[0].close()
+            state.guard(lambda: state.pieces(self))
             for t in threads:
                 t.join()
             if state.errors:
@@ -606,6 +607,7 @@ class _Plan:
     allow_http_hosts: Sequence[str] | None
     fsync: bool
     headers: dict[str, str]  # the probe's: validators every other segment must match
+    connections: int
 
 
 class _Aborted(Exception):
@@ -628,6 +630,7 @@ class _Segs:
         self.fd = -1
         self.resumed = 0
         self.errors: list[BaseException] = []
+        self.queue: list[int] = []  # pieces no connection has taken yet, last = next
         self.changed = False  # a segment saw another entity: the part is discarded
         self._abort = threading.Event()
         self._lock = threading.Lock()
@@ -661,12 +664,21 @@ class _Segs:
                 self.errors.append(exc)
             self._abort.set()
 
-    def worker(self, i: int) -> None:
+    def worker(self) -> None:
         client = self.http.clone()
         try:
-            self.guard(lambda: self._request(client, i))
+            self.guard(lambda: self.pieces(client))
         finally:
             client.close()
+
+    def pieces(self, client: Http) -> None:
+        """Take the next piece in file order and fetch it, until none is left."""
+        while not self._abort.is_set():
+            with self._lock:
+                if not self.queue:
+                    return
+                i = self.queue.pop()
+            self._request(client, i)
 
     def _request(self, client: Http, i: int) -> None:
         import requests  # noqa: TID251
@@ -771,6 +783,8 @@ class _Segs:
             if plan.progress is not None:
                 plan.progress(fr.done(), self.size)
             self.save()
+        if fp is not None and fp.isclosed():  # body read to its end: keep the connection
+            r.raw.release_conn()
 
 
 def _left(url: str, deadline: float | None) -> float | None:

@@ -50,6 +50,7 @@ __all__ = [
 ]
 
 CHUNK = 256 << 10  # fits the CPU cache while it is hashed and written; 1 MiB was slower
+_PIECE_MIN, _PIECE_MAX = 1 << 20, 32 << 20  # one ranged request each (segmented downloads)
 _BUFFERS = 16  # read-ahead between the socket and the writer (4 MiB)
 
 
@@ -270,10 +271,12 @@ def _int(value: str | None) -> int | None:
 
 
 def segment_plan(size: int, count: int) -> list[list[int]]:
-    """``count`` contiguous ``[start, end, done]`` ranges (end exclusive) covering ``size``."""
-    count = max(1, min(count, size // CHUNK or 1))
-    step = -(-size // count)
-    return [[s, min(s + step, size), 0] for s in range(0, size, step)]
+    """``[start, end, done]`` pieces (end exclusive) covering ``size`` in order, for
+    ``count`` connections: about eight pieces per connection, 1-32 MiB each, so the
+    pieces complete roughly in file order and the hasher follows right behind them."""
+    piece = min(max(size // (max(1, count) * 8), _PIECE_MIN), _PIECE_MAX)
+    piece = -(-piece // CHUNK) * CHUNK
+    return [[s, min(s + piece, size), 0] for s in range(0, size, piece)]
 
 
 def write_segments(
