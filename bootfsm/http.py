@@ -632,7 +632,8 @@ class _Segs:
         self.errors: list[BaseException] = []
         self.queue: list[int] = []  # pieces no connection has taken yet, last = next
         self.changed = False  # a segment saw another entity: the part is discarded
-        self._abort = threading.Event()
+        self._abort = threading.Event()  # take no new piece
+        self._halt = threading.Event()  # stop mid-piece too (permanent error, cancel)
         self._lock = threading.Lock()
         self._saved = time.monotonic()
 
@@ -654,7 +655,8 @@ class _Segs:
             )
 
     def guard(self, fn: Callable[[], None]) -> None:
-        """Run one segment; its first real error stops the others."""
+        """Run segments; after an error no piece is taken (a transient error lets the
+        others finish the piece they hold: its bytes are already on the way)."""
         try:
             fn()
         except _Aborted:
@@ -663,6 +665,8 @@ class _Segs:
             with self._lock:
                 self.errors.append(exc)
             self._abort.set()
+            if not isinstance(exc, TransientError) or self.changed:
+                self._halt.set()  # a transient one lets the others finish their piece
 
     def worker(self) -> None:
         client = self.http.clone()
@@ -743,7 +747,7 @@ class _Segs:
         while (pos := start + fr.segments[i][2]) < end:
             if plan.cancel is not None and plan.cancel.is_set():
                 raise Cancelled(f"download of {redact_url(url)} cancelled")
-            if self._abort.is_set():
+            if self._halt.is_set():
                 raise _Aborted
             if watch.fired or (plan.deadline is not None and time.monotonic() > plan.deadline):
                 raise TransientError(

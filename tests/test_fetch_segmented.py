@@ -134,6 +134,7 @@ def test_a_failed_segment_resumes_only_the_missing_ranges(mirror: Mirror, tmp_pa
     assert _ranges(mirror, before) == missing  # only those byte ranges, nothing twice
     assert res.sha256 == SHA and part.read_bytes() == BODY  # type: ignore[attr-defined]
     assert res.resumed_bytes == sum(d for _, _, d in segs)  # type: ignore[attr-defined]
+    assert mirror.bytes_sent_total == SIZE  # the healthy connections finished their pieces
 
 
 def test_changed_entity_between_attempts_restarts(mirror: Mirror, tmp_path: Path) -> None:
