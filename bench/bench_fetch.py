@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -156,9 +157,17 @@ def _interleaved(tools: dict[str, list[list[str]]], out: Path, runs: int) -> dic
     for r in range(runs):
         for k in names[r % len(names) :] + names[: r % len(names)]:
             _clean(out)
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
             times[k].append(_timed(*tools[k]))
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            CPU.setdefault(k, []).append(
+                after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+            )
     _clean(out)
     return times
+
+
+CPU: dict[str, list[float]] = {}  # CPU seconds (user + sys) per tool, of the last table
 
 
 def _spread(ts: list[float]) -> str:
@@ -171,13 +180,15 @@ def _table(times: dict[str, list[float]], size: int, base: str) -> str:
         paired = [b / t for t, b in zip(ts, times[base], strict=True)]
         rows.append(
             f"| {TOOL_NAMES[k]} | {_spread(ts)} | {size / statistics.median(ts) / 1e6:,.0f} | "
-            f"{statistics.median(paired):.2f}x ({min(paired):.2f}-{max(paired):.2f}) |"
+            f"{statistics.median(paired):.2f}x ({min(paired):.2f}-{max(paired):.2f}) | "
+            f"{statistics.median(CPU[k]):.2f} s |"
         )
+    CPU.clear()
     head = (
         "| tool (whole process) | wall, median (min-max) | MB/s (median) "
-        f"| speed vs {TOOL_NAMES[base]}, paired runs |"
+        f"| speed vs {TOOL_NAMES[base]}, paired runs | CPU (user+sys), median |"
     )
-    return head + "\n|---|---|---|---|\n" + "\n".join(rows) + "\n"
+    return head + "\n|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
 
 
 def _ratio(times: dict[str, list[float]], a: str, b: str) -> tuple[float, float, float]:
@@ -353,13 +364,16 @@ def main() -> str:
         if free < 3 * GIB:
             return f"## Fetch\n\nskipped: {work} has {free / GIB:.1f} GiB free, 3 GiB needed.\n"
         parts = [bench_throughput(work), bench_drop(work), bench_parallel(work)]
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    size = int(os.environ.get("BENCH_FETCH_MIB", "1024"))
     head = (
-        "## Fetch: bootfsm vs curl (bench/bench_fetch.py)\n\n"
-        "Same loopback mirror (bootfsm.sim.mirror: Range, ETag, per-connection throttle) "
-        "and the same files for both tools; bootfsm runs its real fetcher "
-        "(bootfsm/fetcher.py: streaming sha256, verify, rename; no fsync unless "
-        "`fetch.fsync`). The mirror sends fault-free files with sendfile(2), so on a "
-        "small machine its CPU does not decide the race.\n\n"
+        "## Fetch: bootfsm vs curl and aria2c (bench/bench_fetch.py)\n\n"
+        f"This run: (a) with a {size} MiB file and {RUNS} interleaved runs per cell "
+        f"(`BENCH_FETCH_MIB={size} BENCH_FETCH_RUNS={RUNS}`); load average at the end "
+        f"{load} on {os.cpu_count()} cores. The same files for every tool; bootfsm runs its "
+        "real fetcher (bootfsm/fetcher.py: sha256 of every byte, verify, rename; no fsync "
+        "unless `fetch.fsync`); every server sends with sendfile(2) from its own process "
+        "in (a), so its CPU does not decide the race.\n\n"
     )
     return head + "\n".join(parts)
 

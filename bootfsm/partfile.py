@@ -346,6 +346,7 @@ class Frontier:
         self.digest = hashlib.sha256()
         self.hashed = 0
         self.error: OSError | None = None
+        self._open = 0  # the first segment not yet complete (segments only grow)
         self._cond = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._hash, name="bootfsm-hasher", daemon=True)
@@ -363,12 +364,15 @@ class Frontier:
     def advance(self, i: int, n: int) -> None:
         with self._cond:
             self.segments[i][2] += n
-            self._cond.notify()
+            if i == self._open:  # only the segment at the hashed edge moves it
+                self._cond.notify()
 
     def _edge(self) -> int:
-        for start, end, done in self.segments:
+        while self._open < len(self.segments):
+            start, end, done = self.segments[self._open]
             if start + done < end:
                 return start + done
+            self._open += 1
         return self.size
 
     def _hash(self) -> None:
