@@ -248,7 +248,10 @@ def bench_throughput(work: Path) -> str:
         "its imports, `.part`, sha256 of every byte, verify, rename), timed from the outside; "
         "the tools take turns in a rotated order each run and the output is removed and "
         "`sync`ed between cells. Speed is paired per run (curl's time / the tool's time) "
-        "and shown as median (min-max).\n\n" + "\n".join(parts)
+        "and shown as median (min-max). `curl -o` hashes nothing; bootfsm hashes every byte "
+        "(OpenSSL's sha256) while it receives, and a segmented download hashes each piece "
+        "in file order from the page cache (one more copy than one connection).\n\n"
+        + "\n".join(parts)
     )
 
 
