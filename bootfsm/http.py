@@ -557,6 +557,7 @@ class Http:
         except OSError as exc:
             raise pf.write_error(part, exc) from exc
         state = _Segs(self, part, url, size, plan)
+        threads: list[threading.Thread] = []
         try:
             _io(part, lambda: _preallocate(fd, size))
             fr = pf.Frontier(fd, segs, size)
@@ -565,7 +566,6 @@ class Http:
             state.resumed = resumed
             state.queue = [i for i, (s, e, d) in enumerate(segs) if i != first and s + d < e]
             state.queue.reverse()  # popped from the end: in file order
-            threads = []
             for _ in range(min(plan.connections - 1, len(state.queue))):
                 t = threading.Thread(target=state.worker, name="bootfsm-seg", daemon=True)
                 t.start()
@@ -592,7 +592,10 @@ class Http:
             state.save(force=True)
             return StreamResult(size, sha, resumed, size - resumed)
         finally:
-            if state.frontier is not None and state.errors:
+            state.halt()  # on any way out, no receiver writes to fd once it is closed
+            for t in threads:
+                t.join()
+            if state.frontier is not None:
                 state.frontier.stop()
             os.close(fd)
 
@@ -653,6 +656,11 @@ class _Segs:
                     pf.meta_path(self.part), self.plan.headers, self.size, self.url, segs
                 ),
             )
+
+    def halt(self) -> None:
+        """Stop every receiver at its next chunk (no-op once they are done)."""
+        self._abort.set()
+        self._halt.set()
 
     def guard(self, fn: Callable[[], None]) -> None:
         """Run segments; after an error no piece is taken (a transient error lets the

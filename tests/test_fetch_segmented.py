@@ -223,3 +223,40 @@ def test_a_segment_never_reads_past_its_range(httpserver: HTTPServer, tmp_path: 
     part = _part(tmp_path)
     res = Http().stream_segmented(httpserver.url_for("/f"), part, size=SIZE, segments=SEGS)
     assert res.sha256 == SHA and part.read_bytes() == BODY
+
+
+def test_a_mirror_failing_later_ranges_hands_over_to_the_next(
+    httpserver: HTTPServer, mirror: Mirror, tmp_path: Path
+) -> None:
+    first_piece = segment_plan(SIZE, SEGS)[0]
+
+    def handler(request: Request) -> Response:
+        if request.headers.get("Range") != f"bytes=0-{first_piece[1] - 1}":
+            return Response("gone", status=404)  # a mirror losing the file mid-download
+        return Response(
+            BODY[: first_piece[1]],
+            status=206,
+            headers={"ETag": '"v1"', "Content-Range": f"bytes 0-{first_piece[1] - 1}/{SIZE}"},
+        )
+
+    httpserver.expect_request("/f.bin").respond_with_handler(handler)
+    art = Artifact(
+        "f.bin", "runfile", httpserver.url_for("/f.bin"), SHA, SIZE, "f.bin",
+        (mirror.url + "/f.bin",),
+    )  # fmt: skip
+    got: list[Fetched] = []
+    Fetcher(
+        Http(read_timeout=5),
+        parallel=1,
+        allow_http_hosts=["127.0.0.1", "localhost"],
+        artifact_timeout=60,
+        remaining=lambda: 60.0,
+        emit=lambda event, **f: None,
+        segments=SEGS,
+        segment_min_size=1 << 20,
+    ).run([Job(art, _part(tmp_path))], got.append)
+    assert got[0].mirror == 1 and got[0].result.sha256 == SHA
+    assert sorted(resp.status_code for _, resp in httpserver.log)[-1] == 404
+    assert got[0].result.resumed_bytes == 0  # another mirror's bytes are never resumed
+    assert _part(tmp_path).read_bytes() == BODY
+    assert _ranges(mirror) == _expected(segment_plan(SIZE, SEGS))
