@@ -108,6 +108,8 @@ class FetchSpec:
     artifact_timeout: float = 300.0
     fsync: bool = False
     ca_file: str = ""
+    segments: int = 8
+    segment_min_size: int = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -227,6 +229,12 @@ def _check(cfg: Config) -> None:
         raise ConfigError("fetch.ca_file: must be an absolute node path or empty (system store)")
     if cfg.fetch.parallel > 16:
         raise ConfigError(f"fetch.parallel: at most 16 connections, got {cfg.fetch.parallel}")
+    if not 1 <= cfg.fetch.segments <= 16:
+        raise ConfigError(f"fetch.segments: 1-16 per artifact, got {cfg.fetch.segments}")
+    if not 1 << 20 <= cfg.fetch.segment_min_size <= 1 << 40:
+        raise ConfigError(
+            f"fetch.segment_min_size: 1 MiB-1 TiB in bytes, got {cfg.fetch.segment_min_size}"
+        )
     for key in ("runfile_mirrors", "redist_mirrors", "cuda_repo_mirrors", "toolkit_repo_mirrors"):
         for i, url in enumerate(getattr(cfg.sources, key), start=1):
             if not url.startswith(("https://", "http://")):

@@ -22,15 +22,17 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bootfsm.artifacts import Artifact
 from bootfsm.codes import Code
 from bootfsm.errors import BootError, TransientError
 from bootfsm.http import Cancelled, Http
-from bootfsm.partfile import StreamResult, partial_source, url_id
+from bootfsm.partfile import StreamResult, bytes_on_disk, partial_source, url_id
 from bootfsm.progress import Progress, Track
 from bootfsm.redact import redact_url
+
+if TYPE_CHECKING:
+    from bootfsm.artifacts import Artifact  # annotations only: it imports the host layer
 
 __all__ = ["Fetched", "Fetcher", "Job"]
 
@@ -72,6 +74,8 @@ class Fetcher:
         emit: Callable[..., None],
         progress: Progress | None = None,
         fsync: bool = False,
+        segments: int = 8,
+        segment_min_size: int = 64 << 20,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.http = http
@@ -82,6 +86,8 @@ class Fetcher:
         self.emit = emit
         self.progress = progress
         self.fsync = fsync
+        self.segments = max(1, segments)
+        self.segment_min_size = segment_min_size
         self.clock = clock
         self.attempts: dict[str, int] = {}  # HTTP attempts per artifact, failed ones too
         self._cancel = threading.Event()
@@ -164,24 +170,17 @@ class Fetcher:
             if self._cancel.is_set():
                 raise Cancelled(a.name)
             self.attempts[a.name] = self.attempts.get(a.name, 0) + 1
-            before = _size(job.part)
+            before = bytes_on_disk(job.part)
             track.begin(before, self.clock)
             try:
-                res = self._client().stream_to(
-                    url,
-                    job.part,
-                    deadline=deadline,
-                    progress=track.update,
-                    cancel=self._cancel,
-                    expect_size=a.size,
-                    allow_http_hosts=self.allow_http_hosts,
-                    fsync=self.fsync,
-                )
+                res = self._stream(a, job.part, url, deadline, track)
                 _verify(job, res, url)
             except TransientError as exc:
                 failures.append((url, exc))
                 self._failed(a, i, url, exc)
-                progressed = _size(job.part) > before and partial_source(job.part) == url_id(url)
+                progressed = bytes_on_disk(job.part) > before and partial_source(
+                    job.part
+                ) == url_id(url)
                 if exc.code is Code.DOWNLOAD_TIMEOUT or progressed:
                     raise  # out of time, or resume from this mirror on the next attempt
             except BootError as exc:
@@ -199,6 +198,33 @@ class Fetcher:
             finally:
                 track.active = False
         raise _give_up(a, failures)
+
+    def _stream(
+        self, a: Artifact, part: Path, url: str, deadline: float, track: Track
+    ) -> StreamResult:
+        """One attempt from one mirror: in segments when the artifact is large enough."""
+        if self.segments > 1 and a.size is not None and a.size >= self.segment_min_size:
+            return self._client().stream_segmented(
+                url,
+                part,
+                size=a.size,
+                segments=self.segments,
+                deadline=deadline,
+                progress=track.update,
+                cancel=self._cancel,
+                allow_http_hosts=self.allow_http_hosts,
+                fsync=self.fsync,
+            )
+        return self._client().stream_to(
+            url,
+            part,
+            deadline=deadline,
+            progress=track.update,
+            cancel=self._cancel,
+            expect_size=a.size,
+            allow_http_hosts=self.allow_http_hosts,
+            fsync=self.fsync,
+        )
 
     def _failed(self, a: Artifact, i: int, url: str, exc: BootError | TransientError) -> None:
         if len(a.urls) < 2:

@@ -21,11 +21,13 @@ store (the ``ca_file`` given), and a verification failure is its own permanent c
 from __future__ import annotations
 
 import email.utils
+import errno
+import http.client
 import ipaddress
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -354,7 +356,7 @@ class Http:
         meta_path = pf.meta_path(part)
         on_disk = have = part.stat().st_size if part.exists() else 0
         meta = pf.read_meta(meta_path) if have else {}
-        validator = pf.if_range(meta)
+        validator = None if "segments" in meta else pf.if_range(meta)  # preallocated: restart
         headers = {"Accept-Encoding": "identity"}
         if have and validator:
             headers |= {"Range": f"bytes={have}-", "If-Range": validator}
@@ -402,3 +404,447 @@ class Http:
                     )
             except (requests.RequestException, OSError) as exc:
                 raise self._classify(exc, url, watch) from exc
+
+    # -- segmented downloads -------------------------------------------------------------
+    def stream_segmented(
+        self,
+        url: str,
+        part: Path,
+        *,
+        size: int,
+        segments: int,
+        deadline: float | None = None,
+        progress: Progress | None = None,
+        cancel: threading.Event | None = None,
+        allow_http_hosts: Sequence[str] | None = None,
+        fsync: bool = False,
+    ) -> StreamResult:
+        """Download ``url`` (``size`` B per its index) on up to ``segments`` connections.
+
+        The first unfinished segment's ranged request is the probe: a ``206`` for the
+        whole entity of ``size`` B starts the other segments, each its own request (its
+        own watchdog, ``If-Range`` with the probe's validator, reads capped at its
+        range) writing at its offset in one preallocated ``part``; the sidecar records
+        each segment's progress, so a later attempt asks only for the missing ranges. A
+        ``200`` to the probe (Range ignored) is read whole on that one connection, as
+        ``stream_to`` would; a ``200`` to a resume (the entity changed) starts over.
+        The sha256 covers the whole file as it is on disk. Errors are those of
+        ``stream_to``; a failed or cancelled segment stops the others and keeps the rest.
+        """
+        for _ in range(2):  # a resume whose entity changed starts over once
+            res = self._segmented_once(
+                url, part, size, segments, deadline, progress, cancel, allow_http_hosts, fsync
+            )
+            if res is not None:
+                return res
+        raise TransientError(  # pragma: no cover - the second try never resumes
+            Code.DOWNLOAD_RETRIES_EXHAUSTED, f"{redact_url(url)} changed twice"
+        )
+
+    def _segmented_once(
+        self,
+        url: str,
+        part: Path,
+        size: int,
+        count: int,
+        deadline: float | None,
+        progress: Progress | None,
+        cancel: threading.Event | None,
+        allow_http_hosts: Sequence[str] | None,
+        fsync: bool,
+    ) -> StreamResult | None:
+        import requests  # noqa: TID251
+
+        meta_file = pf.meta_path(part)
+        meta = pf.read_meta(meta_file) if part.exists() else {}
+        segs = pf.resume_segments(meta, size) if meta else None
+        validator = pf.if_range(meta) if segs is not None else None
+        if segs is None or validator is None or meta.get("source") != url_id(url):
+            segs, validator = pf.segment_plan(size, count), None
+        first = next((i for i, (s, e, d) in enumerate(segs) if s + d < e), None)
+        if first is None:  # every segment on disk: hash it as it is
+            return self._segments(
+                None,
+                part,
+                segs,
+                -1,
+                size,
+                url,
+                _Plan(deadline, progress, cancel, allow_http_hosts, fsync, {}, count),
+            )
+        left = _left(url, deadline)
+        start, end, done = segs[first]
+        headers = {"Accept-Encoding": "identity", "Range": f"bytes={start + done}-{end - 1}"}
+        if validator:
+            headers["If-Range"] = validator
+        session = self._sess()
+        session.allow_http_hosts = allow_http_hosts  # type: ignore[attr-defined]
+        with Watch(left) as watch:
+            try:
+                with session.get(url, headers=headers, stream=True, **self._kwargs(url, left)) as r:
+                    if allow_http_hosts is not None:
+                        check_url(r.url, allow_http_hosts)
+                    self._check_status(r.status_code, r.headers, url)
+                    if r.status_code == 200 and validator:
+                        pf.discard(part)  # the entity changed: start over
+                        return None
+                    bounds = Bounds(deadline, watch, size)
+                    if r.status_code != 206:  # Range ignored: this response is the download
+                        return self._whole(r, part, size, url, bounds, progress, cancel, fsync)
+                    got, total = pf.content_range(r.headers.get("Content-Range", ""))
+                    if total != size:
+                        raise BootError(
+                            Code.CHECKSUM_MISMATCH,
+                            f"{redact_url(url)} is {total} B but its index says {size} B",
+                            wrong_size=True,
+                        )
+                    if got != start + done or (validator and not pf.same_entity(meta, r.headers)):
+                        pf.discard(part)
+                        raise TransientError(
+                            Code.DOWNLOAD_RETRIES_EXHAUSTED,
+                            f"cannot resume {redact_url(url)} in segments: the server "
+                            "answered another range or entity; partial file discarded",
+                        )
+                    if not validator:
+                        pf.check_space(part, size, freed=_file_size(part))
+                        pf.discard(part)
+                    plan = _Plan(
+                        deadline, progress, cancel, allow_http_hosts, fsync, dict(r.headers), count
+                    )
+                    _io(part, lambda: pf.write_segments(meta_file, r.headers, size, url, segs))
+                    return self._segments((r, watch), part, segs, first, size, url, plan)
+            except (requests.RequestException, OSError) as exc:
+                raise self._classify(exc, url, watch) from exc
+
+    def _whole(
+        self,
+        r: Any,
+        part: Path,
+        size: int,
+        url: str,
+        bounds: Bounds,
+        progress: Progress | None,
+        cancel: threading.Event | None,
+        fsync: bool,
+    ) -> StreamResult:
+        """A 200 to the probe: the whole body on this connection, as ``stream_to`` reads it."""
+        total = _int(r.headers.get("Content-Length"))
+        if total is not None and total != size:
+            raise BootError(
+                Code.CHECKSUM_MISMATCH,
+                f"{redact_url(url)} is {total} B but its index says {size} B",
+                wrong_size=True,
+            )
+        pf.check_space(part, size, freed=_file_size(part))
+        pf.discard(part)
+        pf.write_meta(pf.meta_path(part), r.headers, total, url)
+        return receive(r, part, 0, total, url, bounds, progress, cancel, fsync=fsync)
+
+    def _segments(
+        self,
+        probe: tuple[Any, Watch] | None,
+        part: Path,
+        segs: list[list[int]],
+        first: int,
+        size: int,
+        url: str,
+        plan: _Plan,
+    ) -> StreamResult:
+        """Receive every unfinished segment (``first`` on ``probe``, the others on their
+        own connections) into ``part``; hash the file in order as its prefix completes."""
+        try:
+            fd = os.open(part, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise pf.write_error(part, exc) from exc
+        state = _Segs(self, part, url, size, plan)
+        threads: list[threading.Thread] = []
+        try:
+            _io(part, lambda: _preallocate(fd, size))
+            fr = pf.Frontier(fd, segs, size)
+            state.frontier, state.fd = fr, fd
+            resumed = fr.done()
+            state.resumed = resumed
+            state.queue = [i for i, (s, e, d) in enumerate(segs) if i != first and s + d < e]
+            state.queue.reverse()  # popped from the end: in file order
+            for _ in range(min(plan.connections - 1, len(state.queue))):
+                t = threading.Thread(target=state.worker, name="bootfsm-seg", daemon=True)
+                t.start()
+                threads.append(t)
+            if probe is not None:
+                state.guard(lambda: state.pump(probe[0], first, probe[1]))
+                probe[0].close()
+            state.guard(lambda: state.pieces(self))
+            for t in threads:
+                t.join()
+            if state.errors:
+                fr.stop()
+                if state.changed:
+                    pf.discard(part)
+                else:
+                    state.save(force=True)
+                raise _first(state.errors)
+            try:
+                sha = fr.finish()
+                if plan.fsync:
+                    os.fsync(fd)
+            except OSError as exc:
+                raise pf.write_error(part, exc) from exc
+            state.save(force=True)
+            return StreamResult(size, sha, resumed, size - resumed)
+        finally:
+            state.halt()  # on any way out, no receiver writes to fd once it is closed
+            for t in threads:
+                t.join()
+            if state.frontier is not None:
+                state.frontier.stop()
+            os.close(fd)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What bounds every segment of one segmented download."""
+
+    deadline: float | None
+    progress: Progress | None
+    cancel: threading.Event | None
+    allow_http_hosts: Sequence[str] | None
+    fsync: bool
+    headers: dict[str, str]  # the probe's: validators every other segment must match
+    connections: int
+
+
+class _Aborted(Exception):
+    """Another segment failed: this one stops (its bytes so far are kept)."""
+
+
+_SAVE_EVERY_S = 0.5
+
+
+class _Segs:
+    """The segments of one download in flight: their receivers, errors and sidecar."""
+
+    def __init__(self, http: Http, part: Path, url: str, size: int, plan: _Plan) -> None:
+        self.http = http
+        self.part = part
+        self.url = url
+        self.size = size
+        self.plan = plan
+        self.frontier: pf.Frontier | None = None
+        self.fd = -1
+        self.resumed = 0
+        self.errors: list[BaseException] = []
+        self.queue: list[int] = []  # pieces no connection has taken yet, last = next
+        self.changed = False  # a segment saw another entity: the part is discarded
+        self._abort = threading.Event()  # take no new piece
+        self._halt = threading.Event()  # stop mid-piece too (permanent error, cancel)
+        self._lock = threading.Lock()
+        self._saved = time.monotonic()
+
+    def save(self, *, force: bool = False) -> None:
+        """Write the sidecar with every segment's progress (at most every 0.5 s)."""
+        if self.frontier is None:
+            return
+        with self._lock:
+            now = time.monotonic()
+            if not force and now - self._saved < _SAVE_EVERY_S:
+                return
+            self._saved = now
+            segs = self.frontier.snapshot()
+            _io(
+                self.part,
+                lambda: pf.write_segments(
+                    pf.meta_path(self.part), self.plan.headers, self.size, self.url, segs
+                ),
+            )
+
+    def halt(self) -> None:
+        """Stop every receiver at its next chunk (no-op once they are done)."""
+        self._abort.set()
+        self._halt.set()
+
+    def guard(self, fn: Callable[[], None]) -> None:
+        """Run segments; after an error no piece is taken (a transient error lets the
+        others finish the piece they hold: its bytes are already on the way)."""
+        try:
+            fn()
+        except _Aborted:
+            pass
+        except BaseException as exc:  # re-raised on the calling thread
+            with self._lock:
+                self.errors.append(exc)
+            self._abort.set()
+            if not isinstance(exc, TransientError) or self.changed:
+                self._halt.set()  # a transient one lets the others finish their piece
+
+    def worker(self) -> None:
+        client = self.http.clone()
+        try:
+            self.guard(lambda: self.pieces(client))
+        finally:
+            client.close()
+
+    def pieces(self, client: Http) -> None:
+        """Take the next piece in file order and fetch it, until none is left."""
+        while not self._abort.is_set():
+            with self._lock:
+                if not self.queue:
+                    return
+                i = self.queue.pop()
+            self._request(client, i)
+
+    def _request(self, client: Http, i: int) -> None:
+        import requests  # noqa: TID251
+
+        assert self.frontier is not None
+        start, end, done = self.frontier.segments[i]
+        url, plan = self.url, self.plan
+        headers = {"Accept-Encoding": "identity", "Range": f"bytes={start + done}-{end - 1}"}
+        validator = pf.if_range(
+            {"etag": plan.headers.get("ETag"), "last_modified": plan.headers.get("Last-Modified")}
+        )
+        if validator:
+            headers["If-Range"] = validator
+        left = _left(url, plan.deadline)
+        session = client._sess()
+        session.allow_http_hosts = plan.allow_http_hosts  # type: ignore[attr-defined]
+        with Watch(left) as watch:
+            try:
+                with session.get(
+                    url, headers=headers, stream=True, **client._kwargs(url, left)
+                ) as r:
+                    if plan.allow_http_hosts is not None:
+                        check_url(r.url, plan.allow_http_hosts)
+                    client._check_status(r.status_code, r.headers, url)
+                    got, total = pf.content_range(r.headers.get("Content-Range", ""))
+                    same = not validator or pf.same_entity(
+                        {
+                            "etag": plan.headers.get("ETag"),
+                            "last_modified": plan.headers.get("Last-Modified"),
+                        },
+                        r.headers,
+                    )
+                    if (
+                        r.status_code != 206
+                        or got != start + done
+                        or total != self.size
+                        or not same
+                    ):
+                        self.changed = True
+                        raise TransientError(
+                            Code.DOWNLOAD_RETRIES_EXHAUSTED,
+                            f"{redact_url(url)} changed during a segmented download "
+                            f"(HTTP {r.status_code} for bytes {start + done}-{end - 1}); "
+                            "partial file discarded",
+                        )
+                    self.pump(r, i, watch)
+            except (requests.RequestException, OSError) as exc:
+                raise client._classify(exc, url, watch) from exc
+
+    def pump(self, r: Any, i: int, watch: Watch) -> None:
+        """Read segment ``i``'s body into its range of the file, never past its end."""
+        import urllib3
+
+        read_errors = (http.client.HTTPException, OSError, urllib3.exceptions.HTTPError)
+        fr, plan, url = self.frontier, self.plan, self.url
+        assert fr is not None
+        start, end, _ = fr.segments[i]
+        fp = getattr(r.raw, "_fp", None)
+        read_into = getattr(fp, "readinto", None)
+        buf = bytearray(CHUNK)
+        view = memoryview(buf)
+        while (pos := start + fr.segments[i][2]) < end:
+            if plan.cancel is not None and plan.cancel.is_set():
+                raise Cancelled(f"download of {redact_url(url)} cancelled")
+            if self._halt.is_set():
+                raise _Aborted
+            if watch.fired or (plan.deadline is not None and time.monotonic() > plan.deadline):
+                raise TransientError(
+                    Code.DOWNLOAD_TIMEOUT,
+                    f"{redact_url(url)} did not finish within its time limit "
+                    f"({fr.done()} B so far)",
+                )
+            cap = min(len(buf), end - pos)
+            try:
+                if read_into is not None:
+                    n = int(read_into(view[:cap]))
+                else:
+                    data = r.raw.read(cap, decode_content=False)
+                    n = len(data)
+                    buf[:n] = data
+            except read_errors as exc:
+                if watch.fired:
+                    raise too_slow(url, watch) from exc
+                raise TransientError(
+                    Code.DOWNLOAD_RETRIES_EXHAUSTED,
+                    f"{type(exc).__name__} reading {redact_url(url)} at byte {pos}: {short(exc)}",
+                ) from exc
+            if not n:
+                if watch.fired:
+                    raise too_slow(url, watch)
+                raise TransientError(
+                    Code.DOWNLOAD_RETRIES_EXHAUSTED,
+                    f"short body from {redact_url(url)}: bytes {start}-{end - 1} stopped at {pos}",
+                )
+            written = 0
+            while written < n:
+                try:
+                    written += os.pwrite(self.fd, view[written:n], pos + written)
+                except OSError as exc:
+                    raise pf.write_error(self.part, exc) from exc
+            fr.advance(i, n)
+            if plan.progress is not None:
+                plan.progress(fr.done(), self.size)
+            self.save()
+        if fp is not None and fp.isclosed():  # body read to its end: keep the connection
+            r.raw.release_conn()
+
+
+def _left(url: str, deadline: float | None) -> float | None:
+    left = None if deadline is None else deadline - time.monotonic()
+    if left is not None and left <= 0:
+        raise TransientError(Code.DOWNLOAD_TIMEOUT, f"no time left to download {redact_url(url)}")
+    return left
+
+
+def _file_size(p: Path) -> int:
+    try:
+        return p.stat().st_size
+    except OSError:
+        return 0
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _io(part: Path, fn: Callable[[], None]) -> None:
+    try:
+        fn()
+    except OSError as exc:
+        raise pf.write_error(part, exc) from exc
+
+
+def _preallocate(fd: int, size: int) -> None:
+    """Reserve the file's blocks (a full disk fails now, not mid-segment)."""
+    if os.fstat(fd).st_size == size:
+        return
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+        os.ftruncate(fd, size)
+
+
+def _first(errors: list[BaseException]) -> BaseException:
+    """The error to raise for a failed segmented download: a permanent one first."""
+    for e in errors:
+        if isinstance(e, BootError):
+            return e
+    for e in errors:
+        if not isinstance(e, Cancelled):
+            return e
+    return errors[0]

@@ -190,6 +190,8 @@ def _download(ctx: Context, missing: list[Artifact]) -> None:
         emit=emit,
         progress=progress,
         fsync=cfg.fetch.fsync,
+        segments=cfg.fetch.segments,
+        segment_min_size=cfg.fetch.segment_min_size,
     )
 
     def done(f: Fetched) -> None:

@@ -169,9 +169,25 @@ def test_offline_without_a_complete_cache_fails_with_a_download_code(
         ({"fetch": {"parallel": 64}}, "fetch.parallel"),
         ({"fetch": {"artifact_timeout": -1}}, "fetch.artifact_timeout"),
         ({"fetch": {"fsync": "yes"}}, "fetch.fsync"),
+        ({"fetch": {"segments": 0}}, "fetch.segments"),
+        ({"fetch": {"segments": 17}}, "fetch.segments"),
+        ({"fetch": {"segments": 2.5}}, "fetch.segments"),
+        ({"fetch": {"segment_min_size": 4096}}, "fetch.segment_min_size"),
+        ({"fetch": {"segment_min_size": 1 << 41}}, "fetch.segment_min_size"),
+        ({"fetch": {"segment_min_size": "64M"}}, "fetch.segment_min_size"),
     ],
 )
 def test_fetch_config_is_validated_by_key(data: dict[str, Any], needle: str) -> None:
     with pytest.raises(ConfigError, match=needle) as info:
         parse_config(data)
     assert "S3CRET" not in str(info.value)
+
+
+def test_segment_keys_default_and_bounds() -> None:
+    assert (parse_config({}).fetch.segments, parse_config({}).fetch.segment_min_size) == (
+        8,
+        64 << 20,
+    )
+    edge = parse_config({"fetch": {"segments": 16, "segment_min_size": 1 << 20}}).fetch
+    assert (edge.segments, edge.segment_min_size) == (16, 1 << 20)
+    assert parse_config({"fetch": {"segments": 1}}).fetch.segments == 1  # 1: off

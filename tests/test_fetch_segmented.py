@@ -1,0 +1,262 @@
+"""Segmented downloads against real loopback servers: same bytes, same sha256, per-segment
+resume of only the missing ranges, fallback to one connection when Range is ignored.
+
+The sim Mirror serves real single-range 206s with ETag/If-Range and logs every request's
+Range header; pytest-httpserver plays the servers that ignore Range or overrun a range.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pytest_httpserver import HTTPServer
+from werkzeug import Request, Response
+
+from bootfsm.artifacts import Artifact
+from bootfsm.codes import Code
+from bootfsm.errors import BootError, TransientError
+from bootfsm.fetcher import Fetched, Fetcher, Job
+from bootfsm.http import Cancelled, Http
+from bootfsm.partfile import bytes_on_disk, read_meta, segment_plan
+from bootfsm.sim.mirror import DropMidBody, Mirror, NotFound, Throttle
+
+SIZE = (4 << 20) + 12345  # not a multiple of the segment count
+BODY = os.urandom(SIZE)
+SHA = hashlib.sha256(BODY).hexdigest()
+SEGS = 4
+
+
+@pytest.fixture
+def mirror(tmp_path: Path) -> Iterator[Mirror]:
+    doc = tmp_path / "doc"
+    doc.mkdir()
+    (doc / "f.bin").write_bytes(BODY)
+    with Mirror(doc) as m:
+        yield m
+
+
+def _part(tmp_path: Path) -> Path:
+    d = tmp_path / "cache"
+    d.mkdir(exist_ok=True)
+    return d / "f.bin.part"
+
+
+def _ranges(m: Mirror, since: int = 0) -> list[str | None]:
+    return sorted((e.range_header for e in m.log[since:] if e.path == "/f.bin"), key=str)
+
+
+def _expected(segs: list[list[int]]) -> list[str]:
+    return sorted(f"bytes={s + d}-{e - 1}" for s, e, d in segs if s + d < e)
+
+
+def _seg(url: str, part: Path, **kw: object) -> object:
+    return Http(read_timeout=5).stream_segmented(url, part, size=SIZE, segments=SEGS, **kw)  # type: ignore[arg-type]
+
+
+def test_segments_give_the_same_bytes_and_sha256(mirror: Mirror, tmp_path: Path) -> None:
+    part = _part(tmp_path)
+    res = Http().stream_segmented(mirror.url + "/f.bin", part, size=SIZE, segments=SEGS)
+    assert (res.size, res.sha256, res.resumed_bytes, res.transferred) == (SIZE, SHA, 0, SIZE)
+    assert part.read_bytes() == BODY
+    # one ranged request per segment, together exactly the file, each byte sent once
+    assert _ranges(mirror) == _expected(segment_plan(SIZE, SEGS))
+    assert all(e.status == 206 for e in mirror.log)
+    assert mirror.bytes_sent_total == SIZE
+
+
+def test_fetcher_uses_segments_from_the_minimum_size_and_fails_over(
+    mirror: Mirror, tmp_path: Path
+) -> None:
+    mirror.add_fault("/gone/f.bin", NotFound())
+    art = Artifact(
+        "f.bin", "runfile", mirror.url + "/gone/f.bin", SHA, SIZE, "f.bin", (mirror.url + "/f.bin",)
+    )
+    got: list[Fetched] = []
+    fetcher = Fetcher(
+        Http(read_timeout=5),
+        parallel=2,
+        allow_http_hosts=["127.0.0.1"],
+        artifact_timeout=60,
+        remaining=lambda: 60.0,
+        emit=lambda event, **f: None,
+        segments=SEGS,
+        segment_min_size=SIZE,
+    )
+    fetcher.run([Job(art, _part(tmp_path))], got.append)
+    assert got[0].mirror == 1 and got[0].result.sha256 == SHA
+    assert [e.status for e in mirror.log if e.path == "/gone/f.bin"] == [404]  # one probe
+    assert _ranges(mirror) == _expected(segment_plan(SIZE, SEGS))
+    small = Artifact("f.bin", "runfile", mirror.url + "/f.bin", SHA, SIZE, "f.bin")
+    before = len(mirror.log)
+    fetcher.segment_min_size = SIZE + 1  # below the minimum: one plain request
+    _part(tmp_path).unlink()
+    fetcher.run([Job(small, _part(tmp_path))], got.append)
+    assert [e.range_header for e in mirror.log[before:]] == [None]
+
+
+def test_server_ignoring_range_is_read_on_one_connection(
+    httpserver: HTTPServer, tmp_path: Path
+) -> None:
+    seen: list[str | None] = []
+
+    def handler(request: Request) -> Response:
+        seen.append(request.headers.get("Range"))
+        return Response(BODY, status=200, headers={"ETag": '"v1"'})  # like python -m http.server
+
+    httpserver.expect_request("/f").respond_with_handler(handler)
+    part = _part(tmp_path)
+    res = Http().stream_segmented(httpserver.url_for("/f"), part, size=SIZE, segments=SEGS)
+    assert seen == [f"bytes=0-{segment_plan(SIZE, SEGS)[0][1] - 1}"]  # the probe, nothing more
+    assert res.sha256 == SHA and res.size == SIZE and part.read_bytes() == BODY
+    assert "segments" not in read_meta(part.with_name(part.name + ".meta"))
+
+
+def test_a_failed_segment_resumes_only_the_missing_ranges(mirror: Mirror, tmp_path: Path) -> None:
+    mirror.add_fault("/f.bin", DropMidBody(times=1, fraction=0.5))
+    part, url = _part(tmp_path), mirror.url + "/f.bin"
+    with pytest.raises(TransientError) as err:
+        _seg(url, part)
+    assert err.value.code is Code.DOWNLOAD_RETRIES_EXHAUSTED
+    segs = read_meta(part.with_name(part.name + ".meta"))["segments"]
+    missing = _expected(segs)
+    assert missing and bytes_on_disk(part) == sum(d for _, _, d in segs) < SIZE
+    data = part.read_bytes()
+    for s, _, d in segs:  # what the sidecar claims is on disk is the file's bytes
+        assert data[s : s + d] == BODY[s : s + d]
+    before = len(mirror.log)
+    res = _seg(url, part)
+    assert _ranges(mirror, before) == missing  # only those byte ranges, nothing twice
+    assert res.sha256 == SHA and part.read_bytes() == BODY  # type: ignore[attr-defined]
+    assert res.resumed_bytes == sum(d for _, _, d in segs)  # type: ignore[attr-defined]
+    assert mirror.bytes_sent_total == SIZE  # the healthy connections finished their pieces
+
+
+def test_changed_entity_between_attempts_restarts(mirror: Mirror, tmp_path: Path) -> None:
+    mirror.add_fault("/f.bin", DropMidBody(times=1, fraction=0.5))
+    part, url = _part(tmp_path), mirror.url + "/f.bin"
+    with pytest.raises(TransientError):
+        _seg(url, part)
+    new = os.urandom(SIZE)
+    src = tmp_path / "doc" / "f.bin"
+    src.write_bytes(new)
+    os.utime(src, ns=(1, 1))  # another mtime: another ETag and Last-Modified
+    before = len(mirror.log)
+    res = _seg(url, part)
+    assert res.sha256 == hashlib.sha256(new).hexdigest() and part.read_bytes() == new  # type: ignore[attr-defined]
+    log = [e for e in mirror.log[before:] if e.path == "/f.bin"]
+    assert log[0].status == 200  # If-Range failed: the old bytes were dropped ...
+    assert sorted(e.range_header or "" for e in log[1:]) == _expected(segment_plan(SIZE, SEGS))
+    assert res.resumed_bytes == 0  # type: ignore[attr-defined]
+
+
+def test_wrong_size_and_wrong_checksum_keep_their_codes(mirror: Mirror, tmp_path: Path) -> None:
+    part, url = _part(tmp_path), mirror.url + "/f.bin"
+    with pytest.raises(BootError) as err:
+        Http().stream_segmented(url, part, size=SIZE + 1, segments=SEGS)
+    assert err.value.code is Code.CHECKSUM_MISMATCH and "index says" in err.value.message
+    assert not part.exists()  # refused before any byte was written
+    bad = Artifact("f.bin", "runfile", url, "0" * 64, SIZE, "f.bin")
+    fetcher = Fetcher(
+        Http(read_timeout=5),
+        parallel=1,
+        allow_http_hosts=["127.0.0.1"],
+        artifact_timeout=60,
+        remaining=lambda: 60.0,
+        emit=lambda event, **f: None,
+        segments=SEGS,
+        segment_min_size=1 << 20,
+    )
+    with pytest.raises(BootError) as err:
+        fetcher.run([Job(bad, part)], lambda f: None)
+    assert err.value.code is Code.CHECKSUM_MISMATCH
+    assert not part.exists()
+
+
+def test_cancel_mid_download_leaves_a_resumable_part(mirror: Mirror, tmp_path: Path) -> None:
+    mirror.add_fault("/f.bin", Throttle(bytes_per_second=2 << 20))
+    part, url = _part(tmp_path), mirror.url + "/f.bin"
+    cancel = threading.Event()
+
+    def progress(done: int, total: int | None) -> None:
+        if done >= 1 << 20:
+            cancel.set()
+
+    with pytest.raises(Cancelled):
+        _seg(url, part, cancel=cancel, progress=progress)
+    segs = json.loads(part.with_name(part.name + ".meta").read_text())["segments"]
+    assert 1 << 20 <= sum(d for _, _, d in segs) < SIZE
+    mirror.clear_faults()
+    before = len(mirror.log)
+    res = _seg(url, part)
+    assert _ranges(mirror, before) == _expected(segs)
+    assert res.sha256 == SHA and part.read_bytes() == BODY  # type: ignore[attr-defined]
+
+
+def test_deadline_ends_every_segment_resumably(mirror: Mirror, tmp_path: Path) -> None:
+    import time
+
+    mirror.add_fault("/f.bin", Throttle(bytes_per_second=1 << 20))
+    part, url = _part(tmp_path), mirror.url + "/f.bin"
+    with pytest.raises(TransientError) as err:
+        _seg(url, part, deadline=time.monotonic() + 0.5)
+    assert err.value.code is Code.DOWNLOAD_TIMEOUT
+    segs = read_meta(part.with_name(part.name + ".meta"))["segments"]
+    assert sum(d for _, _, d in segs) > 0 and all(d < e - s for s, e, d in segs)  # none finished
+
+
+def test_a_segment_never_reads_past_its_range(httpserver: HTTPServer, tmp_path: Path) -> None:
+    def handler(request: Request) -> Response:
+        first, last = request.headers["Range"].removeprefix("bytes=").split("-")
+        a, b = int(first), int(last)
+        body = BODY[a : b + 1] + b"X" * 65536  # a 206 that runs on past its range
+        return Response(
+            body, status=206, headers={"ETag": '"v1"', "Content-Range": f"bytes {a}-{b}/{SIZE}"}
+        )
+
+    httpserver.expect_request("/f").respond_with_handler(handler)
+    part = _part(tmp_path)
+    res = Http().stream_segmented(httpserver.url_for("/f"), part, size=SIZE, segments=SEGS)
+    assert res.sha256 == SHA and part.read_bytes() == BODY
+
+
+def test_a_mirror_failing_later_ranges_hands_over_to_the_next(
+    httpserver: HTTPServer, mirror: Mirror, tmp_path: Path
+) -> None:
+    first_piece = segment_plan(SIZE, SEGS)[0]
+
+    def handler(request: Request) -> Response:
+        if request.headers.get("Range") != f"bytes=0-{first_piece[1] - 1}":
+            return Response("gone", status=404)  # a mirror losing the file mid-download
+        return Response(
+            BODY[: first_piece[1]],
+            status=206,
+            headers={"ETag": '"v1"', "Content-Range": f"bytes 0-{first_piece[1] - 1}/{SIZE}"},
+        )
+
+    httpserver.expect_request("/f.bin").respond_with_handler(handler)
+    art = Artifact(
+        "f.bin", "runfile", httpserver.url_for("/f.bin"), SHA, SIZE, "f.bin",
+        (mirror.url + "/f.bin",),
+    )  # fmt: skip
+    got: list[Fetched] = []
+    Fetcher(
+        Http(read_timeout=5),
+        parallel=1,
+        allow_http_hosts=["127.0.0.1", "localhost"],
+        artifact_timeout=60,
+        remaining=lambda: 60.0,
+        emit=lambda event, **f: None,
+        segments=SEGS,
+        segment_min_size=1 << 20,
+    ).run([Job(art, _part(tmp_path))], got.append)
+    assert got[0].mirror == 1 and got[0].result.sha256 == SHA
+    assert sorted(resp.status_code for _, resp in httpserver.log)[-1] == 404
+    assert got[0].result.resumed_bytes == 0  # another mirror's bytes are never resumed
+    assert _part(tmp_path).read_bytes() == BODY
+    assert _ranges(mirror) == _expected(segment_plan(SIZE, SEGS))
