@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bootfsm.sim.elf import shared_object
 from bootfsm.sim.nodestate import Node, log_call
 from bootfsm.sim.skus import STALE_DRIVER_VERSION
 
@@ -181,7 +182,8 @@ def install_driver_files(node: Node, version: str, kernel: str, module_type: str
         f"var/lib/dkms/nvidia/{version}/build/make.log", f"DKMS make.log for nvidia-{version}\n"
     )
     for lib in ("libnvidia-ml.so", "libcuda.so"):
-        node.write(f"{node.libdir}/{lib}.{version}", f"{lib} {version} (bootfsm simulator)\n")
+        # real ELF objects with their SONAME, so a real ldconfig caches them (sim/elf.py)
+        node.write(f"{node.libdir}/{lib}.{version}", shared_object(f"{lib}.1", arch))
         node.symlink(f"{lib}.{version}", f"{node.libdir}/{lib}.1")
 
 
