@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import glob
 import hashlib
 import json
@@ -528,15 +529,29 @@ def check_reboot(b: Boot, systemd: str, first: Boot) -> Checks:
     c.true(f"the second boot ran {installs[:2]}", not installs)
     c.eq("dpkg.log on the second boot (unchanged)", b.text("dpkg.log"), first.text("dpkg.log"))
     bootfsm_lines = [ln for ln in b.journal().splitlines() if " bootfsm[" in ln]
-    # detect always runs (it reads the node's facts); every working state must be skipped
-    for state in ("fetch", "driver", "verify", "join"):
+    # detect always runs (it reads the node's facts); fetch and verify have nothing to do.
+    # /dev is new at every boot, so the driver state redoes only its per-boot init
+    # (nvidia-modprobe, ldconfig, nvidia-smi) and join regenerates the CDI spec for this
+    # boot's device nodes: nothing is downloaded, built or installed (checked above).
+    for state in ("fetch", "verify"):
         c.true(
             f"journal: state {state} not skipped",
             any("state.skip" in ln and f"state={state} " in ln for ln in bootfsm_lines),
         )
     c.true(
-        "journal: a state ran",
-        not any("state.enter" in ln and "state=detect" not in ln for ln in bootfsm_lines),
+        "the second boot did not redo the per-boot init (no nvidia-modprobe)",
+        any('"nvidia-modprobe"' in x for x in new_calls),
+    )
+    c.true(
+        "journal: the second boot installed a driver",
+        not any("driver.install" in ln for ln in bootfsm_lines),
+    )
+    c.true(
+        "journal: a state other than detect, driver and join ran",
+        not any(
+            "state.enter" in ln and not re.search(r"state=(detect|driver|join) ", ln)
+            for ln in bootfsm_lines
+        ),
     )
     return c
 
@@ -587,7 +602,7 @@ def scenarios(img: Image, prepared: Path, work: Path, pyver: str) -> list[Result
     )
     second = boot(node, work / "5-reboot", {"name": "reboot"}, volatile=False)
     record(
-        "5 reboot of the provisioned node: every state skipped, kubelet within seconds",
+        "5 reboot of the provisioned node: nothing reinstalled, per-boot init only, kubelet soon",
         lambda: check_reboot(second, img.systemd, first),
         second.elapsed,
     )
@@ -717,6 +732,14 @@ def main(argv: list[str]) -> int:
     t0 = time.monotonic()
     cache = cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
+    # One lane at a time on a machine: two lanes' containers share one cgroup (no
+    # machined) and their boots then fail in ways no real node shows.
+    lock = (cache / "lane.lock").open("a")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        log("another booted lane runs on this machine; waiting for it")
+        fcntl.flock(lock, fcntl.LOCK_EX)
     wheels = cache / "work" / f"wheels-{os.getpid()}"
     shutil.rmtree(wheels, ignore_errors=True)
     wheels.mkdir(parents=True)
