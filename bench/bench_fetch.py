@@ -28,10 +28,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bootfsm.artifacts import Artifact
-from bootfsm.errors import TransientError
-from bootfsm.fetcher import Fetched, Fetcher, Job
-from bootfsm.http import Http
+from bootfsm.core.errors import TransientError
+from bootfsm.fetch.artifacts import Artifact
+from bootfsm.fetch.fetcher import Fetched, Fetcher, Job
+from bootfsm.host.http import Http
 from bootfsm.sim.mirror import DropMidBody, Mirror, Throttle
 
 GIB = 1 << 30
@@ -374,7 +374,7 @@ def main() -> str:
         f"This run: (a) with a {size} MiB file and {RUNS} interleaved runs per cell "
         f"(`BENCH_FETCH_MIB={size} BENCH_FETCH_RUNS={RUNS}`); load average at the end "
         f"{load} on {os.cpu_count()} cores. The same files for every tool; bootfsm runs its "
-        "real fetcher (bootfsm/fetcher.py: sha256 of every byte, verify, rename; no fsync "
+        "real fetcher (bootfsm/fetch/fetcher.py: sha256 of every byte, verify, rename; no fsync "
         "unless `fetch.fsync`); every server sends with sendfile(2) from its own process "
         "in (a), so its CPU does not decide the race.\n\n"
     )

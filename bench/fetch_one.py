@@ -12,10 +12,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from bootfsm.artifacts import Artifact
-from bootfsm.config import FetchSpec
-from bootfsm.fetcher import Fetched, Fetcher, Job
-from bootfsm.http import Http
+from bootfsm.core.config import FetchSpec
+from bootfsm.fetch.artifacts import Artifact
+from bootfsm.fetch.fetcher import Fetched, Fetcher, Job
+from bootfsm.host.http import Http
 
 
 def main(argv: list[str]) -> int:

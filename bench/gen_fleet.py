@@ -3,7 +3,7 @@
     python bench/gen_fleet.py --nodes 10000 --seed 7 --out DIR
 
 writes ``DIR/node-NNNNN/run-<time>-<id>.jsonl`` (one per run; a node that failed and
-was rebooted or rerun has two) in the event format of bootfsm/journal.py, and
+was rebooted or rerun has two) in the event format of bootfsm/observe/journal.py, and
 ``DIR/answers.json``: what ``bootfsm trace --fleet DIR --json`` must report, computed
 here from the plan, not by reading the files back (counts, outcomes, failures by code
 and state, nearest-rank p50/p95/max per state, slowest runs, retry hot spots, models).

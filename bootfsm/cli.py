@@ -250,6 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 0
+    args.cli_parser, args.cli_exit_codes = parser, EXIT_CODES  # commands never import the CLI
     module = importlib.import_module(f"bootfsm.commands.{_COMMANDS[args.command]}")
     try:
         rc: int = module.main(args)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from bootfsm.context import Context
+from bootfsm.machine.context import Context
 from bootfsm.states import detect, driver, fabric, fetch, imex, join, verify
 
 __all__ = ["CALLBACKS", "EXPLAINS_SKIP", "REGISTRY", "ExplainsSkip", "StateModule"]

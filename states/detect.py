@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from bootfsm.codes import Code
-from bootfsm.context import Context
-from bootfsm.errors import BootError, TransientError
-from bootfsm.facts import NodeFacts, gather_facts
-from bootfsm.hardware import requires_open_module
-from bootfsm.marker import Marker, check_marker, expected_marker, read_marker
+from bootfsm.core.codes import Code
+from bootfsm.core.errors import BootError, TransientError
+from bootfsm.core.hardware import requires_open_module
+from bootfsm.install.marker import Marker, check_marker, expected_marker, read_marker
+from bootfsm.machine.context import Context
+from bootfsm.node.facts import NodeFacts, gather_facts
 from bootfsm.parsers import ParseError
 from bootfsm.parsers.vmsize import parse_imds_vm_size
 

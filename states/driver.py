@@ -8,7 +8,7 @@ is at the configured version. The action compiles only when no matching marker a
 usable module say the image (or an earlier boot) built it (``driver.prebaked``), then
 initializes: nvidia-modprobe, libraries in place, ldconfig, nvidia-smi answering within
 ``driver.smi_wait`` seconds; the container toolkit comes last, after the driver's
-libraries, as aks-gpu orders it. The shared steps live in bootfsm/driver_steps.py.
+libraries, as aks-gpu orders it. The shared steps live in bootfsm/install/driver_steps.py.
 """
 
 from __future__ import annotations
@@ -17,19 +17,18 @@ import time
 from dataclasses import asdict, replace
 
 from bootfsm import __version__
-from bootfsm import driver_steps as steps
-from bootfsm.codes import Code
-from bootfsm.context import Context
-from bootfsm.driver_init import (
+from bootfsm.core.codes import Code
+from bootfsm.core.errors import BootError
+from bootfsm.core.hardware import requires_open_module
+from bootfsm.install import driver_steps as steps
+from bootfsm.install.driver_init import (
     init_missing,
     initialize,
     modules_present,
     record_loaded,
     unload_own,
 )
-from bootfsm.errors import BootError
-from bootfsm.hardware import requires_open_module
-from bootfsm.marker import (
+from bootfsm.install.marker import (
     Marker,
     check_marker,
     expected_marker,
@@ -37,6 +36,7 @@ from bootfsm.marker import (
     read_marker,
     render_marker,
 )
+from bootfsm.machine.context import Context
 
 NAME = "driver"
 

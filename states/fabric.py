@@ -13,11 +13,11 @@ fabric manager unit an older image left enabled, which would otherwise fail at b
 
 from __future__ import annotations
 
-from bootfsm.codes import Code
-from bootfsm.context import Context
-from bootfsm.errors import BootError
-from bootfsm.store import resolved, verified
-from bootfsm.units import enabled_state, is_active, systemctl
+from bootfsm.core.codes import Code
+from bootfsm.core.errors import BootError
+from bootfsm.fetch.store import resolved, verified
+from bootfsm.install.units import enabled_state, is_active, systemctl
+from bootfsm.machine.context import Context
 
 NAME = "fabric"
 UNIT = "nvidia-fabricmanager.service"

@@ -5,7 +5,7 @@ that are all in the cache and verify (an image prepared with `bootfsm fetch
 --prefetch`), no byte goes over the network. Otherwise the indexes are fetched (each
 from its first mirror that answers; a cached copy stands in when none does), free
 space is checked against the sizes they list before anything is written, and what is
-missing downloads in parallel (bootfsm.fetcher). A corrupt or stale cache entry never
+missing downloads in parallel (bootfsm.fetch.fetcher). A corrupt or stale cache entry never
 verifies, so it is downloaded again and replaced.
 """
 
@@ -14,7 +14,10 @@ from __future__ import annotations
 import sys
 from urllib.parse import urlsplit
 
-from bootfsm.artifacts import (
+from bootfsm.core.codes import Code
+from bootfsm.core.errors import BootError, TransientError
+from bootfsm.core.redact import redact_url
+from bootfsm.fetch.artifacts import (
     Artifact,
     cache_node_path,
     dump_resolution,
@@ -24,14 +27,11 @@ from bootfsm.artifacts import (
     resolve,
     sha256_of,
 )
-from bootfsm.codes import Code
-from bootfsm.context import Context
-from bootfsm.errors import BootError, TransientError
-from bootfsm.fetcher import Fetched, Fetcher, Job
-from bootfsm.http import check_url
-from bootfsm.progress import Progress
-from bootfsm.redact import redact_url
-from bootfsm.store import resolved, resolved_path
+from bootfsm.fetch.fetcher import Fetched, Fetcher, Job
+from bootfsm.fetch.store import resolved, resolved_path
+from bootfsm.host.http import check_url
+from bootfsm.host.progress import Progress
+from bootfsm.machine.context import Context
 
 NAME = "fetch"
 _MEMO = "fetch.verified"  # ctx.scratch: real path -> (size, mtime_ns, inode, sha256)

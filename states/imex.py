@@ -6,11 +6,11 @@ this binary; a node-wide ``nvidia-imex.service`` must not run.
 
 from __future__ import annotations
 
-from bootfsm import dpkg
-from bootfsm.codes import Code
-from bootfsm.context import Context
-from bootfsm.store import resolved, verified
-from bootfsm.units import enabled_state, systemctl
+from bootfsm.core.codes import Code
+from bootfsm.fetch.store import resolved, verified
+from bootfsm.install import dpkg
+from bootfsm.install.units import enabled_state, systemctl
+from bootfsm.machine.context import Context
 
 NAME = "imex"
 UNIT = "nvidia-imex.service"

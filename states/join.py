@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import json
 
-from bootfsm import containerd
-from bootfsm.cdi import EMPTY_DEVICE_EDITS, mig_modes, tolerated_case
-from bootfsm.codes import Code
-from bootfsm.containerd import CONFIG, DROPIN, ContainerdConfigError
-from bootfsm.context import Context
-from bootfsm.errors import BootError, CommandError, TransientError
+from bootfsm.core.codes import Code
+from bootfsm.core.errors import BootError, CommandError, TransientError
+from bootfsm.install import containerd
+from bootfsm.install.cdi import EMPTY_DEVICE_EDITS, mig_modes, tolerated_case
+from bootfsm.install.containerd import CONFIG, DROPIN, ContainerdConfigError
+from bootfsm.install.units import is_active, systemctl
+from bootfsm.machine.context import Context
 from bootfsm.parsers import ParseError
 from bootfsm.parsers.driver_info import parse_containerd_version
-from bootfsm.units import is_active, systemctl
 
 NAME = "join"
 UDEV_RULE = "/etc/udev/rules.d/71-nvidia-dev-char.rules"

@@ -14,126 +14,32 @@ the node needs it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from enum import StrEnum
-from typing import Any
-
-from bootfsm.codes import Code
-from bootfsm.context import Context
-from bootfsm.errors import BootError, TransientError
-from bootfsm.guards import needs_fabric_manager
-from bootfsm.hardware import blackwell_or_later, has_fabric_probe, model_for
+from bootfsm.core.codes import Code
+from bootfsm.core.errors import BootError, TransientError
+from bootfsm.install.units import is_active
+from bootfsm.machine.context import Context
+from bootfsm.node.fabric import (
+    FabricJudgement,
+    FabricVerdict,
+    fabric_gpus,
+    judge_fabric,
+)
+from bootfsm.node.guards import needs_fabric_manager
 from bootfsm.parsers import ParseError
 from bootfsm.parsers.nvidia_smi import (
     SmiFailure,
-    SmiGpu,
     SmiReport,
     classify_smi_failure,
     wrong_module_type,
 )
 from bootfsm.parsers.nvidia_smi_xml import parse_smi_xml
-from bootfsm.units import is_active
 
-__all__ = [
-    "FabricJudgement",
-    "FabricVerdict",
-    "fabric_gpus",
-    "judge_fabric",
-    "run",
-    "satisfied",
-]
+__all__ = ["run", "satisfied"]
 
 NAME = "verify"
 FM_UNIT = "nvidia-fabricmanager.service"
 SMI_QUERY = ("nvidia-smi", "-q", "-x")
 PROC_VERSION = "/proc/driver/nvidia/version"
-NO_FABRIC_STATES = frozenset({"", "N/A", "Not Supported"})
-ZERO_UUID = "00000000-0000-0000-0000-000000000000"
-
-
-class FabricVerdict(StrEnum):
-    """What the GPUs' Fabric blocks say about the node as a whole."""
-
-    NONE = "none"  # no GPU has a fabric to wait for
-    READY = "ready"  # every GPU with a fabric is Completed/Success and not Unhealthy
-    WAITING = "waiting"  # some GPU is still In Progress / Not Started / ...
-    UNHEALTHY = "unhealthy"  # Completed/Success, Health Summary Unhealthy
-    FAILED = "failed"  # Completed with a Status other than Success: final
-
-
-@dataclass(frozen=True)
-class FabricJudgement:
-    """The verdict, the GPUs that keep it from ready, and findings worth a warning."""
-
-    verdict: FabricVerdict
-    problems: tuple[str, ...] = ()
-    warnings: tuple[str, ...] = ()
-
-    @property
-    def ok(self) -> bool:
-        """True when nothing is left to wait for."""
-        return self.verdict in (FabricVerdict.NONE, FabricVerdict.READY)
-
-
-def _name(g: SmiGpu) -> str:
-    return g.bus_id or g.product_name or "GPU"
-
-
-def judge_fabric(report: SmiReport) -> FabricJudgement:
-    """Judge every GPU's Fabric block (pure; the order of precedence is FAILED, WAITING,
-    UNHEALTHY, READY, NONE)."""
-    failed: list[str] = []
-    waiting: list[str] = []
-    unhealthy: list[str] = []
-    ready = 0
-    warnings: list[str] = []
-    for g in report.gpus:
-        model = model_for(g.device_id) if g.device_id else None
-        if model is not None and not has_fabric_probe(model):
-            continue  # Ampere: Fabric is N/A by design, fabric manager or not
-        state = g.fabric_state
-        if state in NO_FABRIC_STATES:
-            continue
-        if state != "Completed":
-            waiting.append(f"{_name(g)}: {state}/{g.fabric_status or '?'}")
-        elif g.fabric_status != "Success":
-            failed.append(f"{_name(g)}: Completed with Status {g.fabric_status or '(none)'}")
-        elif g.health_summary == "Unhealthy":
-            unhealthy.append(f"{_name(g)}: Health Summary Unhealthy")
-        else:
-            ready += 1
-            grace_blackwell = (
-                model is not None and model.grace and blackwell_or_later(model.device_id)
-            )
-            if grace_blackwell and g.clique_id == "0" and g.cluster_uuid == ZERO_UUID:
-                warnings.append(
-                    f"{_name(g)}: CliqueId 0 and an all-zero ClusterUUID on a Grace-Blackwell"
-                    " tray (not part of an NVLink domain?)"
-                )
-    if failed:
-        return FabricJudgement(FabricVerdict.FAILED, tuple(failed), tuple(warnings))
-    if waiting:
-        return FabricJudgement(FabricVerdict.WAITING, tuple(waiting), tuple(warnings))
-    if unhealthy:
-        return FabricJudgement(FabricVerdict.UNHEALTHY, tuple(unhealthy), tuple(warnings))
-    return FabricJudgement(
-        FabricVerdict.READY if ready else FabricVerdict.NONE, (), tuple(warnings)
-    )
-
-
-def fabric_gpus(report: SmiReport) -> list[dict[str, Any]]:
-    """Per-GPU fabric facts for the journal (bus id, state, status, clique, cluster, health)."""
-    return [
-        {
-            "bus_id": g.bus_id,
-            "state": g.fabric_state,
-            "status": g.fabric_status,
-            "clique_id": g.clique_id,
-            "cluster_uuid": g.cluster_uuid,
-            "health": g.health_summary,
-        }
-        for g in report.gpus
-    ]
 
 
 def _query(ctx: Context) -> SmiReport:

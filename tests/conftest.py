@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
-from bootfsm.config import load_config
-from bootfsm.runner import RunOptions, RunResult, execute
+from bootfsm.core.config import load_config
+from bootfsm.run.runner import RunOptions, RunResult, execute
 from bootfsm.sim.world import World
 
 settings.register_profile("default", max_examples=100, deadline=None)

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from bootfsm import archive
-from bootfsm.codes import Code
-from bootfsm.errors import BootError
-from bootfsm.host import Host
+from bootfsm.core.codes import Code
+from bootfsm.core.errors import BootError
+from bootfsm.host import archive
+from bootfsm.host.host import Host
 from tests.test_security import MALICIOUS, OK_TOP, _tar_xz
 
 F, S = tarfile.REGTYPE, tarfile.SYMTYPE

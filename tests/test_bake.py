@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from bootfsm.bake import BakeOptions, BakeResult, bake, target_kernel
 from bootfsm.cli import main
-from bootfsm.codes import Code
-from bootfsm.config import load_config
-from bootfsm.errors import BootError
-from bootfsm.host import Host
-from bootfsm.marker import Marker, check_marker, parse_marker, parse_modinfo, render_marker
-from bootfsm.runner import RunResult
+from bootfsm.core.codes import Code
+from bootfsm.core.config import load_config
+from bootfsm.core.errors import BootError
+from bootfsm.host.host import Host
+from bootfsm.image.bake import BakeOptions, BakeResult, bake, target_kernel
+from bootfsm.install.marker import Marker, check_marker, parse_marker, parse_modinfo, render_marker
+from bootfsm.run.runner import RunResult
 from bootfsm.sim.node import simulate_reboot
 from bootfsm.sim.world import DRIVER_VERSION, World
 from tests.conftest import MakeWorld, installer_calls, no_gpus, run_in_process

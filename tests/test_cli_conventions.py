@@ -20,7 +20,7 @@ import pytest
 
 from bootfsm.cli import EXIT_CODES, build_parser, main
 from bootfsm.commands.completion import bash, manpage, zsh
-from bootfsm.journal import Journal
+from bootfsm.observe.journal import Journal
 from tests.conftest import MakeWorld
 from tests.samples import on_ci
 

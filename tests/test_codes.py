@@ -7,7 +7,7 @@ import json
 import pytest
 
 from bootfsm.cli import main
-from bootfsm.codes import CODES, Code
+from bootfsm.core.codes import CODES, Code
 
 
 def test_codes_avoid_reserved_ranges() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bootfsm.cli import main
-from bootfsm.config import DEFAULTS, ConfigError, load_config, parse_config
+from bootfsm.core.config import DEFAULTS, ConfigError, load_config, parse_config
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 

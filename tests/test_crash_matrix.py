@@ -41,12 +41,12 @@ from typing import Any
 
 import pytest
 
-from bootfsm.artifacts import sha256_of
 from bootfsm.cli import main as cli_main
+from bootfsm.fetch.artifacts import sha256_of
+from bootfsm.observe.trace import load_run
 from bootfsm.sim.mirror import Fault, Stall, Throttle
 from bootfsm.sim.node import SKUS, simulate_reboot
 from bootfsm.sim.world import World
-from bootfsm.trace import load_run
 from tests.conftest import MakeWorld
 
 STATE_DIR = "var/lib/bootfsm"

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from bootfsm.cli import main
-from bootfsm.codes import CODES, CSE_FALLBACK, CSE_NAMES, Code, cse_exit, unmapped_codes
 from bootfsm.commands.codes import cse_markdown
-from bootfsm.table import STATES
+from bootfsm.core.codes import CODES, Code
+from bootfsm.core.cse import CSE_FALLBACK, CSE_NAMES, cse_exit, unmapped_codes
+from bootfsm.machine.table import STATES
 from tests.agentbaker_codes import AGENTBAKER_CODES, BY_NUMBER, GPU, SERVICE
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from bootfsm import dpkg
-from bootfsm.codes import Code
-from bootfsm.config import parse_config
-from bootfsm.context import Context
-from bootfsm.errors import BootError
-from bootfsm.host import Host
-from bootfsm.journal import Journal
+from bootfsm.core.codes import Code
+from bootfsm.core.config import parse_config
+from bootfsm.core.errors import BootError
+from bootfsm.host.host import Host
+from bootfsm.install import dpkg
+from bootfsm.machine.context import Context
+from bootfsm.observe.journal import Journal
 from tests.conftest import MakeWorld, run_in_process
 
 REAL_DPKG = shutil.which("dpkg", path="/usr/bin:/bin")

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from bootfsm.cdi import MIG_NO_INSTANCES, mig_modes, tolerated_case
-from bootfsm.codes import Code
+from bootfsm.core.codes import Code
+from bootfsm.install.cdi import MIG_NO_INSTANCES, mig_modes, tolerated_case
 from bootfsm.sim.world import World
 from tests.conftest import MakeWorld, run_in_process
 from tests.samples import sample

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from bootfsm.codes import Code
-from bootfsm.driver_steps import fallback_module_type, parse_module_type
-from bootfsm.hardware import model_for
-from bootfsm.runner import RunResult
+from bootfsm.core.codes import Code
+from bootfsm.core.hardware import model_for
+from bootfsm.install.driver_steps import fallback_module_type, parse_module_type
+from bootfsm.run.runner import RunResult
 from bootfsm.sim.node import simulate_reboot
 from bootfsm.sim.skus import STALE_DRIVER_VERSION
 from bootfsm.sim.world import World
@@ -195,8 +195,8 @@ def test_no_devices_after_a_proprietary_build_on_blackwell_is_final(
 ) -> None:
     """The post-load check does not retry `No devices were found` when the proprietary
     module is loaded on a Blackwell GPU: WRONG_MODULE_TYPE (62) at once."""
-    from bootfsm.driver_init import _smi_answers
-    from bootfsm.errors import BootError
+    from bootfsm.core.errors import BootError
+    from bootfsm.install.driver_init import _smi_answers
     from tests.test_verify import OPEN, PROPRIETARY, Node
 
     node = Node(tmp_path, "x86_64", 0x2901, 8)

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from bootfsm.codes import Code
+from bootfsm.core.codes import Code
+from bootfsm.observe.trace import load_run
 from bootfsm.sim.world import World
-from bootfsm.trace import load_run
 from tests.conftest import MakeWorld, installer_calls, run_in_process
 
 

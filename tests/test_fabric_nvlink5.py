@@ -9,12 +9,12 @@ from dataclasses import replace
 
 import pytest
 
-from bootfsm.archnames import ARCHES
-from bootfsm.artifacts import resolve
-from bootfsm.codes import Code
-from bootfsm.config import DEFAULTS
-from bootfsm.errors import BootError
-from bootfsm.facts import NodeFacts
+from bootfsm.core.archnames import ARCHES
+from bootfsm.core.codes import Code
+from bootfsm.core.config import DEFAULTS
+from bootfsm.core.errors import BootError
+from bootfsm.fetch.artifacts import resolve
+from bootfsm.node.facts import NodeFacts
 from tests.conftest import MakeWorld, run_in_process
 from tests.samples import sample_bytes
 

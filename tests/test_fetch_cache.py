@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from bootfsm.cli import main
-from bootfsm.codes import Code
-from bootfsm.config import ConfigError, parse_config
-from bootfsm.runner import RunResult
+from bootfsm.core.codes import Code
+from bootfsm.core.config import ConfigError, parse_config
+from bootfsm.run.runner import RunResult
 from bootfsm.sim import artifacts as art
 from bootfsm.sim.mirror import Mirror
 from bootfsm.sim.world import TOOLKIT_VERSION, World

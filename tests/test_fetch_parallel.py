@@ -13,11 +13,11 @@ import pytest
 from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
-from bootfsm.artifacts import Artifact
-from bootfsm.codes import Code
-from bootfsm.errors import BootError, TransientError
-from bootfsm.fetcher import Fetched, Fetcher, Job
-from bootfsm.http import Http
+from bootfsm.core.codes import Code
+from bootfsm.core.errors import BootError, TransientError
+from bootfsm.fetch.artifacts import Artifact
+from bootfsm.fetch.fetcher import Fetched, Fetcher, Job
+from bootfsm.host.http import Http
 from bootfsm.sim.mirror import Corrupt, DropMidBody, Mirror, NotFound, Status, Throttle
 
 FILES = {f"a{i}.bin": os.urandom((1 << 20) + i * 4096) for i in range(3)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 from typing import Any
 
-from bootfsm.progress import Progress, Track, human_bytes
+from bootfsm.host.progress import Progress, Track, human_bytes
 
 
 class Clock:

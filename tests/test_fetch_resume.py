@@ -21,9 +21,9 @@ import pytest
 from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
-from bootfsm.codes import Code
-from bootfsm.errors import BootError, TransientError
-from bootfsm.http import Http, partial_source, url_id
+from bootfsm.core.codes import Code
+from bootfsm.core.errors import BootError, TransientError
+from bootfsm.host.http import Http, partial_source, url_id
 from bootfsm.sim.mirror import DropMidBody, Mirror, Stall, Status, Throttle
 
 SIZE = 4 << 20

@@ -9,9 +9,9 @@ import threading
 import time
 from urllib.parse import urlsplit
 
-from bootfsm.codes import Code
-from bootfsm.config import load_config
-from bootfsm.runner import RunOptions, execute
+from bootfsm.core.codes import Code
+from bootfsm.core.config import load_config
+from bootfsm.run.runner import RunOptions, execute
 from bootfsm.sim.mirror import Mirror, Status, Throttle
 from tests.conftest import MakeWorld, run_in_process
 from tests.test_fetch_cache import CACHE, _events, _point_sources_at, bulk_up_deb

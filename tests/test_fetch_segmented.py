@@ -18,12 +18,13 @@ import pytest
 from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
-from bootfsm.artifacts import Artifact
-from bootfsm.codes import Code
-from bootfsm.errors import BootError, TransientError
-from bootfsm.fetcher import Fetched, Fetcher, Job
-from bootfsm.http import Cancelled, Http
-from bootfsm.partfile import bytes_on_disk, read_meta, segment_plan
+from bootfsm.core.codes import Code
+from bootfsm.core.errors import BootError, TransientError
+from bootfsm.fetch.artifacts import Artifact
+from bootfsm.fetch.fetcher import Fetched, Fetcher, Job
+from bootfsm.host.http import Cancelled, Http
+from bootfsm.host.partfile import read_meta
+from bootfsm.host.segment_meta import bytes_on_disk, segment_plan
 from bootfsm.sim.mirror import DropMidBody, Mirror, NotFound, Throttle
 
 SIZE = (4 << 20) + 12345  # not a multiple of the segment count

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from bootfsm.cli import main
-from bootfsm.fleet import iter_journals, percentile, scan
+from bootfsm.observe.fleet import iter_journals, percentile, scan
 
 REPO = Path(__file__).resolve().parents[1]
 

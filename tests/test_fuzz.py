@@ -29,7 +29,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from bootfsm.config import DEFAULTS, Config, ConfigError, load_config, parse_config
+from bootfsm.core.config import DEFAULTS, Config, ConfigError, load_config, parse_config
+from bootfsm.observe.trace import parse_events, render, to_json
 from bootfsm.parsers import ParseError
 from bootfsm.parsers.debian_packages import parse_packages, safe_filename
 from bootfsm.parsers.driver_info import (
@@ -43,7 +44,6 @@ from bootfsm.parsers.osrelease import parse_os_release
 from bootfsm.parsers.pci import parse_lspci_nn, parse_sysfs_hex, vpd_has_sw_mng
 from bootfsm.parsers.redistrib import parse_redistrib
 from bootfsm.parsers.vmsize import parse_imds_vm_size
-from bootfsm.trace import parse_events, render, to_json
 from tests.parsers.test_parse_osrelease import AZURE_LINUX_3, ROCKY_9, UBUNTU_2204
 from tests.samples import sample
 
@@ -362,7 +362,7 @@ def real_journal() -> tuple[str, ...]:
 
 def _fold(lines: list[str]) -> None:
     """parse_events, then every view of the report: none may raise."""
-    from bootfsm.trace_html import render_html
+    from bootfsm.observe.trace_html import render_html
 
     report = parse_events(lines, source="fuzz.jsonl")
     render(report)

@@ -1,10 +1,10 @@
-"""Tests for bootfsm.hardware, the PCI id knowledge table."""
+"""Tests for bootfsm.core.hardware, the PCI id knowledge table."""
 
 from __future__ import annotations
 
 import pytest
 
-from bootfsm.hardware import (
+from bootfsm.core.hardware import (
     GPU_MODELS,
     MELLANOX_VENDOR,
     NVIDIA_VENDOR,

@@ -13,13 +13,13 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from bootfsm.archnames import normalize_arch
-from bootfsm.facts import NodeFacts, PciGpu
-from bootfsm.guards import GUARDS
-from bootfsm.hardware import model_for
+from bootfsm.core.archnames import normalize_arch
+from bootfsm.core.hardware import model_for
+from bootfsm.node.fabric import FabricVerdict, judge_fabric
+from bootfsm.node.facts import NodeFacts, PciGpu
+from bootfsm.node.guards import GUARDS
 from bootfsm.parsers.nvidia_smi import SmiReport, parse_fabric_block, parse_smi_query
 from bootfsm.parsers.nvidia_smi_xml import parse_smi_xml
-from bootfsm.states.verify import FabricVerdict, judge_fabric
 from tests.samples import sample
 
 SMI = "nvidia-smi/"

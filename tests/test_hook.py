@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bootfsm.codes import Code, info
+from bootfsm.core.codes import Code, info
 from bootfsm.sim.world import FAULTS as SIM_FAULTS
 from bootfsm.sim.world import World
 from tests.conftest import MakeWorld, installer_calls

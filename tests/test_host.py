@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from bootfsm.codes import Code
-from bootfsm.errors import BootError
-from bootfsm.host import OUTPUT_TAIL_BYTES, Host
+from bootfsm.core.codes import Code
+from bootfsm.core.errors import BootError
+from bootfsm.host.host import OUTPUT_TAIL_BYTES, Host
 
 
 def test_node_paths_stay_under_root(tmp_path: Path) -> None:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from bootfsm import host as host_mod
-from bootfsm.codes import Code
-from bootfsm.errors import BootError
-from bootfsm.host import OUTPUT_LIMIT_BYTES, OUTPUT_TAIL_BYTES, CommandResult, Host
+from bootfsm.core.codes import Code
+from bootfsm.core.errors import BootError
+from bootfsm.host import process as host_mod
+from bootfsm.host.host import OUTPUT_LIMIT_BYTES, OUTPUT_TAIL_BYTES, CommandResult, Host
 from bootfsm.parsers.nvidia_smi import parse_smi_query
 from bootfsm.parsers.nvidia_smi_xml import parse_smi_xml
 from tests.samples import SAMPLES, sample_bytes

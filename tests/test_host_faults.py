@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-from bootfsm import runner
-from bootfsm.codes import Code
-from bootfsm.host import Host
+from bootfsm.core.codes import Code
+from bootfsm.host.host import Host
+from bootfsm.observe.trace import latest_journal, load_run
+from bootfsm.run import runner
 from bootfsm.sim.world import World
-from bootfsm.trace import latest_journal, load_run
 from tests.conftest import MakeWorld, run_in_process
 
 STATE_DIR = "var/lib/bootfsm"
@@ -264,11 +264,15 @@ def test_deadlines_follow_the_monotonic_clock(
 def test_no_deadline_reads_the_wall_clock() -> None:
     """The modules that compute deadlines and waits never read the wall clock."""
     root = Path(__file__).resolve().parents[1]
-    for rel in ("bootfsm/deadline.py", "bootfsm/context.py", "bootfsm/engine.py"):
+    for rel in (
+        "bootfsm/core/deadline.py",
+        "bootfsm/machine/context.py",
+        "bootfsm/machine/engine.py",
+    ):
         text = (root / rel).read_text()
         for wall in ("time.time(", ".wall(", "datetime.now(", "time.time\n"):
             assert wall not in text, f"{rel} reads the wall clock ({wall.strip()})"
-    assert "monotonic" in (root / "bootfsm/deadline.py").read_text()
+    assert "monotonic" in (root / "bootfsm/core/deadline.py").read_text()
 
 
 # -- commands -------------------------------------------------------------------------

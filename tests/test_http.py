@@ -11,9 +11,9 @@ import pytest
 from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
-from bootfsm.codes import Code
-from bootfsm.errors import BootError, TransientError
-from bootfsm.http import Http, check_url
+from bootfsm.core.codes import Code
+from bootfsm.core.errors import BootError, TransientError
+from bootfsm.host.http import Http, check_url
 
 BODY = bytes(range(256)) * 4096  # 1 MiB
 ETAG = '"v1"'

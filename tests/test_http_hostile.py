@@ -20,12 +20,12 @@ import pytest
 import trustme
 from pytest_httpserver import HTTPServer
 
-from bootfsm.codes import Code
-from bootfsm.config import parse_config
-from bootfsm.context import trust_store
-from bootfsm.errors import BootError, TransientError
-from bootfsm.host import Host
-from bootfsm.http import SYSTEM_CA_BUNDLES, Http
+from bootfsm.core.codes import Code
+from bootfsm.core.config import parse_config
+from bootfsm.core.errors import BootError, TransientError
+from bootfsm.host.host import Host
+from bootfsm.host.http import SYSTEM_CA_BUNDLES, Http
+from bootfsm.machine.context import trust_store
 
 Serve = Callable[[socket.socket, threading.Event], None]
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from bootfsm.bake import BakeOptions, bake
-from bootfsm.codes import Code
-from bootfsm.config import load_config
-from bootfsm.runner import RunResult
+from bootfsm.core.codes import Code
+from bootfsm.core.config import load_config
+from bootfsm.image.bake import BakeOptions, bake
+from bootfsm.run.runner import RunResult
 from bootfsm.sim.world import World
 from tests.conftest import MakeWorld, installer_calls, run_in_process
 

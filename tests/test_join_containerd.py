@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bootfsm import containerd as c
-from bootfsm.codes import Code
+from bootfsm.core.codes import Code
+from bootfsm.install import containerd as c
 from tests.conftest import MakeWorld, run_in_process
 
 REAL = shutil.which("containerd", path="/usr/bin:/usr/sbin:/bin")

@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
-from bootfsm.lock import NodeLock
-from bootfsm.runner import RunResult
+from bootfsm.host.lock import NodeLock
+from bootfsm.run.runner import RunResult
 from bootfsm.sim.mirror import Fault, Stall, Status
 from bootfsm.sim.nodestate import SIM_STATE
 from bootfsm.sim.world import World

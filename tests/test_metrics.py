@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bootfsm.config import ConfigError, parse_config
-from bootfsm.metrics import textfile
-from bootfsm.table import STATES
-from bootfsm.trace import Span, TraceReport, load_run
+from bootfsm.core.config import ConfigError, parse_config
+from bootfsm.machine.table import STATES
+from bootfsm.observe.trace import Span, TraceReport, load_run
+from bootfsm.run.metrics import textfile
 from tests.conftest import MakeWorld, run_in_process
 
 PROM = "var/lib/node_exporter/textfile_collector/bootfsm.prom"

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from bootfsm.journal import CONSOLE_EVENTS
-from bootfsm.notify import Notifier, socket_address, state_status
-from bootfsm.table import STATES
+from bootfsm.machine.table import STATES
+from bootfsm.observe.journal import CONSOLE_EVENTS
+from bootfsm.run.notify import Notifier, socket_address, state_status
 from tests.conftest import MakeWorld
 
 

@@ -22,7 +22,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
-from bootfsm.otlp import events_from_lines, target_from_env, trace_request
+from bootfsm.observe.otlp import events_from_lines, target_from_env, trace_request
 from tests.conftest import MakeWorld, run_in_process
 
 _IDS = ("traceId", "spanId", "parentSpanId")
@@ -180,8 +180,11 @@ def test_endpoint_down_is_a_warning_not_a_failure(make_world: MakeWorld) -> None
 
 
 def test_without_an_endpoint_nothing_is_imported_or_sent() -> None:
-    """The run path imports bootfsm.otlp only when an OTLP endpoint is configured."""
-    code = "import sys\nimport bootfsm.runner, bootfsm.cli\nprint('bootfsm.otlp' in sys.modules)\n"
+    """The run path imports bootfsm.observe.otlp only when an OTLP endpoint is configured."""
+    code = (
+        "import sys\nimport bootfsm.run.runner, bootfsm.cli\n"
+        "print('bootfsm.observe.otlp' in sys.modules)\n"
+    )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert p.stdout.strip() == "False"
 

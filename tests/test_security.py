@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 
-from bootfsm.archive import check_member
-from bootfsm.artifacts import sha256_of
-from bootfsm.codes import Code
-from bootfsm.errors import BootError
-from bootfsm.host import Host
+from bootfsm.core.codes import Code
+from bootfsm.core.errors import BootError
+from bootfsm.fetch.artifacts import sha256_of
+from bootfsm.host.archive import check_member
+from bootfsm.host.host import Host
 from bootfsm.sim.world import DRIVER_VERSION, World
 from tests.conftest import MakeWorld
 

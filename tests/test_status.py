@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from bootfsm.cli import main
-from bootfsm.codes import Code
 from bootfsm.commands.status import DONE, KILLED, NEVER_STARTED, RUNNING
+from bootfsm.core.codes import Code
 from bootfsm.sim.world import World
 from tests.conftest import MakeWorld, run_in_process
 

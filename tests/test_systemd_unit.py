@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from bootfsm.cli import main as cli_main
-from bootfsm.codes import CODES, Code
 from bootfsm.commands.unit import (
     DROPIN_PATH,
     ENV_FILE,
@@ -24,8 +23,9 @@ from bootfsm.commands.unit import (
     restart_prevent_codes,
     source_dir,
 )
-from bootfsm.config import DEFAULTS
-from bootfsm.host import Host
+from bootfsm.core.codes import CODES, Code
+from bootfsm.core.config import DEFAULTS
+from bootfsm.host.host import Host
 from bootfsm.sim.node import SKUS, build_node
 
 ANALYZE = shutil.which("systemd-analyze")

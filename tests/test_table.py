@@ -8,14 +8,14 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from transitions import MachineError
 
-from bootfsm.archnames import normalize_arch
-from bootfsm.codes import CODES
-from bootfsm.engine import build_machine
-from bootfsm.facts import NodeFacts, PciGpu
-from bootfsm.guards import GUARDS
-from bootfsm.hardware import model_for
+from bootfsm.core.archnames import normalize_arch
+from bootfsm.core.codes import CODES
+from bootfsm.core.hardware import model_for
+from bootfsm.machine.engine import build_machine
+from bootfsm.machine.table import INITIAL, STATES, TERMINAL, TRANSITIONS
+from bootfsm.node.facts import NodeFacts, PciGpu
+from bootfsm.node.guards import GUARDS
 from bootfsm.states import CALLBACKS, REGISTRY
-from bootfsm.table import INITIAL, STATES, TERMINAL, TRANSITIONS
 
 
 def test_every_state_guard_and_callback_name_resolves() -> None:

@@ -7,10 +7,10 @@ import json
 import re
 from pathlib import Path
 
-from bootfsm.codes import Code, info
-from bootfsm.cse_events import MAX_MESSAGE, CseEvents, cse_time
-from bootfsm.engine import Outcome
-from bootfsm.host import Host
+from bootfsm.core.codes import Code, info
+from bootfsm.host.host import Host
+from bootfsm.machine.engine import Outcome
+from bootfsm.run.cse_events import MAX_MESSAGE, CseEvents, cse_time
 
 DIR = "/var/log/azure/Microsoft.Azure.Extensions.CustomScript/events"
 KEYS = {"Timestamp", "OperationId", "Version", "TaskName", "EventLevel", "Message",

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bootfsm.codes import Code
+from bootfsm.core.codes import Code
+from bootfsm.machine.table import STATES
+from bootfsm.observe.trace import load_run, render, to_json
+from bootfsm.observe.trace_view import root_cause
 from bootfsm.sim.world import FAULTS, World
-from bootfsm.table import STATES
-from bootfsm.trace import load_run, render, to_json
-from bootfsm.trace_view import root_cause
 from tests.trace_schema import check_trace_json
 
 CSE_DIR = "/var/log/azure/Microsoft.Azure.Extensions.CustomScript/events"

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from bootfsm.cli import main
-from bootfsm.trace import load_run, parse_events
-from bootfsm.trace_html import render_html
+from bootfsm.observe.trace import load_run, parse_events
+from bootfsm.observe.trace_html import render_html
 from tests.conftest import MakeWorld, run_in_process
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -17,11 +17,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bootfsm.cli import main
-from bootfsm.liveness import annotate, lock_holders, run_alive
+from bootfsm.observe.liveness import annotate, lock_holders, run_alive
+from bootfsm.observe.trace import load_run, parse_events, render, to_json
+from bootfsm.observe.trace_view import root_cause
 from bootfsm.sim.node import SKUS, simulate_reboot
 from bootfsm.sim.world import World
-from bootfsm.trace import load_run, parse_events, render, to_json
-from bootfsm.trace_view import root_cause
 from tests.conftest import MakeWorld, run_in_process
 from tests.trace_schema import check_trace_json
 
@@ -155,8 +155,8 @@ _LINES = st.lists(
 @given(_LINES)
 def test_fuzz_any_lines_give_a_trace_never_a_traceback(lines: list[str]) -> None:
     """Whatever the lines, parse, render, JSON, HTML and the fleet fold complete."""
-    from bootfsm.fleet import scan
-    from bootfsm.trace_html import render_html
+    from bootfsm.observe.fleet import scan
+    from bootfsm.observe.trace_html import render_html
 
     report = parse_events(lines)
     render(report)

@@ -15,15 +15,15 @@ from typing import Any
 
 import pytest
 
-from bootfsm.archnames import normalize_arch
-from bootfsm.codes import Code
-from bootfsm.config import Config, VerifySpec
-from bootfsm.context import Context
-from bootfsm.errors import BootError, TransientError
-from bootfsm.facts import NodeFacts, PciGpu
-from bootfsm.hardware import model_for
-from bootfsm.host import Host
-from bootfsm.journal import Journal
+from bootfsm.core.archnames import normalize_arch
+from bootfsm.core.codes import Code
+from bootfsm.core.config import Config, VerifySpec
+from bootfsm.core.errors import BootError, TransientError
+from bootfsm.core.hardware import model_for
+from bootfsm.host.host import Host
+from bootfsm.machine.context import Context
+from bootfsm.node.facts import NodeFacts, PciGpu
+from bootfsm.observe.journal import Journal
 from bootfsm.parsers.nvidia_smi import wrong_module_type
 from bootfsm.states import verify
 from tests.samples import sample

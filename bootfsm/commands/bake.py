@@ -9,10 +9,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from bootfsm.bake import BakeOptions, BakeResult, bake
-from bootfsm.codes import info
 from bootfsm.commands.common import config_path, load_or_exit
-from bootfsm.marker import marker_path
+from bootfsm.core.codes import info
+from bootfsm.image.bake import BakeOptions, BakeResult, bake
+from bootfsm.install.marker import marker_path
 
 __all__ = ["main", "summary_line"]
 

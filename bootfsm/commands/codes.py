@@ -6,7 +6,8 @@ import argparse
 import json
 import sys
 
-from bootfsm.codes import CODES, CSE_NAMES, Code, CodeInfo, cse_exit
+from bootfsm.core.codes import CODES, Code, CodeInfo
+from bootfsm.core.cse import CSE_NAMES, cse_exit
 
 __all__ = ["cse_markdown", "lookup", "main", "markdown"]
 
@@ -70,7 +71,7 @@ def markdown() -> str:
     out = [
         "# Exit codes",
         "",
-        "Generated from `bootfsm/codes.py` (`bootfsm codes --markdown`); do not edit.",
+        "Generated from `bootfsm/core/codes.py` (`bootfsm codes --markdown`); do not edit.",
         "Codes avoid 1-2, 64-78 (sysexits), 124-165 (timeout and signals), 200-244 and 255",
         "(systemd). 83, 84, 85 and 87 mean exactly what the cloud provisioning codes mean.",
         "The CSE column is the exit code of `bootfsm run --exit-codes cse` (the provisioning",

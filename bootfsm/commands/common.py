@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from bootfsm.codes import Code
-from bootfsm.config import DEFAULT_PATH, Config, ConfigError, load_config
+from bootfsm.core.codes import Code
+from bootfsm.core.config import DEFAULT_PATH, Config, ConfigError, load_config
 
 __all__ = ["config_path", "load_or_exit"]
 

@@ -156,7 +156,7 @@ def _roff(text: str) -> str:
 
 def manpage(parser: argparse.ArgumentParser, exit_codes: dict[str, str]) -> str:
     """bootfsm(1) in roff (man(7) macros)."""
-    from bootfsm.codes import CODES
+    from bootfsm.core.codes import CODES
 
     date = datetime.date(2026, 1, 1).isoformat()  # fixed: the page must not churn per build
     lines = [
@@ -220,11 +220,9 @@ def manpage(parser: argparse.ArgumentParser, exit_codes: dict[str, str]) -> str:
 
 def main(args: argparse.Namespace) -> int:
     """Print a completion script or the man page."""
-    from bootfsm.cli import EXIT_CODES, build_parser
-
-    parser = build_parser()
+    parser, exit_codes = args.cli_parser, args.cli_exit_codes  # handed down by bootfsm.cli
     if args.command == "manpage":
-        print(manpage(parser, EXIT_CODES), end="")
+        print(manpage(parser, exit_codes), end="")
     elif args.shell == "bash":
         print(bash(parser), end="")
     else:

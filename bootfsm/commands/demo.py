@@ -17,8 +17,8 @@ __all__ = ["main"]
 
 def main(args: argparse.Namespace) -> int:
     """Build the world, run `bootfsm run` against it, print the trace."""
+    from bootfsm.observe.trace import load_run, render, to_json
     from bootfsm.sim.world import FAULTS, World
-    from bootfsm.trace import load_run, render, to_json
 
     if "list" in args.fault:
         for name, text in FAULTS.items():

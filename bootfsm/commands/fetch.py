@@ -3,7 +3,7 @@
 Without ``--prefetch`` it fetches what this node needs (detect's checks apply, GPUs
 included). With ``--prefetch`` (image build) the facts come from the root's files only:
 architecture and OS, never the PCI bus, so a build VM without GPUs can run it; the
-hardware is the architecture's superset profile (``bootfsm.bake.image_facts``: x86_64
+hardware is the architecture's superset profile (``bootfsm.image.bake.image_facts``: x86_64
 with NVSwitch, so fabric manager is fetched; aarch64 Grace, so IMEX is), as `bootfsm
 bake` uses. Either way the fetch state's action runs under its table row (limit,
 retries), the cache keeps the indexes too, and a later run with the mirrors unreachable
@@ -20,15 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from bootfsm.codes import Code, info
 from bootfsm.commands.common import load_or_exit
-from bootfsm.config import Config
-from bootfsm.context import Context
-from bootfsm.deadline import Deadline
-from bootfsm.errors import BootError
-from bootfsm.host import Host
-from bootfsm.journal import Journal, new_run_id
-from bootfsm.lock import NodeLock
+from bootfsm.core.codes import Code, info
+from bootfsm.core.config import Config
+from bootfsm.core.deadline import Deadline
+from bootfsm.core.errors import BootError
+from bootfsm.host.host import Host
+from bootfsm.host.lock import NodeLock
+from bootfsm.machine.context import Context
+from bootfsm.observe.journal import Journal, new_run_id
 
 __all__ = ["FetchResult", "fetch_cache", "main", "summary_line"]
 
@@ -67,12 +67,12 @@ def fetch_cache(
 
 
 def _locked(cfg: Config, host: Host, *, prefetch: bool, console: IO[str] | None) -> FetchResult:
-    from bootfsm.bake import image_facts
-    from bootfsm.engine import attempt
-    from bootfsm.facts import gather_facts
+    from bootfsm.fetch.store import resolved
+    from bootfsm.image.bake import image_facts
+    from bootfsm.machine.engine import attempt
+    from bootfsm.machine.table import row
+    from bootfsm.node.facts import gather_facts
     from bootfsm.states import detect, fetch
-    from bootfsm.store import resolved
-    from bootfsm.table import row
 
     run_id = new_run_id()
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(host.wall()))

@@ -12,18 +12,18 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bootfsm.artifacts import index_urls, resolve
-from bootfsm.codes import Code
 from bootfsm.commands.common import load_or_exit
-from bootfsm.context import Context
-from bootfsm.errors import BootError, TransientError
-from bootfsm.facts import gather_facts
-from bootfsm.guards import GUARDS
-from bootfsm.host import Host
-from bootfsm.http import check_url
-from bootfsm.journal import Journal
-from bootfsm.redact import redact_url
-from bootfsm.table import TRANSITIONS
+from bootfsm.core.codes import Code
+from bootfsm.core.errors import BootError, TransientError
+from bootfsm.core.redact import redact_url
+from bootfsm.fetch.artifacts import index_urls, resolve
+from bootfsm.host.host import Host
+from bootfsm.host.http import check_url
+from bootfsm.machine.context import Context
+from bootfsm.machine.table import TRANSITIONS
+from bootfsm.node.facts import gather_facts
+from bootfsm.node.guards import GUARDS
+from bootfsm.observe.journal import Journal
 
 __all__ = ["main", "make_plan"]
 

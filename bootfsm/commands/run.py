@@ -10,12 +10,13 @@ import os
 import sys
 from pathlib import Path
 
-from bootfsm.codes import CSE_NAMES, Code, cse_exit, info
 from bootfsm.commands.common import config_path
-from bootfsm.config import ConfigError, load_config
-from bootfsm.engine import Outcome
-from bootfsm.notify import Notifier, state_status
-from bootfsm.runner import RunOptions, RunResult, execute
+from bootfsm.core.codes import Code, info
+from bootfsm.core.config import ConfigError, load_config
+from bootfsm.core.cse import CSE_NAMES, cse_exit
+from bootfsm.machine.engine import Outcome
+from bootfsm.run.notify import Notifier, state_status
+from bootfsm.run.runner import RunOptions, RunResult, execute
 
 __all__ = ["exit_code", "main", "summary_line"]
 
@@ -113,7 +114,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _elapsed(result: RunResult) -> float:
-    from bootfsm.trace import load_run
+    from bootfsm.observe.trace import load_run
 
     if result.journal is None:
         return 0.0

@@ -25,13 +25,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bootfsm.codes import Code, info
 from bootfsm.commands.common import load_or_exit
-from bootfsm.config import Config
-from bootfsm.errors import BootError
-from bootfsm.host import Host
-from bootfsm.liveness import lock_holders, pid_exists
-from bootfsm.trace import latest_journal, load_run
+from bootfsm.core.codes import Code, info
+from bootfsm.core.config import Config
+from bootfsm.core.errors import BootError
+from bootfsm.host.host import Host
+from bootfsm.observe.liveness import lock_holders, pid_exists
+from bootfsm.observe.trace import latest_journal, load_run
 
 __all__ = ["DONE", "KILLED", "NEVER_STARTED", "RUNNING", "Status", "main", "probe"]
 

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from bootfsm.commands.common import load_or_exit
-from bootfsm.config import Config
-from bootfsm.liveness import annotate
-from bootfsm.trace import TRACE_SCHEMA, TraceReport, journals, latest_journal, load_run
+from bootfsm.core.config import Config
+from bootfsm.observe.liveness import annotate
+from bootfsm.observe.trace import TRACE_SCHEMA, TraceReport, journals, latest_journal, load_run
 
 __all__ = ["history_json", "main", "render_history"]
 
@@ -117,7 +117,7 @@ def render_history(data: dict[str, Any], where: str) -> str:
 
 
 def _fleet(args: argparse.Namespace) -> int:
-    from bootfsm.fleet import render_fleet, scan
+    from bootfsm.observe.fleet import render_fleet, scan
 
     root = Path(args.fleet)
     if not root.is_dir():
@@ -150,9 +150,9 @@ def _otlp(path: Path, where: str) -> int:
     """Convert one journal to OTLP/JSON: a file, or one POST to a collector."""
     import os
 
-    from bootfsm import otlp
-    from bootfsm.errors import BootError
-    from bootfsm.host import Host
+    from bootfsm.core.errors import BootError
+    from bootfsm.host.host import Host
+    from bootfsm.observe import otlp
 
     try:
         with path.open(encoding="utf-8", errors="replace") as f:
@@ -197,7 +197,7 @@ def main(args: argparse.Namespace) -> int:
         return _otlp(path, args.otlp)
     report = _load(path, log_dir, state_dir)
     if getattr(args, "html", None):
-        from bootfsm.trace_html import render_html
+        from bootfsm.observe.trace_html import render_html
 
         out = Path(args.html)
         try:
@@ -209,7 +209,7 @@ def main(args: argparse.Namespace) -> int:
             f"bootfsm: wrote {out} (run {report.run_id or '?'}, {report.outcome})", file=sys.stderr
         )
         return 0
-    from bootfsm.trace import render, to_json
+    from bootfsm.observe.trace import render, to_json
 
     if args.json:
         print(json.dumps(to_json(report), indent=1, default=str))

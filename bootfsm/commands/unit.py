@@ -23,9 +23,9 @@ import re
 import sys
 from pathlib import Path
 
-from bootfsm.codes import CODES, Code
-from bootfsm.errors import BootError
-from bootfsm.host import Host
+from bootfsm.core.codes import CODES, Code
+from bootfsm.core.errors import BootError
+from bootfsm.host.host import Host
 
 __all__ = [
     "ENV_FILE",

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from bootfsm.hardware import Family, model_for
+from bootfsm.core.hardware import Family, model_for
 from bootfsm.sim.skus import SKUS, Sku, smi_product_name
 
 __all__ = [

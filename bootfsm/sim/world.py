@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bootfsm.archnames import normalize_arch
+from bootfsm.core.archnames import normalize_arch
 from bootfsm.sim import artifacts as art
 from bootfsm.sim.mirror import Corrupt, DropMidBody, Fault, Mirror, NotFound, Status
 from bootfsm.sim.node import FAULTS as NODE_FAULTS

@@ -80,7 +80,7 @@ def _notify(text: str) -> None:
 
 # -- prepare (image build time) ---------------------------------------------------------
 def prepare(sku: str) -> int:
-    from bootfsm.archnames import normalize_arch
+    from bootfsm.core.archnames import normalize_arch
     from bootfsm.sim.node import SKUS, standin_script
     from bootfsm.sim.world import DRIVER_VERSION, World
 

@@ -1,0 +1,70 @@
+"""The exit codes: every failure class bootfsm can end with, by number and stable name.
+
+Codes avoid the ranges that other layers own: 1-2 (generic shell and usage errors),
+64-78 (BSD sysexits), 124-165 (timeout(1), shell and signal conventions), 200-244 and
+255 (systemd). Where a code means exactly what a cloud provisioning (CSE) code means,
+it uses that number: 83 download timeout, 84 driver did not start, 85 driver install
+timeout, 87 infoROM corrupted. What each code means is the table in
+``bootfsm.core.codes``.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+__all__ = ["Code"]
+
+
+class Code(IntEnum):
+    """Process exit codes; the names are stable and appear in journals and traces."""
+
+    OK = 0
+    CONFIG_INVALID = 10
+    ANOTHER_RUN_IN_PROGRESS = 11
+    INTERRUPTED = 12
+    UNSUPPORTED_ARCH = 20
+    DRIVER_KIND_UNSUPPORTED_ON_ARCH = 21
+    NO_GPU = 22
+    UNSUPPORTED_OS = 23
+    MODULE_TYPE_UNSUPPORTED = 24
+    KERNEL_HEADERS_MISSING = 25
+    ARTIFACT_NOT_FOUND = 30
+    CHECKSUM_MISMATCH = 31
+    UNVERIFIED_ARTIFACT_REFUSED = 32
+    DOWNLOAD_RETRIES_EXHAUSTED = 33
+    INSUFFICIENT_SPACE = 34
+    INDEX_INVALID = 35
+    INSECURE_URL_REFUSED = 36
+    UNSAFE_ARCHIVE = 37
+    TLS_VERIFY_FAILED = 38
+    DPKG_LOCK_TIMEOUT = 40
+    DRIVER_INSTALL_FAILED = 41
+    REBOOT_REQUIRED = 42
+    MODULE_LOAD_FAILED = 43
+    TOOLKIT_INSTALL_FAILED = 44
+    DPKG_REPAIR_FAILED = 48
+    FABRIC_MANAGER_FAILED = 50
+    FABRIC_NOT_READY = 51
+    IMEX_INSTALL_FAILED = 52
+    FABRIC_STATUS_FAILED = 53
+    FABRIC_UNHEALTHY = 54
+    NVLSM_INSTALL_FAILED = 55
+    IB_UMAD_NOT_LOADED = 56
+    DRIVER_LIBRARY_MISMATCH = 60
+    GPU_COUNT_MISMATCH = 61
+    WRONG_MODULE_TYPE = 62
+    CONTAINERD_RESTART_FAILED = 90
+    KUBELET_NOT_HEALTHY = 91
+    CDI_REFRESH_FAILED = 92
+    CONTAINERD_CONFIG_INVALID = 93
+    CONTAINERD_RUNTIME_MISSING = 94
+    DOWNLOAD_TIMEOUT = 83
+    DRIVER_NOT_STARTED = 84
+    DRIVER_INSTALL_TIMEOUT = 85
+    INFOROM_CORRUPTED = 87
+    DEADLINE_EXCEEDED = 100
+    COMMAND_MISSING = 101
+    HOST_IO_ERROR = 102
+    STATE_TIMEOUT = 103
+    POSTCONDITION_FAILED = 104
+    INTERNAL_ERROR = 110

@@ -1,0 +1,368 @@
+"""The exit-code table: what every code means, what to do about it, its CSE code.
+
+One row per ``Code`` (``bootfsm.core.code_names``): summary, hint, whether it is
+transient (retried, the unit restarts) and the CSE exit code of the same meaning
+(``bootfsm.core.cse``). ``bootfsm codes`` prints it; docs/codes.md is generated from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bootfsm.core.code_names import Code
+
+__all__ = ["CODES", "Code", "CodeInfo", "info"]
+
+
+@dataclass(frozen=True)
+class CodeInfo:
+    """One row of the table: what a code means and what to do about it."""
+
+    code: Code
+    summary: str
+    hint: str
+    transient: bool = False
+    cse: int | None = None
+    """The CSE exit code of the same meaning (``--exit-codes cse``); None: not mapped yet."""
+    cse_in_state: tuple[tuple[str, int], ...] = ()
+    """Where the state that failed says more: (state, CSE code) pairs that win over ``cse``."""
+
+    @property
+    def name(self) -> str:
+        """The stable upper-case name, e.g. ``CHECKSUM_MISMATCH``."""
+        return self.code.name
+
+
+def _row(
+    code: Code,
+    summary: str,
+    hint: str,
+    transient: bool = False,
+    *,
+    cse: int | None = None,
+    cse_in_state: dict[str, int] | None = None,
+) -> CodeInfo:
+    return CodeInfo(code, summary, hint, transient, cse, tuple((cse_in_state or {}).items()))
+
+
+CODES: dict[Code, CodeInfo] = {
+    r.code: r
+    for r in (
+        _row(Code.OK, "node provisioned", "nothing to do", cse=0),
+        _row(
+            Code.CONFIG_INVALID,
+            "configuration file is missing, unreadable or invalid",
+            "run `bootfsm validate --config FILE`; the message names the key",
+            cse=84,
+        ),
+        _row(
+            Code.ANOTHER_RUN_IN_PROGRESS,
+            "another bootfsm run holds the node lock",
+            "wait for it (`bootfsm status --wait`) or pass --wait-lock SECONDS",
+            transient=True,
+            cse=85,
+        ),
+        _row(
+            Code.INTERRUPTED,
+            "run interrupted by SIGTERM or SIGINT",
+            "rerun `bootfsm run`; it resumes at the first unsatisfied state",
+            transient=True,
+            cse=84,
+        ),
+        _row(
+            Code.UNSUPPORTED_ARCH,
+            "machine architecture is not supported",
+            "bootfsm supports x86_64 and aarch64 nodes only",
+            cse=84,
+        ),
+        _row(
+            Code.DRIVER_KIND_UNSUPPORTED_ON_ARCH,
+            "driver kind is not available for this architecture",
+            'GRID (vGPU) drivers are x86_64 only; use driver.kind = "cuda" on arm64',
+            cse=84,
+        ),
+        _row(
+            Code.NO_GPU,
+            "no NVIDIA GPU found on the PCI bus",
+            "check the VM size and that the GPU is attached (/sys/bus/pci/devices)",
+            cse=84,
+        ),
+        _row(
+            Code.UNSUPPORTED_OS,
+            "operating system or version is not supported",
+            "see detect.supported_os in docs/config.md",
+            cse=84,
+        ),
+        _row(
+            Code.MODULE_TYPE_UNSUPPORTED,
+            "requested kernel module type cannot drive these GPUs",
+            'Blackwell GPUs need the open kernel modules: driver.module_type = "open" or "auto"',
+            cse=84,
+        ),
+        _row(
+            Code.KERNEL_HEADERS_MISSING,
+            "kernel headers for the running kernel are missing",
+            "install linux-headers-$(uname -r) in the image; DKMS cannot build without them",
+            cse=84,
+        ),
+        _row(
+            Code.ARTIFACT_NOT_FOUND,
+            "an artifact, manifest or package is not on the mirror (404 or not listed)",
+            "check the version and the base URLs in [sources]; the journal names the URL",
+            cse=84,
+        ),
+        _row(
+            Code.CHECKSUM_MISMATCH,
+            "a downloaded artifact does not match its sha256",
+            "the mirror serves a different file than its index says; fix the mirror or pin",
+            cse=84,
+        ),
+        _row(
+            Code.UNVERIFIED_ARTIFACT_REFUSED,
+            "an artifact has no known sha256 and unverified artifacts are not allowed",
+            "set its sha256 in [sources] (or allow_unverified = true, not recommended)",
+            cse=84,
+        ),
+        _row(
+            Code.DOWNLOAD_RETRIES_EXHAUSTED,
+            "transient download failures continued past the retry budget",
+            "the mirror or network is unhealthy; the journal lists every attempt",
+            transient=True,
+            cse=83,
+        ),
+        _row(
+            Code.INSUFFICIENT_SPACE,
+            "not enough free space in the cache directory for the artifacts",
+            "free space or move fetch.cache_dir; the message gives needed and free bytes",
+            cse=84,
+        ),
+        _row(
+            Code.INDEX_INVALID,
+            "a Packages index or redistrib manifest could not be parsed",
+            "the mirror serves a broken index; the message names the line",
+            cse=84,
+        ),
+        _row(
+            Code.INSECURE_URL_REFUSED,
+            "a URL is not HTTPS and its host is not in fetch.allow_http_hosts",
+            "use an HTTPS mirror or list the host in fetch.allow_http_hosts",
+            cse=84,
+        ),
+        _row(
+            Code.UNSAFE_ARCHIVE,
+            "an archive holds absolute paths, '..' or links that leave its directory",
+            "the artifact is malicious or broken; do not use this mirror",
+            cse=84,
+        ),
+        _row(
+            Code.TLS_VERIFY_FAILED,
+            "a server's TLS certificate did not verify against the node's trust store",
+            "at boot the usual cause is a clock not yet synced (check timedatectl); else "
+            "the CA is missing from the system store or fetch.ca_file, or a proxy "
+            "inspects TLS with its own CA",
+            cse=84,
+        ),
+        _row(
+            Code.DPKG_LOCK_TIMEOUT,
+            "the dpkg lock stayed held past driver.dpkg_lock_timeout",
+            "another package operation (unattended-upgrades?) holds /var/lib/dpkg/lock-frontend"
+            " or /var/lib/dpkg/lock",
+            transient=True,
+            cse=85,
+        ),
+        _row(
+            Code.DRIVER_INSTALL_FAILED,
+            "nvidia-installer failed",
+            "see the installer output in `bootfsm trace` and /var/log/nvidia-installer.log",
+            cse=84,
+        ),
+        _row(
+            Code.REBOOT_REQUIRED,
+            "a driver of another version is loaded and in use",
+            "reboot the node; the next run installs the configured version",
+            cse=84,
+        ),
+        _row(
+            Code.MODULE_LOAD_FAILED,
+            "the nvidia kernel module did not load",
+            "check dmesg for NVRM lines; Blackwell needs the open module",
+            cse=84,
+        ),
+        _row(
+            Code.TOOLKIT_INSTALL_FAILED,
+            "the NVIDIA container toolkit packages did not install",
+            "see the dpkg output in `bootfsm trace`",
+            cse=84,
+        ),
+        _row(
+            Code.DPKG_REPAIR_FAILED,
+            "an interrupted dpkg left the database half-done and dpkg --configure -a failed",
+            "see its output in `bootfsm trace`; repair what `dpkg --audit` lists",
+            cse=84,
+        ),
+        _row(
+            Code.FABRIC_MANAGER_FAILED,
+            "fabric manager did not install or start",
+            "check `journalctl -u nvidia-fabricmanager`; its version must match the driver",
+            cse=84,
+        ),
+        _row(
+            Code.FABRIC_NOT_READY,
+            "GPU fabric did not reach Completed/Success in time",
+            "check fabric manager / NVLink health; raise verify.fabric_timeout only with evidence",
+            transient=True,
+            cse=84,
+        ),
+        _row(
+            Code.IMEX_INSTALL_FAILED,
+            "the nvidia-imex package did not install",
+            "see the dpkg output in `bootfsm trace`",
+            cse=84,
+        ),
+        _row(
+            Code.FABRIC_STATUS_FAILED,
+            "GPU fabric Completed with a Status other than Success (final)",
+            "the message names the status (e.g. Insufficient Resources): check the NVLink"
+            " partition / fabric manager configuration; waiting does not change it",
+            cse=84,
+        ),
+        _row(
+            Code.FABRIC_UNHEALTHY,
+            "GPU fabric Completed/Success but its Health Summary stayed Unhealthy",
+            "check `nvidia-smi -q -d FABRIC` Health fields and the NVLink domain (IMEX, NVSwitch"
+            " trays); the GPU is attached but not fit for work",
+            transient=True,
+            cse=84,
+        ),
+        _row(
+            Code.NVLSM_INSTALL_FAILED,
+            "NVLSM (the NVLink5 subnet manager) is not in the redist manifest or did not install",
+            "NVLink5 nodes need the manifest's nvlsm component (580+ redist); check the manifest",
+            cse=84,
+        ),
+        _row(
+            Code.IB_UMAD_NOT_LOADED,
+            "the ib_umad kernel module did not load; fabric manager cannot start on NVLink5",
+            "install the kernel's InfiniBand modules (linux-modules-extra / MOFED); see dmesg",
+            cse=84,
+        ),
+        _row(
+            Code.DRIVER_LIBRARY_MISMATCH,
+            "NVML reports a driver/library version mismatch",
+            "a partial upgrade left an old module loaded; reboot the node",
+            cse=84,
+        ),
+        _row(
+            Code.GPU_COUNT_MISMATCH,
+            "nvidia-smi sees fewer GPUs than the PCI bus",
+            "a GPU fell off the bus or failed init; check dmesg (Xid) and replace the node",
+            cse=84,
+        ),
+        _row(
+            Code.WRONG_MODULE_TYPE,
+            "nvidia-smi finds no devices: the proprietary kernel module is loaded on a GPU"
+            " that needs the open modules (Blackwell or later, device id >= 0x2900)",
+            'set driver.module_type = "open" (or "auto") and rebuild; the proprietary module'
+            " never drives these GPUs",
+            cse=84,
+        ),
+        _row(
+            Code.CONTAINERD_RESTART_FAILED,
+            "containerd did not restart with the NVIDIA runtime",
+            "check `journalctl -u containerd` and the drop-in under /etc/containerd",
+            cse=4,
+        ),
+        _row(
+            Code.KUBELET_NOT_HEALTHY,
+            "kubelet did not report healthy in time",
+            "check `journalctl -u kubelet`; /healthz on 127.0.0.1:10248 must answer ok",
+            cse=34,
+        ),
+        _row(
+            Code.CDI_REFRESH_FAILED,
+            "the CDI specification could not be generated",
+            "run `nvidia-ctk cdi generate` by hand to see why",
+            cse=84,
+        ),
+        _row(
+            Code.CONTAINERD_CONFIG_INVALID,
+            "/etc/containerd/config.toml cannot be read as TOML or its imports line edited",
+            "fix config.toml (containerd config dump shows the merged view)",
+            cse=84,
+        ),
+        _row(
+            Code.CONTAINERD_RUNTIME_MISSING,
+            "containerd's merged config has no nvidia runtime after the drop-in was written",
+            "check `containerd config dump`: config.toml must import the drop-in directory",
+            cse=84,
+        ),
+        _row(
+            Code.DOWNLOAD_TIMEOUT,
+            "downloading GPU artifacts exceeded the fetch state's time limit",
+            "same meaning as CSE exit 83; check mirror throughput",
+            transient=True,
+            cse=83,
+        ),
+        _row(
+            Code.DRIVER_NOT_STARTED,
+            "the driver is installed but nvidia-smi cannot talk to it",
+            "same meaning as CSE exit 84; check dmesg for NVRM errors",
+            cse=84,
+        ),
+        _row(
+            Code.DRIVER_INSTALL_TIMEOUT,
+            "installing the driver exceeded the driver state's time limit",
+            "same meaning as CSE exit 85; the DKMS build hung or the node is starved",
+            cse=85,
+        ),
+        _row(
+            Code.INFOROM_CORRUPTED,
+            "a GPU reports a corrupted infoROM",
+            "same meaning as CSE exit 87; the GPU needs service, replace the node",
+            cse=87,
+        ),
+        _row(
+            Code.DEADLINE_EXCEEDED,
+            "the global deadline ran out",
+            "the message names the state that was running; see the blame view in the trace",
+            cse=85,
+            cse_in_state={"fetch": 83},
+        ),
+        _row(
+            Code.COMMAND_MISSING,
+            "a required command is not on PATH",
+            "the image lacks a tool bootfsm needs; the message names it",
+            cse=84,
+        ),
+        _row(
+            Code.HOST_IO_ERROR,
+            "reading or writing a node file failed (disk full, read-only filesystem)",
+            "the message names the path and the OS error",
+            cse=84,
+        ),
+        _row(
+            Code.STATE_TIMEOUT,
+            "a state exceeded its own time limit",
+            "the message names the state and its limit",
+            cse=85,
+            cse_in_state={"fetch": 83},
+        ),
+        _row(
+            Code.POSTCONDITION_FAILED,
+            "a state's action finished but the node is still not in the expected state",
+            "the message names the check that failed",
+            cse=84,
+        ),
+        _row(
+            Code.INTERNAL_ERROR,
+            "bootfsm hit an unexpected error (a bug)",
+            "the journal holds the traceback; please report it",
+            cse=84,
+        ),
+    )
+}
+
+
+def info(code: int) -> CodeInfo:
+    """Return the table row for ``code``; raise KeyError for an unknown code."""
+    return CODES[Code(code)]

@@ -1,0 +1,1 @@
+"""Artifact resolution, the verified cache and the parallel fetcher."""

@@ -1,0 +1,327 @@
+"""Artifacts: which files this node needs, resolved from real upstream layouts.
+
+``index_urls`` and ``resolve`` are pure: the fetch state downloads the indexes (the
+``redistrib_<ver>.json`` manifest, the ``Packages`` indexes) and hands their text in.
+Every artifact carries the sha256 it must match; one without a checksum is refused
+unless ``sources.allow_unverified`` is set. The resolved list is saved beside the
+cache so later states (and reruns) use exactly what fetch verified.
+
+Each source has a primary base URL and optional mirrors (``sources.*_mirrors``); an
+artifact lists the URL on the base that served its index first, then the others.
+Bases may carry a query string (a SAS token): ``join_url`` keeps it on the joined URL.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from bootfsm.core.codes import Code
+from bootfsm.core.config import Config
+from bootfsm.core.errors import BootError
+from bootfsm.core.redact import redact_url
+from bootfsm.node.facts import NodeFacts
+from bootfsm.node.guards import needs_fabric_manager, needs_imex
+from bootfsm.parsers import ParseError
+from bootfsm.parsers.debian_packages import parse_packages, select_package
+from bootfsm.parsers.redistrib import parse_redistrib
+
+__all__ = [
+    "Artifact",
+    "cache_node_path",
+    "expand",
+    "index_cache_path",
+    "index_candidates",
+    "index_urls",
+    "join_url",
+    "resolution_key",
+    "resolve",
+    "sha256_of",
+]
+
+FM_COMPONENT = "fabricmanager"
+NVLSM_COMPONENT = "nvlsm"  # NVLink5 subnet manager, in the driver redist manifest since 580
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """One file to download: where from, what it must hash to, where it is cached."""
+
+    name: str
+    role: str  # runfile | fabricmanager | nvlsm | imex | toolkit
+    url: str
+    sha256: str
+    size: int | None
+    filename: str
+    mirrors: tuple[str, ...] = ()  # the same file elsewhere, tried in order after url
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Every URL of this artifact, in the order to try them."""
+        return (self.url, *self.mirrors)
+
+    def to_json(self) -> dict[str, object]:
+        """Plain data for resolved.json and `plan --json`."""
+        return asdict(self)
+
+
+def join_url(base: str, rel: str) -> str:
+    """``base`` + ``/`` + ``rel`` with the base's query string (a signature) kept last."""
+    parts = urlsplit(base)
+    path = parts.path.rstrip("/") + "/" + rel.lstrip("/")
+    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+
+
+def expand(template: str, cfg: Config, facts: NodeFacts) -> str:
+    """Fill ``{os_id}``, ``{os_version_nodot}``, ``{redist_arch}``, ``{debian_arch}``..."""
+    arch = facts.arch
+    values = {
+        "os_id": facts.os_id,
+        "os_version": facts.os_version,
+        "os_version_nodot": facts.os_version.replace(".", ""),
+        "redist_arch": arch.redist if arch else "",
+        "debian_arch": arch.debian if arch else "",
+        "runfile_arch": arch.runfile if arch else "",
+        "kernel_arch": arch.kernel if arch else "",
+        "version": cfg.driver.version,
+    }
+    try:
+        return template.format(**values)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise BootError(Code.CONFIG_INVALID, f"bad URL template {template!r}: {exc}") from exc
+
+
+def _bases(cfg: Config, facts: NodeFacts, primary: str, mirrors: Sequence[str]) -> tuple[str, ...]:
+    return tuple(expand(b, cfg, facts) for b in (primary, *mirrors))
+
+
+def _index_sources(cfg: Config, facts: NodeFacts) -> dict[str, tuple[tuple[str, ...], str]]:
+    """Index key -> (base URLs, primary first; file name under each base)."""
+    src = cfg.sources
+    out = {
+        "toolkit_packages": (
+            _bases(cfg, facts, src.toolkit_repo, src.toolkit_repo_mirrors),
+            "Packages",
+        )
+    }
+    if cfg.driver.install and needs_fabric_manager(facts):
+        out["redistrib"] = (
+            _bases(cfg, facts, src.redist_base, src.redist_mirrors),
+            f"redistrib_{cfg.driver.version}.json",
+        )
+    if cfg.driver.install and needs_imex(facts):
+        out["cuda_packages"] = (
+            _bases(cfg, facts, src.cuda_repo, src.cuda_repo_mirrors),
+            "Packages",
+        )
+    return out
+
+
+def index_candidates(cfg: Config, facts: NodeFacts) -> dict[str, tuple[str, ...]]:
+    """Every URL of each index this node reads, primary first, then the mirrors."""
+    return {
+        key: tuple(join_url(b, name) for b in bases)
+        for key, (bases, name) in _index_sources(cfg, facts).items()
+    }
+
+
+def index_urls(cfg: Config, facts: NodeFacts) -> dict[str, str]:
+    """The manifests and indexes this node must read before it knows its artifacts."""
+    return {key: urls[0] for key, urls in index_candidates(cfg, facts).items()}
+
+
+def index_cache_path(cfg: Config, key: str, primary_url: str) -> str:
+    """Node path of the cached copy of an index (flat in the cache, query not part of it)."""
+    ident = hashlib.sha256(primary_url.split("?", 1)[0].encode()).hexdigest()[:12]
+    return f"{cfg.fetch.cache_dir}/index-{key}-{ident}"
+
+
+def _ordered(bases: Sequence[str], first: int) -> tuple[str, ...]:
+    first = first if 0 <= first < len(bases) else 0
+    return (bases[first], *bases[:first], *bases[first + 1 :])
+
+
+def _runfile(cfg: Config, facts: NodeFacts) -> Artifact:
+    assert facts.arch is not None
+    sha = cfg.sources.runfile_sha256_for(facts.arch.runfile)
+    if cfg.driver.kind == "grid":
+        url = expand(cfg.sources.grid_runfile_url, cfg, facts)
+        return Artifact("runfile", "runfile", url, sha, None, _filename(url))
+    v = cfg.driver.version
+    rel = f"{v}/NVIDIA-Linux-{facts.arch.runfile}-{v}.run"
+    bases = _bases(cfg, facts, cfg.sources.runfile_base, cfg.sources.runfile_mirrors)
+    urls = [join_url(b, rel) for b in bases]
+    return Artifact("runfile", "runfile", urls[0], sha, None, _filename(urls[0]), tuple(urls[1:]))
+
+
+def _filename(url: str) -> str:
+    return urlsplit(url).path.rsplit("/", 1)[-1]
+
+
+def _index(indexes: Mapping[str, str], key: str, urls: Mapping[str, str]) -> str:
+    if key not in indexes:
+        raise BootError(Code.INTERNAL_ERROR, f"index {key} was not fetched")
+    return indexes[key]
+
+
+def _from_packages(
+    text: str, bases: Sequence[str], names: Sequence[str], version: str, arch: str, role: str
+) -> Artifact:
+    where = redact_url(join_url(bases[0], "Packages"))
+    try:
+        entries = parse_packages(text)
+    except ParseError as exc:
+        raise BootError(Code.INDEX_INVALID, f"{where}: {exc}") from exc
+    entry = select_package(entries, names, version, arch)
+    if entry is None:
+        raise BootError(
+            Code.ARTIFACT_NOT_FOUND,
+            f"{' or '.join(names)} {version} ({arch}) is not listed in {where}",
+        )
+    urls = [join_url(b, entry.filename) for b in bases]
+    return Artifact(
+        entry.package,
+        role,
+        urls[0],
+        entry.sha256.lower(),
+        entry.size,
+        entry.filename.rsplit("/", 1)[-1],
+        tuple(urls[1:]),
+    )
+
+
+def resolve(
+    cfg: Config,
+    facts: NodeFacts,
+    indexes: Mapping[str, str],
+    served: Mapping[str, int] | None = None,
+) -> list[Artifact]:
+    """Every artifact this node needs, from the fetched index texts (pure).
+
+    ``served`` maps an index key to the position of the base URL that served it; that
+    base comes first in the URLs of the artifacts the index lists (default: primary).
+    """
+    assert facts.arch is not None
+    sources = _index_sources(cfg, facts)
+    urls = index_urls(cfg, facts)
+
+    def bases(key: str) -> tuple[str, ...]:
+        return _ordered(sources[key][0], (served or {}).get(key, 0))
+
+    out: list[Artifact] = []
+    if cfg.driver.install:
+        out.append(_runfile(cfg, facts))
+    tk_text = _index(indexes, "toolkit_packages", urls)
+    for name in cfg.sources.toolkit_packages:
+        out.append(
+            _from_packages(
+                tk_text,
+                bases("toolkit_packages"),
+                [name],
+                cfg.sources.toolkit_version,
+                facts.arch.debian,
+                "toolkit",
+            )
+        )
+    if "redistrib" in urls:
+        text = _index(indexes, "redistrib", urls)
+        out.append(_component(facts, bases("redistrib"), urls["redistrib"], text, FM_COMPONENT))
+        if facts.nvlink5:
+            out.append(
+                _component(facts, bases("redistrib"), urls["redistrib"], text, NVLSM_COMPONENT)
+            )
+    if "cuda_packages" in urls:
+        branch = cfg.driver.version.split(".", 1)[0]
+        out.append(
+            _from_packages(
+                _index(indexes, "cuda_packages", urls),
+                bases("cuda_packages"),
+                ["nvidia-imex", f"nvidia-imex-{branch}"],
+                cfg.driver.version,
+                facts.arch.debian,
+                "imex",
+            )
+        )
+    for a in out:
+        if not a.sha256 and not cfg.sources.allow_unverified:
+            raise BootError(
+                Code.UNVERIFIED_ARTIFACT_REFUSED,
+                f"{a.name} ({redact_url(a.url)}) has no sha256 from a manifest, an index "
+                "or the config, and sources.allow_unverified is false",
+            )
+    return out
+
+
+def _component(facts: NodeFacts, bases: Sequence[str], url: str, text: str, key: str) -> Artifact:
+    """A redist archive (fabric manager, NVLSM) for this node's platform, with the
+    manifest's sha256 and size. NVLSM missing is NVLSM_INSTALL_FAILED: the manifest
+    predates 580 or this platform has none."""
+    assert facts.arch is not None
+    try:
+        manifest = parse_redistrib(text)
+    except ParseError as exc:
+        raise BootError(Code.INDEX_INVALID, f"{redact_url(url)}: {exc}") from exc
+    platform = f"linux-{facts.arch.redist}"
+    comp = manifest.components.get(key)
+    entry = comp.platforms.get(platform) if comp else None
+    if entry is None:
+        code = Code.NVLSM_INSTALL_FAILED if key == NVLSM_COMPONENT else Code.ARTIFACT_NOT_FOUND
+        need = (
+            " (NVLink5 needs it; driver 580+ manifests list it)" if key == NVLSM_COMPONENT else ""
+        )
+        raise BootError(code, f"{key} for {platform} is not listed in {redact_url(url)}{need}")
+    urls = [join_url(b, entry.relative_path) for b in bases]
+    return Artifact(
+        key,
+        key,
+        urls[0],
+        entry.sha256.lower(),
+        entry.size,
+        entry.relative_path.rsplit("/", 1)[-1],
+        tuple(urls[1:]),
+    )
+
+
+def cache_node_path(cfg: Config, a: Artifact) -> str:
+    """Where a verified artifact lives in the cache (content-addressed by sha256)."""
+    bucket = a.sha256[:16] if a.sha256 else "unverified"
+    return f"{cfg.fetch.cache_dir}/{bucket}/{a.filename}"
+
+
+def resolution_key(cfg: Config, facts: NodeFacts) -> str:
+    """Identifies what a saved resolution was made for: config and platform."""
+    parts = [cfg.digest(), facts.raw_arch, facts.os_id, facts.os_version]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def dump_resolution(key: str, arts: Sequence[Artifact]) -> str:
+    """resolved.json content."""
+    return json.dumps({"key": key, "artifacts": [a.to_json() for a in arts]}, indent=1)
+
+
+def load_resolution(text: str | None, key: str) -> list[Artifact] | None:
+    """Artifacts from resolved.json when it was made for ``key``; None otherwise."""
+    if not text:
+        return None
+    try:
+        data = json.loads(text)
+        if data.get("key") != key:
+            return None
+        return [
+            Artifact(**{**a, "mirrors": tuple(a.get("mirrors", ()))}) for a in data["artifacts"]
+        ]
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+def sha256_of(path: Path) -> str:
+    """sha256 hex digest of a file, streamed."""
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        while block := fh.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()

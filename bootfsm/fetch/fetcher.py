@@ -1,0 +1,304 @@
+"""Parallel downloads with mirror failover: the orchestration under the fetch state.
+
+``Fetcher.run`` downloads independent artifacts on up to ``parallel`` threads, each
+with its own ``Http`` (a requests Session per thread). Each artifact tries its URLs in
+order (the mirror its ``.part`` file came from first): a connection error, timeout,
+5xx/429, 404 or a wrong size/sha256 moves on to the next mirror; a transfer that broke
+after receiving bytes stops there so the next attempt resumes from the same mirror.
+Verification happens in the worker; the caller's ``on_done`` (on the calling thread)
+moves the verified ``.part`` to its final name, so nothing unverified ever has it.
+
+The first failure sets a shared cancel event: the other workers stop at their next
+chunk and keep their ``.part`` files for a resume. The calling thread is the only one
+that writes the journal (events from workers are queued) and the console.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bootfsm.core.codes import Code
+from bootfsm.core.errors import BootError, TransientError
+from bootfsm.core.redact import redact_url
+from bootfsm.host.http import Cancelled, Http
+from bootfsm.host.partfile import StreamResult, partial_source, url_id
+from bootfsm.host.progress import Progress, Track
+from bootfsm.host.segment_meta import bytes_on_disk
+
+if TYPE_CHECKING:
+    from bootfsm.fetch.artifacts import Artifact  # annotations only: it imports the host layer
+
+__all__ = ["Fetched", "Fetcher", "Job"]
+
+_TICK_S = 0.2
+_NEXT_MIRROR = (Code.ARTIFACT_NOT_FOUND, Code.CHECKSUM_MISMATCH)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One artifact to download into ``part`` (a real path ending in ``.part``)."""
+
+    artifact: Artifact
+    part: Path
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """A verified download, still at ``job.part``; ``mirror`` indexes ``artifact.urls``."""
+
+    job: Job
+    url: str
+    mirror: int
+    result: StreamResult
+    duration_s: float
+    attempts: int
+
+
+class Fetcher:
+    """Downloads jobs concurrently; see the module docstring for the failure rules."""
+
+    def __init__(
+        self,
+        http: Http,
+        *,
+        parallel: int,
+        allow_http_hosts: Sequence[str],
+        artifact_timeout: float,
+        remaining: Callable[[], float],
+        emit: Callable[..., None],
+        progress: Progress | None = None,
+        fsync: bool = False,
+        segments: int = 8,
+        segment_min_size: int = 64 << 20,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.http = http
+        self.parallel = max(1, parallel)
+        self.allow_http_hosts = tuple(allow_http_hosts)
+        self.artifact_timeout = artifact_timeout
+        self.remaining = remaining
+        self.emit = emit
+        self.progress = progress
+        self.fsync = fsync
+        self.segments = max(1, segments)
+        self.segment_min_size = segment_min_size
+        self.clock = clock
+        self.attempts: dict[str, int] = {}  # HTTP attempts per artifact, failed ones too
+        self._cancel = threading.Event()
+        self._events: queue.SimpleQueue[tuple[str, dict[str, Any]]] = queue.SimpleQueue()
+        self._local = threading.local()
+        self._clients: list[Http] = []
+        self._clients_lock = threading.Lock()
+
+    # -- calling thread ----------------------------------------------------------------
+    def run(self, jobs: Sequence[Job], on_done: Callable[[Fetched], None]) -> None:
+        """Download every job; ``on_done`` runs on this thread for each verified one.
+
+        Raises the first permanent error (else the first transient one) after every
+        worker has stopped. An exception raised here (a signal) cancels the workers too.
+        """
+        if not jobs:
+            return
+        self._cancel.clear()
+        tracks = {j.artifact.name: Track(j.artifact.name, j.artifact.size) for j in jobs}
+        errors: list[BaseException] = []
+        pool = ThreadPoolExecutor(min(self.parallel, len(jobs)), thread_name_prefix="bootfsm-dl")
+        pending: set[Future[Fetched]] = set()
+        try:
+            pending = {pool.submit(self._one, j, tracks[j.artifact.name]) for j in jobs}
+            while pending:
+                done, pending = wait(pending, timeout=_TICK_S, return_when=FIRST_COMPLETED)
+                self._drain()
+                for fut in done:
+                    exc = fut.exception()
+                    if exc is None:
+                        fetched = fut.result()
+                        tracks[fetched.job.artifact.name].active = False
+                        on_done(fetched)  # verified: keep it even when another one failed
+                    elif not isinstance(exc, Cancelled):
+                        errors.append(exc)
+                        self._cancel.set()
+                if self.progress is not None:
+                    self.progress.tick(tracks.values())
+        finally:
+            if pending:
+                self._cancel.set()
+            pool.shutdown(wait=True, cancel_futures=True)
+            self._drain()
+            if self.progress is not None:
+                self.progress.clear()
+            self._close_clients()
+        if errors:
+            raise _worst(errors)
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                event, fields = self._events.get_nowait()
+            except queue.Empty:
+                return
+            self.emit(event, **fields)
+
+    # -- worker threads ----------------------------------------------------------------
+    def _client(self) -> Http:
+        client: Http | None = getattr(self._local, "http", None)
+        if client is None:
+            client = self.http.clone()
+            self._local.http = client
+            with self._clients_lock:
+                self._clients.append(client)
+        return client
+
+    def _close_clients(self) -> None:
+        with self._clients_lock:
+            clients, self._clients = self._clients, []
+        for c in clients:
+            c.close()
+
+    def _one(self, job: Job, track: Track) -> Fetched:
+        a = job.artifact
+        started = self.clock()
+        deadline = started + min(self.artifact_timeout, self.remaining())
+        failures: list[tuple[str, BootError | TransientError]] = []
+        for i, url in _ordered(a.urls, partial_source(job.part)):
+            if self._cancel.is_set():
+                raise Cancelled(a.name)
+            self.attempts[a.name] = self.attempts.get(a.name, 0) + 1
+            before = bytes_on_disk(job.part)
+            track.begin(before, self.clock)
+            try:
+                res = self._stream(a, job.part, url, deadline, track)
+                _verify(job, res, url)
+            except TransientError as exc:
+                failures.append((url, exc))
+                self._failed(a, i, url, exc)
+                progressed = bytes_on_disk(job.part) > before and partial_source(
+                    job.part
+                ) == url_id(url)
+                if exc.code is Code.DOWNLOAD_TIMEOUT or progressed:
+                    raise  # out of time, or resume from this mirror on the next attempt
+            except BootError as exc:
+                if exc.code not in _NEXT_MIRROR:
+                    raise
+                failures.append((url, exc))
+                self._failed(a, i, url, exc)
+            except OSError as exc:
+                raise BootError(
+                    Code.HOST_IO_ERROR, f"cannot write {job.part}: {exc.strerror or exc}"
+                ) from exc
+            else:
+                took = self.clock() - started
+                return Fetched(job, url, i, res, took, self.attempts[a.name])
+            finally:
+                track.active = False
+        raise _give_up(a, failures)
+
+    def _stream(
+        self, a: Artifact, part: Path, url: str, deadline: float, track: Track
+    ) -> StreamResult:
+        """One attempt from one mirror: in segments when the artifact is large enough."""
+        if self.segments > 1 and a.size is not None and a.size >= self.segment_min_size:
+            return self._client().stream_segmented(
+                url,
+                part,
+                size=a.size,
+                segments=self.segments,
+                deadline=deadline,
+                progress=track.update,
+                cancel=self._cancel,
+                allow_http_hosts=self.allow_http_hosts,
+                fsync=self.fsync,
+            )
+        return self._client().stream_to(
+            url,
+            part,
+            deadline=deadline,
+            progress=track.update,
+            cancel=self._cancel,
+            expect_size=a.size,
+            allow_http_hosts=self.allow_http_hosts,
+            fsync=self.fsync,
+        )
+
+    def _failed(self, a: Artifact, i: int, url: str, exc: BootError | TransientError) -> None:
+        if len(a.urls) < 2:
+            return  # the state's retry and failure events already say it
+        self._events.put(
+            (
+                "artifact.mirror_failed",
+                {
+                    "level": "warning",
+                    "artifact": a.name,
+                    "mirror": i,
+                    "url": redact_url(url),
+                    "code": exc.code.name,
+                    "error": exc.message,
+                },
+            )
+        )
+
+
+def _size(p: Path) -> int:
+    try:
+        return p.stat().st_size
+    except OSError:
+        return 0
+
+
+def _ordered(urls: Sequence[str], first_id: str | None) -> list[tuple[int, str]]:
+    """URLs with positions, the one a partial file came from first."""
+    pairs = list(enumerate(urls))
+    pairs.sort(key=lambda p: 0 if first_id and url_id(p[1]) == first_id else 1)
+    return pairs
+
+
+def _verify(job: Job, res: StreamResult, url: str) -> None:
+    a = job.artifact
+    if not a.sha256 or res.sha256 == a.sha256:
+        return
+    job.part.unlink(missing_ok=True)
+    job.part.with_name(job.part.name + ".meta").unlink(missing_ok=True)
+    if res.resumed_bytes:
+        # the bytes on disk were not what they seemed (a crash, another file): start over
+        raise TransientError(
+            Code.DOWNLOAD_RETRIES_EXHAUSTED,
+            f"{a.name}: resumed download from {redact_url(url)} does not verify; "
+            "restarting from zero",
+        )
+    raise BootError(
+        Code.CHECKSUM_MISMATCH,
+        f"{a.name} from {redact_url(url)}: sha256 {res.sha256} != expected {a.sha256}",
+    )
+
+
+def _give_up(a: Artifact, failures: list[tuple[str, BootError | TransientError]]) -> Exception:
+    """One error for an artifact every mirror failed: transient if any was transient."""
+    if len(failures) == 1:
+        return failures[0][1]
+    what = "; ".join(f"{redact_url(u)}: {e.message}" for u, e in failures)
+    transient = [e for _, e in failures if isinstance(e, TransientError)]
+    if transient:
+        waits = [e.retry_after for e in transient]
+        retry_after = None if None in waits else min(w for w in waits if w is not None)
+        return TransientError(
+            Code.DOWNLOAD_RETRIES_EXHAUSTED,
+            f"{a.name}: every mirror failed ({what})",
+            retry_after=retry_after,
+        )
+    codes = {e.code for _, e in failures}
+    code = Code.CHECKSUM_MISMATCH if Code.CHECKSUM_MISMATCH in codes else Code.ARTIFACT_NOT_FOUND
+    return BootError(code, f"{a.name}: no mirror serves it ({what})")
+
+
+def _worst(errors: list[BaseException]) -> BaseException:
+    for e in errors:
+        if isinstance(e, BootError):
+            return e
+    return errors[0]

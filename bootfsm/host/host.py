@@ -1,0 +1,282 @@
+"""The I/O boundary: node files under the root, commands on PATH, the clock.
+
+Every host fact bootfsm reads and every action it takes goes through a ``Host``; the
+network half lives in ``bootfsm.host.http``. Everything else in bootfsm is pure. Node paths
+are absolute (``/etc/os-release``) and are joined under ``root`` here and only here.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import glob as _glob
+import os
+import shutil
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import IO
+
+from bootfsm.core.codes import Code
+from bootfsm.core.errors import BootError
+from bootfsm.host import archive as archive_rules
+from bootfsm.host.archive import check_members
+from bootfsm.host.process import OUTPUT_LIMIT_BYTES, OUTPUT_TAIL_BYTES, CommandResult, Commands
+
+__all__ = ["OUTPUT_LIMIT_BYTES", "OUTPUT_TAIL_BYTES", "CommandResult", "Host", "fsync_dir"]
+
+
+class Host(Commands):
+    """Files under ``root``, commands found on PATH, and a monotonic clock."""
+
+    def __init__(
+        self,
+        root: Path | str = "/",
+        *,
+        env: Mapping[str, str] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.root = Path(root).resolve()
+        self.env = dict(os.environ if env is None else env)
+        self.monotonic = monotonic
+        self.wall = wall
+        self.sleep = sleep
+        self.on_command: Callable[[CommandResult], None] | None = None
+        self._child = None
+
+    # -- paths -------------------------------------------------------------------------
+    def path(self, node_path: str) -> Path:
+        """The real path of absolute node path ``node_path`` under the root."""
+        if not node_path.startswith("/"):
+            raise ValueError(f"node path must be absolute: {node_path!r}")
+        parts = [p for p in node_path.split("/") if p not in ("", ".")]
+        if ".." in parts:
+            raise ValueError(f"node path must not contain '..': {node_path!r}")
+        return self.root.joinpath(*parts)
+
+    def node_path(self, real: Path) -> str:
+        """Inverse of ``path``: the node path of a real path under the root."""
+        rel = Path(real).resolve().relative_to(self.root)
+        return "/" + rel.as_posix() if str(rel) != "." else "/"
+
+    # -- reading -----------------------------------------------------------------------
+    def read_text(self, node_path: str) -> str | None:
+        """File content, or None when the file does not exist."""
+        try:
+            return self.path(node_path).read_text(encoding="utf-8", errors="replace")
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            raise BootError(Code.HOST_IO_ERROR, f"cannot read {node_path}: {exc}") from exc
+
+    def read_bytes(self, node_path: str, limit: int = 1 << 20) -> bytes | None:
+        """Up to ``limit`` bytes of a file, or None when it does not exist."""
+        try:
+            with self.path(node_path).open("rb") as fh:
+                return fh.read(limit)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            raise BootError(Code.HOST_IO_ERROR, f"cannot read {node_path}: {exc}") from exc
+
+    def exists(self, node_path: str) -> bool:
+        """True when the node path exists (links are followed)."""
+        return self.path(node_path).exists()
+
+    def mtime(self, node_path: str) -> float | None:
+        """Modification time of a file (links followed), or None when it does not exist."""
+        try:
+            return self.path(node_path).stat().st_mtime
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def is_symlink(self, node_path: str) -> bool:
+        """True when the node path is a symbolic link."""
+        return self.path(node_path).is_symlink()
+
+    def readlink(self, node_path: str) -> str | None:
+        """The target of a symbolic link, or None."""
+        try:
+            return os.readlink(self.path(node_path))
+        except OSError:
+            return None
+
+    def glob(self, pattern: str) -> list[str]:
+        """Sorted node paths matching an absolute glob pattern."""
+        real = _glob.glob(str(self.path(pattern)))
+        return sorted("/" + os.path.relpath(p, self.root) for p in real)
+
+    def listdir(self, node_path: str) -> list[str]:
+        """Sorted names in a directory; empty when it does not exist."""
+        try:
+            return sorted(os.listdir(self.path(node_path)))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def free_bytes(self, node_path: str) -> int:
+        """Free bytes on the filesystem holding ``node_path`` (or its nearest parent)."""
+        p = self.path(node_path)
+        while not p.exists() and p != self.root:
+            p = p.parent
+        st = os.statvfs(p)
+        return st.f_bavail * st.f_frsize
+
+    # -- writing -----------------------------------------------------------------------
+    def makedirs(self, node_path: str, mode: int = 0o755) -> Path:
+        """Create a directory (and parents) under the root; return its real path."""
+        p = self.path(node_path)
+        try:
+            p.mkdir(parents=True, exist_ok=True, mode=mode)
+        except OSError as exc:
+            raise BootError(Code.HOST_IO_ERROR, f"cannot create {node_path}: {exc}") from exc
+        return p
+
+    def write_atomic(self, node_path: str, data: bytes | str, mode: int = 0o644) -> None:
+        """Write a file so that readers see the old or the new content, never a mix.
+
+        Temporary file in the same directory, fsync, chmod, rename, fsync the directory.
+        """
+        p = self.path(node_path)
+        payload = data.encode() if isinstance(data, str) else data
+        try:
+            _publish(p, lambda fh: fh.write(payload), mode)
+        except OSError as exc:
+            what = "disk full" if exc.errno == errno.ENOSPC else str(exc)
+            raise BootError(Code.HOST_IO_ERROR, f"cannot write {node_path}: {what}") from exc
+
+    def symlink_atomic(self, target: str, node_path: str) -> None:
+        """Point ``node_path`` at ``target`` (kept verbatim), replacing what was there."""
+        p = self.path(node_path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        _sweep(p)
+        tmp = p.parent / f".{p.name}.{os.getpid()}.lnk"
+        tmp.unlink(missing_ok=True)
+        os.symlink(target, tmp)
+        os.replace(tmp, p)
+
+    def remove(self, node_path: str) -> bool:
+        """Remove a file or link; return True when something was removed."""
+        try:
+            self.path(node_path).unlink()
+            return True
+        except FileNotFoundError:
+            return False
+
+    def rename(self, src: str, dst: str) -> None:
+        """Atomically move node path ``src`` to ``dst`` and fsync the directory."""
+        try:
+            os.replace(self.path(src), self.path(dst))
+        except OSError as exc:
+            raise BootError(Code.HOST_IO_ERROR, f"cannot rename {src} to {dst}: {exc}") from exc
+        fsync_dir(self.path(dst).parent)
+
+    def chmod(self, node_path: str, mode: int) -> None:
+        """Set a file's permission bits."""
+        os.chmod(self.path(node_path), mode)
+
+    def rmtree(self, node_path: str) -> None:
+        """Remove a directory tree if it exists."""
+        shutil.rmtree(self.path(node_path), ignore_errors=True)
+
+    def install_file(self, src: str, dst: str, mode: int | None = None) -> None:
+        """Copy node file ``src`` to ``dst`` atomically (temp, fsync, rename); keep links."""
+        sp, dp = self.path(src), self.path(dst)
+        if sp.is_symlink():
+            self.symlink_atomic(os.readlink(sp), dst)
+            return
+        try:
+            keep = mode if mode is not None else (sp.stat().st_mode & 0o7777)
+            with sp.open("rb") as inp:
+                _publish(dp, lambda out: shutil.copyfileobj(inp, out, 1 << 20), keep)
+        except OSError as exc:
+            raise BootError(Code.HOST_IO_ERROR, f"cannot install {dst}: {exc}") from exc
+
+    def extract_tar(self, archive: Path, dest: str) -> list[str]:
+        """Extract a verified tar archive under node dir ``dest``, refusing unsafe members.
+
+        Absolute names, ``..``, links that leave ``dest``, paths through the archive's own
+        symlinks, devices and FIFOs are refused before anything is written (``BootError``
+        UNSAFE_ARCHIVE); Python's ``data`` filter applies too, with the same code.
+        """
+        target = self.path(dest)
+        try:
+            with tarfile.open(archive, "r:*") as tf:
+                members = tf.getmembers()
+                problem = check_members((m.name, m.type, m.linkname) for m in members)
+                if problem:
+                    raise BootError(
+                        Code.UNSAFE_ARCHIVE, f"refusing archive {archive.name}: {problem}"
+                    )
+                target.mkdir(parents=True, exist_ok=True, mode=0o700)
+                archive_rules.extract_members(
+                    tf, str(target), members, use_filter=archive_rules.HAS_EXTRACTION_FILTER
+                )
+        except archive_rules.FILTER_ERRORS as exc:
+            raise BootError(Code.UNSAFE_ARCHIVE, f"refusing archive {archive.name}: {exc}") from exc
+        except (tarfile.TarError, OSError) as exc:
+            raise BootError(Code.HOST_IO_ERROR, f"cannot extract {archive.name}: {exc}") from exc
+        return [m.name for m in members]
+
+    def lock_is_free(self, node_path: str) -> bool:
+        """Probe a POSIX (fcntl) lock, as dpkg takes it, without waiting for it."""
+        p = self.path(node_path)
+        if not p.exists():
+            return True
+        fd = os.open(p, os.O_RDWR)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False
+        else:
+            fcntl.lockf(fd, fcntl.LOCK_UN)
+            return True
+        finally:
+            os.close(fd)
+
+
+def _sweep(p: Path) -> None:
+    """Remove the temporaries a killed run left for target ``p`` (we hold the node lock)."""
+    name = _glob.escape(p.name)
+    for stale in [*p.parent.glob(f".{name}.*.tmp"), *p.parent.glob(f".{name}.*.lnk")]:
+        stale.unlink(missing_ok=True)
+
+
+def _publish(p: Path, fill: Callable[[IO[bytes]], object], mode: int) -> None:
+    """Give ``p`` new content atomically: temporary written, chmodded and fsynced, renamed
+    over ``p``, directory fsynced. Readers see the old or the new file, never a mix.
+
+    A run killed mid-write can leave only a ``.NAME.*.tmp`` beside ``p``; the next write
+    of ``p`` removes it (bootfsm holds the node lock, so no other writer owns it).
+    """
+    p.parent.mkdir(parents=True, exist_ok=True)
+    _sweep(p)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fill(fh)
+            fh.flush()
+            os.fchmod(fh.fileno(), mode)
+            os.fsync(fh.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(p.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory so a rename inside it survives a crash."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

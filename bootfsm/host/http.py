@@ -1,0 +1,399 @@
+"""The network half of the I/O boundary: small GETs, POSTs and resumable downloads.
+
+``requests`` is imported lazily so commands that never touch the network start fast.
+Failures are classified here once: connection errors, timeouts, short bodies and
+408/429/5xx are ``TransientError``; 404 and other client errors are permanent; a
+certificate that does not verify is ``TLS_VERIFY_FAILED``. Proxies come from the
+``Http``'s environment (``https_proxy``, ``http_proxy``, ``all_proxy``, ``no_proxy``),
+never for link-local (metadata) or loopback hosts. No URL query string (a signature)
+ever appears in an error message. ``bootfsm.host.http_wire`` holds the bounds a hostile
+peer cannot stretch (a total-time watchdog per request, the redirect policy, the body
+reader); ``bootfsm.host.segments`` the segmented download; ``bootfsm.host.partfile``
+the ``.part`` bookkeeping.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import ipaddress
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from bootfsm.core.codes import Code
+from bootfsm.core.errors import BootError, TransientError
+from bootfsm.core.redact import redact_url
+from bootfsm.host import partfile as pf
+from bootfsm.host.http_wire import (
+    SYSTEM_CA_BUNDLES,
+    Bounds,
+    Cancelled,
+    Progress,
+    Watch,
+    check_redirect,
+    check_url,
+    receive,
+    session_class,
+    short,
+    too_slow,
+)
+from bootfsm.host.partfile import CHUNK, StreamResult, partial_source, url_id
+from bootfsm.host.segments import Segmented
+
+if TYPE_CHECKING:
+    import requests  # noqa: TID251
+
+__all__ = [
+    "SYSTEM_CA_BUNDLES",
+    "Cancelled",
+    "Http",
+    "HttpResult",
+    "StreamResult",
+    "check_redirect",
+    "check_url",
+    "partial_source",
+    "url_id",
+]
+
+_TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+@dataclass(frozen=True)
+class HttpResult:
+    """A small response read whole."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+
+def _never_proxied(url: str) -> bool:
+    """Link-local (IMDS) and loopback (kubelet) hosts are always reached directly."""
+    host = (urlsplit(url).hostname or "").lower()
+    if host == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return ip.is_link_local or ip.is_loopback
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    """Retry-After in seconds: delta-seconds or an HTTP-date; None when absent or bad."""
+    value = headers.get("Retry-After")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def _env_proxies(env: Mapping[str, str]) -> dict[str, str]:
+    out = {}
+    for name in ("all", "http", "https", "no"):
+        value = env.get(f"{name}_proxy") or env.get(f"{name.upper()}_PROXY")
+        if value:
+            out[name] = value
+    return out
+
+
+def _bypass(host: str, port: int | None, no_proxy: str) -> bool:
+    """``no_proxy`` semantics: ``*``, host or domain suffix (``.example.com``), optional
+    ``:port``, and IP networks in CIDR form (``10.0.0.0/8``)."""
+    host = host.lower()
+    for raw in no_proxy.split(","):
+        entry = raw.strip().lower()
+        if entry == "*":
+            return True
+        if not entry:
+            continue
+        if "/" in entry:
+            try:
+                if ipaddress.ip_address(host) in ipaddress.ip_network(entry, strict=False):
+                    return True
+            except ValueError:
+                pass
+            continue
+        name, _, want_port = entry.rpartition(":") if entry.count(":") == 1 else (entry, "", "")
+        if want_port and (not want_port.isdigit() or int(want_port) != port):
+            continue
+        name = name.lstrip("*").lstrip(".")
+        if host == name or host.endswith("." + name):
+            return True
+    return False
+
+
+class Http(Segmented):
+    """HTTP with bounded timeouts; proxies from ``env`` except for link-local/loopback."""
+
+    def __init__(
+        self,
+        *,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 30.0,
+        env: Mapping[str, str] | None = None,
+        ca_file: str = "",
+    ) -> None:
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self.ca_file = ca_file
+        self._env = dict(os.environ if env is None else env)
+        self._proxies = _env_proxies(self._env)
+        # REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE (what requests and curl honour) win, then
+        # the node's trust store; certifi's bundle only when neither exists.
+        self._verify: str | bool = (
+            self._env.get("REQUESTS_CA_BUNDLE")
+            or self._env.get("CURL_CA_BUNDLE")
+            or ca_file
+            or True
+        )
+        self._session: requests.Session | None = None
+
+    def clone(self) -> Http:
+        """Same settings, its own connection pool (one per thread: Sessions are not shared)."""
+        return Http(
+            connect_timeout=self.connect_timeout,
+            read_timeout=self.read_timeout,
+            env=self._env,
+            ca_file=self.ca_file,
+        )
+
+    def close(self) -> None:
+        """Close pooled connections (the next request opens new ones)."""
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+
+    def _sess(self) -> requests.Session:
+        if self._session is None:
+            s = session_class()()
+            s.trust_env = False  # proxies and CA bundle come from self._env, never ~/.netrc
+            s.headers["User-Agent"] = "bootfsm"
+            self._session = s
+        return self._session
+
+    def proxy_for(self, url: str) -> str | None:
+        """The proxy a request to ``url`` goes through, or None (direct)."""
+        if _never_proxied(url):
+            return None
+        parts = urlsplit(url)
+        if _bypass(parts.hostname or "", parts.port, self._proxies.get("no", "")):
+            return None
+        return self._proxies.get(parts.scheme) or self._proxies.get("all")
+
+    def _kwargs(self, url: str, timeout: float | None) -> dict[str, Any]:
+        read = self.read_timeout if timeout is None else min(self.read_timeout, timeout)
+        conn = self.connect_timeout if timeout is None else min(self.connect_timeout, timeout)
+        proxy = self.proxy_for(url)
+        scheme = urlsplit(url).scheme
+        return {
+            "timeout": (max(conn, 0.05), max(read, 0.05)),
+            "proxies": {scheme: proxy} if proxy else {},
+            "verify": self._verify,
+        }
+
+    def _classify(
+        self, exc: BaseException, url: str, watch: Watch | None = None
+    ) -> TransientError | BootError:
+        if watch is not None and watch.fired:
+            return too_slow(url, watch)
+        text = str(exc)
+        if "TLS CA certificate bundle" in text:  # requests: the CA file does not exist
+            return BootError(
+                Code.TLS_VERIFY_FAILED,
+                f"cannot verify {redact_url(url)}: CA file {self._verify} does not exist",
+            )
+        if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
+            why = short(exc)
+            clock = " (the clock may not be synced yet)" if "not yet valid" in text else ""
+            return BootError(
+                Code.TLS_VERIFY_FAILED,
+                f"TLS certificate of {redact_url(url)} did not verify{clock}: {why}; "
+                f"trust store: {self._verify if isinstance(self._verify, str) else 'certifi'}",
+            )
+        return TransientError(
+            Code.DOWNLOAD_RETRIES_EXHAUSTED,
+            f"{type(exc).__name__} fetching {redact_url(url)}: {short(exc)}",
+        )
+
+    def _check_status(self, status: int, headers: Mapping[str, str], url: str) -> None:
+        if status < 400:
+            return
+        if status in _TRANSIENT_STATUS:
+            raise TransientError(
+                Code.DOWNLOAD_RETRIES_EXHAUSTED,
+                f"HTTP {status} from {redact_url(url)}",
+                retry_after=_retry_after(headers),
+            )
+        raise BootError(
+            Code.ARTIFACT_NOT_FOUND, f"HTTP {status} from {redact_url(url)}", status=status
+        )
+
+    def get(
+        self,
+        url: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        max_bytes: int = 64 << 20,
+        check: bool = True,
+        allow_http_hosts: Sequence[str] | None = None,
+    ) -> HttpResult:
+        """GET a small resource whole; raise Transient/BootError on failure when ``check``.
+
+        With ``allow_http_hosts`` the final URL (after redirects) must pass ``check_url``.
+        """
+        import requests  # noqa: TID251
+
+        total = timeout if timeout is not None else self.connect_timeout + self.read_timeout
+        session = self._sess()
+        session.allow_http_hosts = allow_http_hosts  # type: ignore[attr-defined]
+        with Watch(total) as watch:
+            try:
+                with session.get(
+                    url, headers=dict(headers or {}), stream=True, **self._kwargs(url, timeout)
+                ) as r:
+                    if allow_http_hosts is not None:
+                        check_url(r.url, allow_http_hosts)
+                    if check:
+                        self._check_status(r.status_code, r.headers, url)
+                    body = bytearray()
+                    for chunk in r.iter_content(CHUNK):
+                        body += chunk
+                        if len(body) > max_bytes:
+                            raise BootError(
+                                Code.INDEX_INVALID,
+                                f"{redact_url(url)} is larger than {max_bytes} B",
+                            )
+                    if watch.fired:
+                        raise too_slow(url, watch)
+                    return HttpResult(r.status_code, dict(r.headers), bytes(body))
+            except (requests.RequestException, OSError) as exc:
+                raise self._classify(exc, url, watch) from exc
+
+    def post(
+        self,
+        url: str,
+        body: bytes,
+        *,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> HttpResult:
+        """POST ``body`` once (no retries, no redirects); the response body is capped at 1 MiB.
+
+        Raises ``TransientError`` when the request cannot be made; the caller reads the
+        status (no status is turned into an exception here).
+        """
+        import requests  # noqa: TID251
+
+        total = timeout if timeout is not None else self.connect_timeout + self.read_timeout
+        with Watch(total) as watch:
+            try:
+                with self._sess().post(
+                    url,
+                    data=body,
+                    headers=dict(headers or {}),
+                    stream=True,
+                    allow_redirects=False,
+                    **self._kwargs(url, timeout),
+                ) as r:
+                    reply = r.raw.read(1 << 20, decode_content=True) or b""
+                    if watch.fired:
+                        raise too_slow(url, watch)
+                    return HttpResult(r.status_code, dict(r.headers), bytes(reply))
+            except (requests.RequestException, OSError) as exc:
+                raise self._classify(exc, url, watch) from exc
+
+    def stream_to(
+        self,
+        url: str,
+        part: Path,
+        *,
+        timeout: float | None = None,
+        deadline: float | None = None,
+        progress: Progress | None = None,
+        cancel: threading.Event | None = None,
+        expect_size: int | None = None,
+        allow_http_hosts: Sequence[str] | None = None,
+        fsync: bool = False,
+    ) -> StreamResult:
+        """Download ``url`` into ``part``, resuming from bytes already there.
+
+        A sidecar ``<part>.meta`` holds the validators (ETag, Last-Modified), total size
+        and source of the bytes on disk; a resume sends ``Range`` with ``If-Range`` and
+        accepts only a ``206`` for the same entity whose Content-Range starts where the
+        file ends. ``200`` (Range ignored or the artifact changed) restarts from zero; a
+        ``416`` keeps a file that is already whole, else discards it (transient). The
+        sha256 returned covers the whole file, the resumed prefix included.
+
+        ``deadline`` (monotonic) bounds the whole transfer (DOWNLOAD_TIMEOUT, transient);
+        ``cancel`` is checked between chunks (``Cancelled``). A body whose size differs
+        from ``expect_size`` is refused before any byte is written (CHECKSUM_MISMATCH),
+        as is one larger than the free space (INSUFFICIENT_SPACE). ``fsync`` makes the
+        bytes durable before returning (the caller re-verifies on every use either way).
+        """
+        import requests  # noqa: TID251
+
+        meta_path = pf.meta_path(part)
+        on_disk = have = part.stat().st_size if part.exists() else 0
+        meta = pf.read_meta(meta_path) if have else {}
+        validator = None if "segments" in meta else pf.if_range(meta)  # preallocated: restart
+        headers = {"Accept-Encoding": "identity"}
+        if have and validator:
+            headers |= {"Range": f"bytes={have}-", "If-Range": validator}
+        else:
+            have = 0
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise TransientError(
+                Code.DOWNLOAD_TIMEOUT, f"no time left to download {redact_url(url)}"
+            )
+        if timeout is not None:
+            left = timeout if left is None else min(left, timeout)
+        session = self._sess()
+        session.allow_http_hosts = allow_http_hosts  # type: ignore[attr-defined]
+        with Watch(left) as watch:
+            try:
+                with session.get(url, headers=headers, stream=True, **self._kwargs(url, left)) as r:
+                    if allow_http_hosts is not None:
+                        check_url(r.url, allow_http_hosts)
+                    if r.status_code == 416:
+                        return pf.whole_or_discard(part, have, meta, r.headers, url)
+                    self._check_status(r.status_code, r.headers, url)
+                    resumed, total = pf.accept(r.status_code, r.headers, part, have, meta, url)
+                    if expect_size is not None and total is not None and total != expect_size:
+                        raise BootError(
+                            Code.CHECKSUM_MISMATCH,
+                            f"{redact_url(url)} is {total} B but its index says {expect_size} B",
+                            wrong_size=True,
+                        )
+                    if total is not None:
+                        pf.check_space(part, total - resumed, freed=0 if resumed else on_disk)
+                    if not resumed:
+                        pf.discard(part)  # old bytes never sit under the new entity's meta
+                    pf.write_meta(meta_path, r.headers, total, url)
+                    return receive(
+                        r,
+                        part,
+                        resumed,
+                        total,
+                        url,
+                        Bounds(deadline, watch, expect_size),
+                        progress,
+                        cancel,
+                        fsync=fsync,
+                    )
+            except (requests.RequestException, OSError) as exc:
+                raise self._classify(exc, url, watch) from exc

@@ -1,0 +1,339 @@
+"""The wire under ``bootfsm.host.http``: the watched requests Session, redirect policy,
+trust store locations and the streaming body reader.
+
+Every connection a request uses registers with that request's ``Watch``; when the
+request's total time is up the watch shuts the sockets down, so a peer that trickles
+headers or body bytes cannot keep a request alive past its bound. Redirects pass
+``check_redirect`` at every hop. ``receive`` streams a body into a ``.part`` file with
+its deadline, watch and the size its index states (never more than one byte past it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.client
+import os
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urljoin, urlsplit
+
+from bootfsm.core.codes import Code
+from bootfsm.core.errors import BootError, TransientError
+from bootfsm.core.redact import redact_url
+from bootfsm.host import partfile as pf
+from bootfsm.host.partfile import StreamResult
+
+__all__ = [
+    "SYSTEM_CA_BUNDLES",
+    "Bounds",
+    "Cancelled",
+    "Progress",
+    "Watch",
+    "check_redirect",
+    "check_url",
+    "receive",
+    "session_class",
+    "short",
+    "too_slow",
+]
+
+Progress = Callable[[int, "int | None"], None]
+
+
+class Cancelled(Exception):
+    """The download was stopped by its cancel event; the ``.part`` file stays resumable."""
+
+
+def check_url(url: str, allow_http_hosts: Sequence[str]) -> None:
+    """Refuse any URL that is not HTTPS unless its host is explicitly allowed."""
+    parts = urlsplit(url)
+    if parts.scheme == "https":
+        return
+    if parts.scheme == "http" and (parts.hostname or "") in set(allow_http_hosts):
+        return
+    raise BootError(
+        Code.INSECURE_URL_REFUSED,
+        f"refusing {parts.scheme or 'schemeless'} URL {redact_url(url)}: HTTPS required "
+        f"(host {parts.hostname!r} is not in fetch.allow_http_hosts)",
+    )
+
+
+_local = threading.local()
+
+
+class Watch:
+    """Shuts down the sockets of one request when its total time is up.
+
+    Connections register themselves (on connect and on every request, so a pooled
+    keep-alive connection counts too) with the watch of the thread that uses them.
+    """
+
+    def __init__(self, seconds: float | None) -> None:
+        self.seconds = seconds
+        self.fired = False
+        self._conns: list[Any] = []
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+
+    def add(self, conn: Any) -> None:
+        with self._lock:
+            self._conns.append(conn)
+            if self.fired:
+                _shut(conn)
+
+    def _fire(self) -> None:
+        with self._lock:
+            self.fired = True
+            for conn in self._conns:
+                _shut(conn)
+
+    def __enter__(self) -> Watch:
+        _local.watch = self
+        if self.seconds is not None:
+            self._timer = threading.Timer(max(self.seconds, 0.0), self._fire)
+            self._timer.daemon = True
+            self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        _local.watch = None
+
+
+def _shut(conn: Any) -> None:
+    sock = getattr(conn, "sock", None)
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+def _register(conn: Any) -> None:
+    watch: Watch | None = getattr(_local, "watch", None)
+    if watch is not None:
+        watch.add(conn)
+
+
+_SESSION_CLASS: Any = None
+
+
+def session_class() -> Any:
+    """A requests Session whose connections report to the watch and whose redirects
+    keep the transport policy (built on first use: requests is imported lazily)."""
+    global _SESSION_CLASS
+    if _SESSION_CLASS is not None:
+        return _SESSION_CLASS
+    import requests  # noqa: TID251
+    import requests.adapters  # noqa: TID251
+    from urllib3.connection import HTTPConnection, HTTPSConnection
+    from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+
+    class WatchedHTTP(HTTPConnection):
+        def connect(self) -> None:
+            _register(self)
+            super().connect()
+
+        def request(self, *args: Any, **kwargs: Any) -> None:
+            _register(self)
+            super().request(*args, **kwargs)
+
+    class WatchedHTTPS(HTTPSConnection):
+        def connect(self) -> None:
+            _register(self)
+            super().connect()
+
+        def request(self, *args: Any, **kwargs: Any) -> None:
+            _register(self)
+            super().request(*args, **kwargs)
+
+    class Pool(HTTPConnectionPool):
+        ConnectionCls = WatchedHTTP
+
+    class PoolS(HTTPSConnectionPool):
+        ConnectionCls = WatchedHTTPS
+
+    pools = {"http": Pool, "https": PoolS}
+
+    class Adapter(requests.adapters.HTTPAdapter):
+        def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+            super().init_poolmanager(*args, **kwargs)
+            self.poolmanager.pool_classes_by_scheme = pools
+
+        def proxy_manager_for(self, proxy: str, **kwargs: Any) -> Any:
+            manager = super().proxy_manager_for(proxy, **kwargs)
+            manager.pool_classes_by_scheme = pools
+            return manager
+
+    class Session(requests.Session):
+        allow_http_hosts: Sequence[str] | None = None
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.mount("http://", Adapter())
+            self.mount("https://", Adapter())
+
+        def get_redirect_target(self, resp: Any) -> str | None:
+            target: str | None = super().get_redirect_target(resp)
+            if target:
+                check_redirect(resp.url, urljoin(resp.url, target), self.allow_http_hosts)
+            return target
+
+    _SESSION_CLASS = Session
+    return Session
+
+
+def check_redirect(src: str, dest: str, allow_http_hosts: Sequence[str] | None) -> None:
+    """Refuse a redirect hop from HTTPS to anything else, or one ``check_url`` refuses."""
+    if urlsplit(src).scheme == "https" and urlsplit(dest).scheme != "https":
+        raise BootError(
+            Code.INSECURE_URL_REFUSED,
+            f"refusing a redirect from {redact_url(src)} to {redact_url(dest)}: "
+            "a redirect may not leave HTTPS",
+        )
+    if allow_http_hosts is not None:
+        check_url(dest, allow_http_hosts)
+
+
+#: Where distributions keep the system trust store (the first one present is used).
+SYSTEM_CA_BUNDLES = (
+    "/etc/ssl/certs/ca-certificates.crt",  # Debian, Ubuntu (ca-certificates)
+    "/etc/pki/tls/certs/ca-bundle.crt",  # RHEL, Fedora, Azure Linux, Mariner
+    "/etc/ssl/ca-bundle.pem",  # openSUSE, SLES
+)
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What limits one body: its deadline, its watchdog, the size its index states."""
+
+    deadline: float | None
+    watch: Watch
+    expect_size: int | None
+
+
+def too_slow(url: str, watch: Watch) -> TransientError:
+    return TransientError(
+        Code.DOWNLOAD_TIMEOUT,
+        f"{redact_url(url)} did not finish within its total time limit ({watch.seconds or 0:g} s)",
+    )
+
+
+def receive(
+    r: Any,
+    part: Path,
+    resumed: int,
+    total: int | None,
+    url: str,
+    bounds: Bounds,
+    progress: Progress | None,
+    cancel: threading.Event | None,
+    *,
+    fsync: bool,
+) -> StreamResult:
+    """Stream the body after ``resumed`` bytes on disk into ``part``; hash all of it.
+
+    Plain bodies are read straight into the writer's recycled buffers (``readinto`` of
+    the underlying http.client response: no allocation or extra copy per chunk);
+    content-encoded ones go through urllib3's decoder.
+    """
+    import urllib3
+
+    read_errors = (http.client.HTTPException, OSError, urllib3.exceptions.HTTPError)
+    digest = hashlib.sha256()
+    flags = os.O_RDWR | os.O_CREAT | (0 if resumed else os.O_TRUNC)
+    encoded = r.headers.get("Content-Encoding", "identity") not in ("", "identity")
+    fp = getattr(r.raw, "_fp", None)
+    read_into = None if encoded else getattr(fp, "readinto", None)
+    transferred = 0
+    with open(os.open(part, flags, 0o600), "r+b") as fh:
+        if resumed:
+            while block := fh.read(min(1 << 20, resumed - fh.tell())):
+                digest.update(block)
+            fh.seek(resumed)
+            fh.truncate()
+        writer = pf.PartWriter(fh, digest)
+        try:
+            while True:
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled(f"download of {redact_url(url)} cancelled")
+                if bounds.watch.fired or (
+                    bounds.deadline is not None and time.monotonic() > bounds.deadline
+                ):
+                    raise TransientError(
+                        Code.DOWNLOAD_TIMEOUT,
+                        f"{redact_url(url)} did not finish within its time limit "
+                        f"({resumed + transferred} B so far)",
+                    )
+                done = resumed + transferred
+                if bounds.expect_size is not None and done > bounds.expect_size:
+                    raise BootError(
+                        Code.CHECKSUM_MISMATCH,
+                        f"{redact_url(url)} sent more than the {bounds.expect_size} B its "
+                        "index says (stopped one byte past it)",
+                        wrong_size=True,
+                    )
+                buf = writer.buffer()
+                cap = len(buf)
+                if bounds.expect_size is not None:  # never read more than one byte past
+                    cap = min(cap, bounds.expect_size + 1 - done)
+                try:
+                    n = _read(r, read_into, buf, cap)
+                except read_errors as exc:
+                    writer.give_back(buf)
+                    raise TransientError(
+                        Code.DOWNLOAD_RETRIES_EXHAUSTED,
+                        f"{type(exc).__name__} reading {redact_url(url)} after "
+                        f"{resumed + transferred} B: {short(exc)}",
+                    ) from exc
+                if not n:
+                    writer.give_back(buf)
+                    break
+                writer.put(buf, n)
+                transferred += n
+                if progress is not None:
+                    progress(resumed + transferred, total)
+        finally:
+            try:
+                writer.close()
+            except OSError as exc:
+                raise pf.write_error(part, exc) from exc
+        try:
+            fh.flush()
+            if fsync:
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            raise pf.write_error(part, exc) from exc
+    if bounds.watch.fired:
+        raise too_slow(url, bounds.watch)
+    if not encoded and total is not None and resumed + transferred != total:
+        raise TransientError(
+            Code.DOWNLOAD_RETRIES_EXHAUSTED,
+            f"short body from {redact_url(url)}: {resumed + transferred} of {total} B",
+        )
+    return StreamResult(resumed + transferred, digest.hexdigest(), resumed, transferred)
+
+
+def _read(r: Any, read_into: Callable[[Any], int] | None, buf: bytearray, cap: int) -> int:
+    """Fill at most ``cap`` bytes of ``buf`` from the body; 0 at the end."""
+    if read_into is not None:
+        return int(read_into(memoryview(buf)[:cap] if cap < len(buf) else buf))
+    data = r.raw.read(cap, decode_content=True)
+    buf[: len(data)] = data  # decoded bodies are rare: one copy keeps memory bounded
+    return len(data)
+
+
+_QUERY = re.compile(r"\?[^\s'\"()<>]*")
+_USERINFO = re.compile(r"//[^/\s@'\"]+@")
+
+
+def short(exc: BaseException) -> str:
+    """An exception's text, bounded, with URL query strings and credentials removed."""
+    text = _USERINFO.sub("//", _QUERY.sub("?<redacted>", str(exc)))
+    return text if len(text) < 300 else text[:300] + "..."

@@ -1,0 +1,298 @@
+"""The workers of a segmented download: the plan, the per-segment requests, the hasher.
+
+``Segs`` runs N kept-alive connections that take pieces of the file in order, each
+request bounded by its own watchdog and capped at its range, and writes each piece at
+its offset (``pwrite``) into the preallocated ``.part``; the sidecar is saved every
+``SAVE_EVERY_S`` so an interrupted download resumes per segment. Used by
+``bootfsm.host.segments``.
+"""
+
+from __future__ import annotations
+
+import errno
+import http.client
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bootfsm.core.codes import Code
+from bootfsm.core.errors import BootError, TransientError
+from bootfsm.core.redact import redact_url
+from bootfsm.host import partfile as pf
+from bootfsm.host import segment_meta as sm
+from bootfsm.host.http_wire import (
+    Cancelled,
+    Progress,
+    Watch,
+    check_url,
+    short,
+    too_slow,
+)
+from bootfsm.host.partfile import CHUNK
+
+__all__ = [
+    "SAVE_EVERY_S",
+    "Aborted",
+    "Plan",
+    "Segs",
+    "file_size",
+    "first_error",
+    "guarded_io",
+    "int_or_none",
+    "left_s",
+    "preallocate",
+]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What bounds every segment of one segmented download."""
+
+    deadline: float | None
+    progress: Progress | None
+    cancel: threading.Event | None
+    allow_http_hosts: Sequence[str] | None
+    fsync: bool
+    headers: dict[str, str]  # the probe's: validators every other segment must match
+    connections: int
+
+
+class Aborted(Exception):
+    """Another segment failed: this one stops (its bytes so far are kept)."""
+
+
+SAVE_EVERY_S = 0.5
+
+
+class Segs:
+    """The segments of one download in flight: their receivers, errors and sidecar."""
+
+    def __init__(self, http: Any, part: Path, url: str, size: int, plan: Plan) -> None:
+        self.http = http
+        self.part = part
+        self.url = url
+        self.size = size
+        self.plan = plan
+        self.frontier: sm.Frontier | None = None
+        self.fd = -1
+        self.resumed = 0
+        self.errors: list[BaseException] = []
+        self.queue: list[int] = []  # pieces no connection has taken yet, last = next
+        self.changed = False  # a segment saw another entity: the part is discarded
+        self._abort = threading.Event()  # take no new piece
+        self._halt = threading.Event()  # stop mid-piece too (permanent error, cancel)
+        self._lock = threading.Lock()
+        self._saved = time.monotonic()
+
+    def save(self, *, force: bool = False) -> None:
+        """Write the sidecar with every segment's progress (at most every 0.5 s)."""
+        if self.frontier is None:
+            return
+        with self._lock:
+            now = time.monotonic()
+            if not force and now - self._saved < SAVE_EVERY_S:
+                return
+            self._saved = now
+            segs = self.frontier.snapshot()
+            guarded_io(
+                self.part,
+                lambda: sm.write_segments(
+                    pf.meta_path(self.part), self.plan.headers, self.size, self.url, segs
+                ),
+            )
+
+    def halt(self) -> None:
+        """Stop every receiver at its next chunk (no-op once they are done)."""
+        self._abort.set()
+        self._halt.set()
+
+    def guard(self, fn: Callable[[], None]) -> None:
+        """Run segments; after an error no piece is taken (a transient error lets the
+        others finish the piece they hold: its bytes are already on the way)."""
+        try:
+            fn()
+        except Aborted:
+            pass
+        except BaseException as exc:  # re-raised on the calling thread
+            with self._lock:
+                self.errors.append(exc)
+            self._abort.set()
+            if not isinstance(exc, TransientError) or self.changed:
+                self._halt.set()  # a transient one lets the others finish their piece
+
+    def worker(self) -> None:
+        client = self.http.clone()
+        try:
+            self.guard(lambda: self.pieces(client))
+        finally:
+            client.close()
+
+    def pieces(self, client: Any) -> None:
+        """Take the next piece in file order and fetch it, until none is left."""
+        while not self._abort.is_set():
+            with self._lock:
+                if not self.queue:
+                    return
+                i = self.queue.pop()
+            self._request(client, i)
+
+    def _request(self, client: Any, i: int) -> None:
+        import requests  # noqa: TID251
+
+        assert self.frontier is not None
+        start, end, done = self.frontier.segments[i]
+        url, plan = self.url, self.plan
+        headers = {"Accept-Encoding": "identity", "Range": f"bytes={start + done}-{end - 1}"}
+        validator = pf.if_range(
+            {"etag": plan.headers.get("ETag"), "last_modified": plan.headers.get("Last-Modified")}
+        )
+        if validator:
+            headers["If-Range"] = validator
+        left = left_s(url, plan.deadline)
+        session = client._sess()
+        session.allow_http_hosts = plan.allow_http_hosts
+        with Watch(left) as watch:
+            try:
+                with session.get(
+                    url, headers=headers, stream=True, **client._kwargs(url, left)
+                ) as r:
+                    if plan.allow_http_hosts is not None:
+                        check_url(r.url, plan.allow_http_hosts)
+                    client._check_status(r.status_code, r.headers, url)
+                    got, total = pf.content_range(r.headers.get("Content-Range", ""))
+                    same = not validator or pf.same_entity(
+                        {
+                            "etag": plan.headers.get("ETag"),
+                            "last_modified": plan.headers.get("Last-Modified"),
+                        },
+                        r.headers,
+                    )
+                    if (
+                        r.status_code != 206
+                        or got != start + done
+                        or total != self.size
+                        or not same
+                    ):
+                        self.changed = True
+                        raise TransientError(
+                            Code.DOWNLOAD_RETRIES_EXHAUSTED,
+                            f"{redact_url(url)} changed during a segmented download "
+                            f"(HTTP {r.status_code} for bytes {start + done}-{end - 1}); "
+                            "partial file discarded",
+                        )
+                    self.pump(r, i, watch)
+            except (requests.RequestException, OSError) as exc:
+                raise client._classify(exc, url, watch) from exc
+
+    def pump(self, r: Any, i: int, watch: Watch) -> None:
+        """Read segment ``i``'s body into its range of the file, never past its end."""
+        import urllib3
+
+        read_errors = (http.client.HTTPException, OSError, urllib3.exceptions.HTTPError)
+        fr, plan, url = self.frontier, self.plan, self.url
+        assert fr is not None
+        start, end, _ = fr.segments[i]
+        fp = getattr(r.raw, "_fp", None)
+        read_into = getattr(fp, "readinto", None)
+        buf = bytearray(CHUNK)
+        view = memoryview(buf)
+        while (pos := start + fr.segments[i][2]) < end:
+            if plan.cancel is not None and plan.cancel.is_set():
+                raise Cancelled(f"download of {redact_url(url)} cancelled")
+            if self._halt.is_set():
+                raise Aborted
+            if watch.fired or (plan.deadline is not None and time.monotonic() > plan.deadline):
+                raise TransientError(
+                    Code.DOWNLOAD_TIMEOUT,
+                    f"{redact_url(url)} did not finish within its time limit "
+                    f"({fr.done()} B so far)",
+                )
+            cap = min(len(buf), end - pos)
+            try:
+                if read_into is not None:
+                    n = int(read_into(view[:cap]))
+                else:
+                    data = r.raw.read(cap, decode_content=False)
+                    n = len(data)
+                    buf[:n] = data
+            except read_errors as exc:
+                if watch.fired:
+                    raise too_slow(url, watch) from exc
+                raise TransientError(
+                    Code.DOWNLOAD_RETRIES_EXHAUSTED,
+                    f"{type(exc).__name__} reading {redact_url(url)} at byte {pos}: {short(exc)}",
+                ) from exc
+            if not n:
+                if watch.fired:
+                    raise too_slow(url, watch)
+                raise TransientError(
+                    Code.DOWNLOAD_RETRIES_EXHAUSTED,
+                    f"short body from {redact_url(url)}: bytes {start}-{end - 1} stopped at {pos}",
+                )
+            written = 0
+            while written < n:
+                try:
+                    written += os.pwrite(self.fd, view[written:n], pos + written)
+                except OSError as exc:
+                    raise pf.write_error(self.part, exc) from exc
+            fr.advance(i, n)
+            if plan.progress is not None:
+                plan.progress(fr.done(), self.size)
+            self.save()
+        if fp is not None and fp.isclosed():  # body read to its end: keep the connection
+            r.raw.release_conn()
+
+
+def left_s(url: str, deadline: float | None) -> float | None:
+    left = None if deadline is None else deadline - time.monotonic()
+    if left is not None and left <= 0:
+        raise TransientError(Code.DOWNLOAD_TIMEOUT, f"no time left to download {redact_url(url)}")
+    return left
+
+
+def file_size(p: Path) -> int:
+    try:
+        return p.stat().st_size
+    except OSError:
+        return 0
+
+
+def int_or_none(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def guarded_io(part: Path, fn: Callable[[], None]) -> None:
+    try:
+        fn()
+    except OSError as exc:
+        raise pf.write_error(part, exc) from exc
+
+
+def preallocate(fd: int, size: int) -> None:
+    """Reserve the file's blocks (a full disk fails now, not mid-segment)."""
+    if os.fstat(fd).st_size == size:
+        return
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+        os.ftruncate(fd, size)
+
+
+def first_error(errors: list[BaseException]) -> BaseException:
+    """The error to raise for a failed segmented download: a permanent one first."""
+    for e in errors:
+        if isinstance(e, BootError):
+            return e
+    for e in errors:
+        if not isinstance(e, Cancelled):
+            return e
+    return errors[0]

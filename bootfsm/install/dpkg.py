@@ -1,0 +1,149 @@
+"""Debian packages through `dpkg`: a bounded wait for the locks, repair after an
+interrupted dpkg, installed versions, installs.
+
+dpkg takes two POSIX (``fcntl``) locks: ``lock-frontend`` (what apt and dpkg take first,
+unless a frontend already holds it for them) and ``lock``, the database lock that dpkg
+holds while it changes the database. Both are waited on. A dpkg killed mid-install
+leaves its journal in ``/var/lib/dpkg/updates/`` (files named by a number, dpkg's
+``lib/dpkg/dbmodify.c``) or packages that `dpkg --audit` lists as unpacked or half
+configured; `dpkg --configure -a` runs before the next install.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from bootfsm.core.codes import Code
+from bootfsm.core.errors import BootError, CommandError, TransientError
+from bootfsm.machine.context import Context
+
+__all__ = [
+    "LOCK",
+    "LOCKS",
+    "UPDATES_DIR",
+    "install_debs",
+    "installed_version",
+    "interrupted",
+    "parse_audit",
+    "repair",
+    "wait_for_lock",
+]
+
+LOCK = "/var/lib/dpkg/lock-frontend"
+LOCKS = (LOCK, "/var/lib/dpkg/lock")
+UPDATES_DIR = "/var/lib/dpkg/updates"
+
+# `dpkg --audit` headings (dpkg 1.21 src/main/enquiry.c, C locale) of the states that
+# `dpkg --configure -a` completes; the list/md5sums headings need a reinstall instead.
+_REPAIRABLE = {
+    "have been unpacked but not yet configured": "unpacked",
+    "are only half configured": "half-configured",
+    "are only half installed": "half-installed",
+    "are awaiting processing of triggers": "triggers-awaited",
+    "have been triggered, but the trigger processing": "triggers-pending",
+}
+_HEADING = re.compile(r"^The following packages (.*)$")
+
+
+def parse_audit(text: str) -> dict[str, list[str]]:
+    """`dpkg --audit` output to {state: [package, ...]} for the states `--configure -a`
+    completes (pure). Empty output (a sound database) gives {}."""
+    out: dict[str, list[str]] = {}
+    state: str | None = None
+    for line in text.splitlines():
+        m = _HEADING.match(line)
+        if m:
+            state = next((s for h, s in _REPAIRABLE.items() if m.group(1).startswith(h)), None)
+            continue
+        if not line.strip():
+            state = None
+        elif state and line.startswith(" ") and line.split():
+            out.setdefault(state, []).append(line.split()[0])
+    return out
+
+
+def _held(ctx: Context) -> list[str]:
+    return [p for p in LOCKS if not ctx.host.lock_is_free(p)]
+
+
+def wait_for_lock(ctx: Context) -> None:
+    """Wait, bounded by driver.dpkg_lock_timeout, until nobody holds either dpkg lock."""
+    limit = ctx.config.driver.dpkg_lock_timeout
+    waited = ctx.host.monotonic()
+    held = _held(ctx)
+    if not held:
+        return
+    ctx.warn(f"dpkg lock {' and '.join(held)} is held; waiting up to {limit:g} s")
+    ctx.wait_until(
+        lambda: True if not _held(ctx) else None,
+        timeout=limit,
+        interval=min(1.0, limit / 4),
+        on_timeout=lambda: BootError(
+            Code.DPKG_LOCK_TIMEOUT,
+            f"dpkg lock {' and '.join(_held(ctx)) or ' and '.join(held)} still held after "
+            f"{limit:g} s (driver.dpkg_lock_timeout)",
+        ),
+    )
+    ctx.event("dpkg.lock_acquired", waited_s=round(ctx.host.monotonic() - waited, 3))
+
+
+def interrupted(ctx: Context) -> str | None:
+    """Why the dpkg database needs `dpkg --configure -a`, or None when it is sound."""
+    journal = [n for n in ctx.host.listdir(UPDATES_DIR) if n.isdigit()]
+    if journal:
+        return f"dpkg was interrupted: {len(journal)} journal file(s) in {UPDATES_DIR}"
+    r = ctx.run(["dpkg", "--audit"], timeout=60)
+    pending = parse_audit(r.output)
+    if pending:
+        listed = ", ".join(f"{p} ({s})" for s, ps in pending.items() for p in ps)
+        return f"dpkg --audit lists packages left mid-install: {listed[:300]}"
+    return None
+
+
+def repair(ctx: Context) -> bool:
+    """`dpkg --configure -a` when an earlier dpkg was interrupted; True if it ran.
+
+    DPKG_REPAIR_FAILED when it fails (the database needs a person)."""
+    reason = interrupted(ctx)
+    if reason is None:
+        return False
+    ctx.warn(f"{reason}; running dpkg --configure -a")
+    wait_for_lock(ctx)
+    ctx.require(
+        ["dpkg", "--configure", "-a"],
+        code=Code.DPKG_REPAIR_FAILED,
+        timeout=300,
+        what="dpkg --configure -a (repairing an interrupted dpkg) failed",
+    )
+    ctx.event("dpkg.repaired", reason=reason)
+    return True
+
+
+def installed_version(ctx: Context, package: str) -> str | None:
+    """The version of ``package`` when fully installed (status ``ii``), else None.
+
+    A package dpkg only unpacked (failed configure, unmet dependencies) is not installed.
+    """
+    r = ctx.run(["dpkg-query", "-W", "-f=${db:Status-Abbrev}|${Version}", package], timeout=30)
+    if not r.ok:
+        return None
+    status, _, version = r.output.strip().partition("|")
+    return version.strip() or None if status.strip() == "ii" else None
+
+
+def install_debs(ctx: Context, debs: Sequence[Path], *, force: Sequence[str], code: Code) -> None:
+    """`dpkg -i` the given verified files once both locks are free and any interrupted
+    dpkg is repaired; a lock race is transient."""
+    wait_for_lock(ctx)
+    repair(ctx)
+    argv = ["dpkg", "-i", *(f"--force-{f}" for f in force), *(str(d) for d in debs)]
+    try:
+        ctx.require(argv, code=code, timeout=300, what="dpkg -i failed")
+    except CommandError as exc:
+        if "lock" in exc.output_tail and exc.returncode == 2:
+            raise TransientError(
+                Code.DPKG_LOCK_TIMEOUT, "dpkg lock taken by another process"
+            ) from exc
+        raise

@@ -1,0 +1,177 @@
+"""The driver's per-boot initialization and the modules bootfsm loaded this boot.
+
+Loading the module is not the whole of a usable driver: `nvidia-modprobe -u -c0` loads
+nvidia_uvm and creates /dev/nvidia-uvm (udev never autoloads nvidia_uvm: it has no PCI
+alias), ldconfig puts libnvidia-ml.so.1 in the linker cache, and nvidia-smi must answer.
+A prebaked image or a udev-autoloaded module has none of that done at boot, so the
+driver state's postcondition asks for the device nodes and the cache (``init_missing``).
+
+/run/bootfsm/driver-loaded lists the NVIDIA modules bootfsm's own commands loaded this
+boot (/run is per boot). An upgrade in place unloads those (``unload_own``) before it
+decides the old driver is in use.
+"""
+
+from __future__ import annotations
+
+from bootfsm.core.codes import Code
+from bootfsm.core.errors import BootError
+from bootfsm.machine.context import Context
+from bootfsm.parsers.nvidia_smi import SmiFailure, classify_smi_failure, wrong_module_type
+
+__all__ = [
+    "LDCACHE",
+    "LOADED_RECORD",
+    "NV_MODULES",
+    "SMI_POLL_S",
+    "device_nodes",
+    "init_missing",
+    "initialize",
+    "modules_present",
+    "record_loaded",
+    "unload_own",
+]
+
+NV_MODULES = ("nvidia_uvm", "nvidia_drm", "nvidia_modeset", "nvidia")
+"""The NVIDIA kernel modules, in the order they must be unloaded (dependents first)."""
+LOADED_RECORD = "/run/bootfsm/driver-loaded"
+LDCACHE = "/etc/ld.so.cache"
+SMI_POLL_S = 2.0
+"""Seconds between nvidia-smi tries while the driver comes up (within driver.smi_wait)."""
+_NVML = b"libnvidia-ml.so.1"
+
+
+def modules_present(ctx: Context) -> set[str]:
+    """The NVIDIA modules loaded now (a /sys/module/<name> directory each)."""
+    return {m for m in NV_MODULES if ctx.host.exists(f"/sys/module/{m}")}
+
+
+def _recorded(ctx: Context) -> set[str]:
+    text = ctx.host.read_text(LOADED_RECORD) or ""
+    return {line.strip() for line in text.splitlines()} & set(NV_MODULES)
+
+
+def record_loaded(ctx: Context, new: set[str], *, replace_all: bool = False) -> None:
+    """Add ``new`` to the modules bootfsm loaded this boot (``replace_all``: set to it)."""
+    old = _recorded(ctx)
+    mods = set(new) if replace_all else old | new
+    if mods == old and ctx.host.exists(LOADED_RECORD):
+        return
+    ctx.host.makedirs(LOADED_RECORD.rsplit("/", 1)[0], mode=0o700)
+    ordered = [m for m in NV_MODULES if m in mods]
+    ctx.host.write_atomic(LOADED_RECORD, "".join(f"{m}\n" for m in ordered), 0o600)
+    if new - old:
+        ctx.event("driver.loaded_by_bootfsm", modules=[m for m in NV_MODULES if m in new - old])
+
+
+def unload_own(ctx: Context) -> list[str]:
+    """Unload the dependents of nvidia that bootfsm loaded this boot and are loaded now
+    (nvidia_uvm, nvidia_drm, nvidia_modeset, in that order); return those unloaded."""
+    mine, done = _recorded(ctx), []
+    for module in NV_MODULES[:-1]:
+        if module not in mine or not ctx.host.exists(f"/sys/module/{module}"):
+            continue
+        r = ctx.run(["modprobe", "-r", module], timeout=60)
+        ctx.event("driver.unload", module=module, ok=r.ok, rc=r.returncode)
+        if r.ok:
+            done.append(module)
+    if done:
+        record_loaded(ctx, _recorded(ctx) - set(done), replace_all=True)
+    return done
+
+
+def device_nodes(ctx: Context) -> list[str]:
+    """The device nodes a usable driver has: nvidiactl, nvidia-uvm and one nvidiaN per GPU
+    the driver attached (/proc/driver/nvidia/gpus/<bus id>; a GPU on PCI that the driver
+    does not see is verify's GPU_COUNT_MISMATCH, not a missing node)."""
+    attached = len(ctx.host.listdir("/proc/driver/nvidia/gpus"))
+    return ["/dev/nvidiactl", "/dev/nvidia-uvm", *(f"/dev/nvidia{i}" for i in range(attached))]
+
+
+def init_missing(ctx: Context) -> list[str]:
+    """What this boot's init has not produced yet: missing device nodes, and the linker
+    cache when it does not list libnvidia-ml.so.1. Empty when the init is done."""
+    missing = [p for p in device_nodes(ctx) if not ctx.host.exists(p)]
+    cache = ctx.host.read_bytes(LDCACHE, limit=64 << 20) or b""
+    if _NVML not in cache:
+        missing.append(f"{LDCACHE} (no {_NVML.decode()})")
+    return missing
+
+
+def _load(ctx: Context) -> None:
+    """nvidia-modprobe -u -c0: nvidia_uvm (and nvidia under it), /dev/nvidia-uvm."""
+    argv = ["nvidia-modprobe", "-u", "-c0"]
+    if ctx.config.driver.install:
+        ctx.require(argv, code=Code.MODULE_LOAD_FAILED, timeout=120)
+        return
+    r = ctx.run(argv, timeout=120) if ctx.host.which("nvidia-modprobe") else None
+    if r is None or not ctx.host.exists("/sys/module/nvidia"):
+        raise BootError(
+            Code.MODULE_LOAD_FAILED,
+            "driver.install = false, but no nvidia module is loaded and nvidia-modprobe "
+            f"could not load one: the image must ship a driver for {ctx.facts.kernel} "
+            "(or set driver.install = true)",
+            output=r.output[-1000:] if r else "nvidia-modprobe is not on PATH",
+        )
+
+
+def _smi_answers(ctx: Context, seen: list[str]) -> bool | None:
+    """One nvidia-smi try: True when it answers, None to try again (its failure appended
+    to ``seen``); a version mismatch is final (DRIVER_LIBRARY_MISMATCH)."""
+    r = ctx.run(["nvidia-smi"], timeout=120)
+    failure = classify_smi_failure(r.output)
+    if failure is SmiFailure.DRIVER_LIBRARY_MISMATCH:
+        raise BootError(
+            Code.DRIVER_LIBRARY_MISMATCH, "NVML: Driver/library version mismatch", output=r.output
+        )
+    if failure is SmiFailure.NO_DEVICES:  # proprietary module on Blackwell: never retried
+        proc = ctx.host.read_text("/proc/driver/nvidia/version") or ""
+        why = wrong_module_type(r.output, [g.device_id for g in ctx.facts.gpus], proc)
+        if why is not None:
+            raise BootError(Code.WRONG_MODULE_TYPE, why, output=r.tail)
+    if r.ok or failure is SmiFailure.INFOROM_CORRUPTED:  # verify reports the infoROM
+        return True
+    seen.append(f"exit {r.returncode}: {r.output.strip()[-300:]}")
+    return None
+
+
+def initialize(ctx: Context) -> None:
+    """The order the stack needs: module loaded with its device nodes (nvidia-modprobe),
+    libraries in place, ldconfig, then nvidia-smi answering within ``driver.smi_wait``."""
+    install = ctx.config.driver.install
+    _load(ctx)
+    lib = f"/usr/lib/{ctx.facts.raw_arch}-linux-gnu/libnvidia-ml.so.1"
+    if not ctx.host.exists(lib):
+        raise BootError(
+            Code.DRIVER_INSTALL_FAILED if install else Code.DRIVER_NOT_STARTED,
+            f"{lib} is missing: the driver's user-space libraries are not in place",
+        )
+    ctx.require(["ldconfig"], code=Code.DRIVER_INSTALL_FAILED, timeout=120)
+    wait = ctx.config.driver.smi_wait
+    seen: list[str] = []
+    start, answered = ctx.host.monotonic(), False
+
+    def gave_up() -> BootError:
+        return BootError(
+            Code.DRIVER_NOT_STARTED,
+            f"nvidia-smi did not answer within driver.smi_wait = {wait:g} s "
+            f"({len(seen)} tries); last: {seen[-1] if seen else '-'}",
+        )
+
+    try:
+        answered = ctx.wait_until(
+            lambda: _smi_answers(ctx, seen),
+            timeout=wait,
+            interval=min(SMI_POLL_S, wait),
+            on_timeout=gave_up,
+        )
+    finally:
+        ctx.event(
+            "driver.smi_wait",
+            answered=answered,
+            failures=len(seen),
+            waited_s=round(ctx.host.monotonic() - start, 3),
+            limit_s=wait,
+        )
+    missing = init_missing(ctx)
+    if missing:
+        ctx.warn(f"after the driver init, still missing: {', '.join(missing)}")

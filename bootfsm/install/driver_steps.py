@@ -1,0 +1,216 @@
+"""Driver steps shared by the driver state and ``bootfsm bake``.
+
+nouveau off, the container toolkit debs, the DKMS build of the runfile and the checks
+of what DKMS built. The driver state (states/driver.py) adds what only a boot does
+(load, per-boot init, unload for an upgrade in place); bake runs these same steps
+against an image root. Pure helpers (``parse_module_type``, ``fallback_module_type``)
+take text in and give a value out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from bootfsm.core.codes import Code
+from bootfsm.core.errors import BootError
+from bootfsm.core.hardware import GpuModel, requires_open_module
+from bootfsm.fetch.store import verified
+from bootfsm.install import dpkg
+from bootfsm.install.marker import module_type_of, parse_modinfo
+from bootfsm.machine.context import Context
+from bootfsm.parsers import ParseError
+from bootfsm.parsers.driver_info import parse_dkms_status
+
+__all__ = [
+    "BLACKLIST",
+    "BLACKLIST_TEXT",
+    "INSTALLER_LOG",
+    "OPEN_DEFAULT_BRANCH",
+    "blacklist_nouveau",
+    "build_module",
+    "built",
+    "fallback_module_type",
+    "install_toolkit",
+    "loaded_version",
+    "module_problem",
+    "nouveau_off",
+    "parse_module_type",
+    "toolkit_ok",
+]
+
+BLACKLIST = "/etc/modprobe.d/blacklist-nouveau.conf"
+BLACKLIST_TEXT = "blacklist nouveau\noptions nouveau modeset=0\n"
+INSTALLER_LOG = "/var/log/nvidia-installer.log"
+OPEN_DEFAULT_BRANCH = 560
+"""From this driver branch on, NVIDIA installs the open modules by default."""
+
+
+def toolkit_ok(ctx: Context) -> bool:
+    """Every toolkit package is installed at the configured version."""
+    want = ctx.config.sources.toolkit_version
+    return all(dpkg.installed_version(ctx, p) == want for p in ctx.config.sources.toolkit_packages)
+
+
+def loaded_version(ctx: Context) -> str | None:
+    """Version of the loaded ``nvidia`` module (/sys/module/nvidia/version), or None."""
+    return (ctx.host.read_text("/sys/module/nvidia/version") or "").strip() or None
+
+
+def built(ctx: Context) -> bool:
+    """`dkms status` lists the configured version installed for ``ctx.facts.kernel``."""
+    if ctx.host.which("dkms") is None:
+        return False
+    r = ctx.run(["dkms", "status", "-m", "nvidia"], timeout=30)
+    try:
+        entries = parse_dkms_status(r.output) if r.ok else []
+    except ParseError:
+        return False
+    return any(
+        e.version == ctx.config.driver.version
+        and e.kernel == ctx.facts.kernel
+        and e.status.startswith("installed")
+        for e in entries
+    )
+
+
+def nouveau_off(ctx: Context) -> bool:
+    """The blacklist is in place and an initramfs was rebuilt after it was written.
+
+    A run killed between writing the blacklist and `update-initramfs` rebuilds it on the
+    rerun; otherwise nouveau would still load from the initramfs at the next boot.
+    """
+    if ctx.host.read_text(BLACKLIST) != BLACKLIST_TEXT:
+        return False
+    written = ctx.host.mtime(BLACKLIST) or 0.0
+    images = [ctx.host.mtime(p) or 0.0 for p in ctx.host.glob("/boot/initrd.img-*")]
+    return not images or max(images) >= written
+
+
+def blacklist_nouveau(ctx: Context, kernel: str | None = None) -> bool:
+    """Blacklist nouveau and rebuild the initramfs (of ``kernel`` when given); True if changed."""
+    if nouveau_off(ctx):
+        return False
+    ctx.host.write_atomic(BLACKLIST, BLACKLIST_TEXT)
+    argv = ["update-initramfs", "-u", *(["-k", kernel] if kernel else [])]
+    ctx.require(argv, code=Code.DRIVER_INSTALL_FAILED, timeout=300)
+    return True
+
+
+def install_toolkit(ctx: Context) -> bool:
+    """Install the verified container toolkit debs unless present; True if installed."""
+    if toolkit_ok(ctx):
+        return False
+    order = {n: i for i, n in enumerate(ctx.config.sources.toolkit_packages)}
+    debs = sorted(verified(ctx, "toolkit"), key=lambda ap: order.get(ap[0].name, 99))
+    dpkg.install_debs(
+        ctx, [p for _, p in debs], force=["overwrite"], code=Code.TOOLKIT_INSTALL_FAILED
+    )
+    return True
+
+
+def parse_module_type(text: str) -> str | None:
+    """What `nvidia-installer --print-recommended-kernel-module-type` printed.
+
+    The installer prints one word, ``open`` or ``proprietary`` (nvidia-installer's
+    print_module_type; samples/installer/nvidia-run_help_info_advanced_excerpts.txt).
+    A ``kernel_module_type=<word>`` line (the shell trace some docs quote) is accepted
+    too. None when no line says either.
+    """
+    for raw in text.splitlines():
+        line = raw.strip()
+        key, eq, value = line.partition("=")
+        word = value.strip() if eq and key.strip() == "kernel_module_type" else line
+        if word in ("open", "proprietary"):
+            return word
+    return None
+
+
+def fallback_module_type(version: str, models: Iterable[GpuModel]) -> str:
+    """The type to build when the installer gives no recommendation: ``open`` from branch
+    560 on (NVIDIA's default since then) or when a GPU needs it, else ``proprietary``."""
+    branch = version.split(".", 1)[0]
+    if branch.isdigit() and int(branch) >= OPEN_DEFAULT_BRANCH:
+        return "open"
+    return "open" if requires_open_module(models) else "proprietary"
+
+
+def _module_type(ctx: Context, installer: str) -> str:
+    mt = ctx.config.driver.module_type
+    if mt != "auto":
+        return mt
+    r = ctx.run([installer, "--print-recommended-kernel-module-type"], timeout=60)
+    recommended = parse_module_type(r.output) if r.ok else None
+    if recommended is not None:
+        ctx.event("driver.module_type", module_type=recommended, source="installer")
+        return recommended
+    version = ctx.config.driver.version
+    fallback = fallback_module_type(version, [g.model for g in ctx.facts.gpus])
+    ctx.warn(
+        f"installer gave no module type recommendation (exit {r.returncode}); using "
+        f"{fallback} (driver {version}: open is the default from branch {OPEN_DEFAULT_BRANCH})",
+        output=r.output[-300:],
+    )
+    return fallback
+
+
+def build_module(ctx: Context, module_type: str | None = None, extra: Sequence[str] = ()) -> str:
+    """Extract the verified runfile and DKMS-build the driver for ``ctx.facts.kernel``.
+
+    ``module_type`` None follows the config (``auto`` asks the installer); ``extra`` is
+    appended to the installer's argv (bake passes ``--skip-module-load``). Returns the
+    module type built.
+    """
+    kernel = ctx.facts.kernel
+    if not ctx.host.exists(f"/lib/modules/{kernel}/build"):
+        raise BootError(
+            Code.KERNEL_HEADERS_MISSING, f"/lib/modules/{kernel}/build is missing; DKMS needs it"
+        )
+    [(art, runfile)] = verified(ctx, "runfile")
+    target = f"{ctx.config.run.state_dir}/extract/{art.filename.removesuffix('.run')}"
+    ctx.host.rmtree(target)
+    ctx.host.makedirs(target.rsplit("/", 1)[0], mode=0o700)
+    runfile.chmod(0o700)
+    ctx.require(
+        [str(runfile), "-x", "--target", str(ctx.host.path(target))],
+        code=Code.DRIVER_INSTALL_FAILED,
+        timeout=300,
+        what="runfile extraction failed",
+    )
+    installer = str(ctx.host.path(f"{target}/nvidia-installer"))
+    mt = module_type or _module_type(ctx, installer)
+    ctx.event("driver.install", version=ctx.config.driver.version, module_type=mt, kernel=kernel)
+    ctx.require(
+        [
+            installer,
+            "-s",
+            "-a",
+            "--no-drm",
+            "--dkms",
+            f"--kernel-name={kernel}",
+            f"--kernel-module-type={mt}",
+            f"--log-file-name={ctx.host.path(INSTALLER_LOG)}",
+            *extra,
+        ],
+        code=Code.DRIVER_INSTALL_FAILED,
+        timeout=ctx.config.driver.command_timeout,
+        what="nvidia-installer failed",
+    )
+    return mt
+
+
+def module_problem(ctx: Context, module_type: str = "") -> str | None:
+    """Why the module for ``ctx.facts.kernel`` is unusable, or None when `dkms status`
+    lists the configured version installed and `modinfo` agrees (version and, unless
+    ``module_type`` is empty, the type its licence names)."""
+    version, kernel = ctx.config.driver.version, ctx.facts.kernel
+    if not built(ctx):
+        return f"dkms status lists no installed nvidia/{version} for {kernel}"
+    if ctx.host.which("modinfo") is None:
+        return "modinfo is not on PATH: cannot confirm the module"
+    r = ctx.run(["modinfo", "-k", kernel, "nvidia"], timeout=30)
+    info = parse_modinfo(r.output) if r.ok else {}
+    if info.get("version") != version:
+        return f"modinfo: nvidia for {kernel} is {info.get('version') or 'absent'}, not {version}"
+    if module_type and module_type_of(info) != module_type:
+        return f"modinfo: nvidia is {module_type_of(info) or 'of unknown type'}, not {module_type}"
+    return None

@@ -1,0 +1,149 @@
+"""The prebake marker: what DKMS built, written by `bootfsm bake` or a boot that compiled.
+
+Pure apart from ``read_marker`` (through the Host). The driver state reads it to decide
+whether a boot may skip the compile; bake writes it. The first four keys are the bash
+path's marker lines (kernel, driver_version, driver_kind, arch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from bootfsm.core.config import Config
+from bootfsm.host.host import Host
+from bootfsm.node.facts import NodeFacts
+
+__all__ = [
+    "MATCH_FIELDS",
+    "Marker",
+    "Mismatch",
+    "check_marker",
+    "expected_marker",
+    "marker_path",
+    "module_type_of",
+    "parse_marker",
+    "parse_modinfo",
+    "read_marker",
+    "render_marker",
+]
+
+MATCH_FIELDS = ("arch", "kernel", "driver_version", "driver_kind", "module_type", "runfile_sha256")
+"""Marker fields that must match the node for a boot to skip the compile, in check order."""
+
+_REQUIRED = ("kernel", "driver_version", "driver_kind", "arch")  # the bash marker's four lines
+
+
+@dataclass(frozen=True)
+class Marker:
+    """What DKMS built: written by bake (``source=bake``) or by a boot that compiled."""
+
+    kernel: str
+    driver_version: str
+    driver_kind: str
+    arch: str
+    module_type: str = ""
+    runfile_sha256: str = ""
+    config_digest: str = ""
+    source: str = "bake"
+    baked_at: str = ""
+    bootfsm: str = ""
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """One marker field that does not match the node (``node`` is what the node needs)."""
+
+    field: str
+    marker: str
+    node: str
+
+
+def marker_path(cfg: Config) -> str:
+    """Node path of the bake marker: ``<run.state_dir>/bake.marker``."""
+    return f"{cfg.run.state_dir}/bake.marker"
+
+
+def render_marker(m: Marker) -> str:
+    """The marker file: a comment line, then ``key=value`` lines (bash-marker compatible)."""
+    head = "# bootfsm bake marker: the NVIDIA module DKMS built (docs/image-build.md)\n"
+    return head + "".join(f"{k}={v}\n" for k, v in asdict(m).items())
+
+
+def parse_marker(text: str) -> Marker:
+    """Parse ``key=value`` lines (``#`` comments, unknown keys ignored); ValueError names
+    a missing required key (kernel, driver_version, driver_kind, arch) or a bad line."""
+    values: dict[str, str] = {}
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, eq, value = line.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"bake marker line {lineno}: expected key=value, got {line[:80]!r}")
+        values[key.strip()] = value.strip()
+    missing = [k for k in _REQUIRED if not values.get(k)]
+    if missing:
+        raise ValueError(f"bake marker lacks {', '.join(f'{k}=' for k in missing)}")
+    known = {f.name for f in fields(Marker)}
+    return Marker(**{k: v for k, v in values.items() if k in known})
+
+
+def read_marker(host: Host, cfg: Config) -> Marker | str | None:
+    """The node's marker; None when absent; the reason (a string) when unreadable."""
+    text = host.read_text(marker_path(cfg))
+    if text is None:
+        return None
+    try:
+        return parse_marker(text)
+    except ValueError as exc:
+        return str(exc)
+
+
+def expected_marker(cfg: Config, facts: NodeFacts) -> Marker:
+    """What a marker must say for this node and config (module_type may be ``auto``)."""
+    return Marker(
+        kernel=facts.kernel,
+        driver_version=cfg.driver.version,
+        driver_kind=cfg.driver.kind,
+        arch=facts.raw_arch,
+        module_type=cfg.driver.module_type,
+        runfile_sha256=cfg.sources.runfile_sha256_for(facts.arch.runfile if facts.arch else ""),
+        config_digest=cfg.digest(),
+    )
+
+
+def check_marker(m: Marker, want: Marker, *, needs_open: bool) -> list[Mismatch]:
+    """Every field of ``MATCH_FIELDS`` where marker ``m`` does not fit ``want`` (pure).
+
+    ``module_type = auto`` accepts a baked open or proprietary module, except that a node
+    with a GPU only the open module drives (``needs_open``) accepts only open. A sha256
+    is compared only when both sides have one.
+    """
+    out: list[Mismatch] = []
+    for name in MATCH_FIELDS:
+        have, need = getattr(m, name), getattr(want, name)
+        if name == "module_type" and need == "auto":
+            allowed = ("open",) if needs_open else ("open", "proprietary")
+            if have not in allowed:
+                out.append(Mismatch(name, have, "open" if needs_open else "auto"))
+        elif name == "runfile_sha256":
+            if have and need and have.lower() != need.lower():
+                out.append(Mismatch(name, have, need))
+        elif have != need:
+            out.append(Mismatch(name, have, need))
+    return out
+
+
+def parse_modinfo(text: str) -> dict[str, str]:
+    """``modinfo`` output (``key:  value`` lines) to the first value of each key."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        key, colon, value = line.partition(":")
+        if colon and key and " " not in key.strip():
+            out.setdefault(key.strip(), value.strip())
+    return out
+
+
+def module_type_of(modinfo: dict[str, str]) -> str:
+    """``open`` (licence ``Dual MIT/GPL``), ``proprietary`` (``NVIDIA``) or ""."""
+    return {"Dual MIT/GPL": "open", "NVIDIA": "proprietary"}.get(modinfo.get("license", ""), "")

@@ -1,0 +1,267 @@
+"""The engine: builds the transitions Machine from the table and drives it.
+
+For each working state: check the postcondition (skip when it already holds), run the
+action under the state's retry policy and time limit, check the postcondition again,
+then fire ``advance`` (guards pick the edge) or ``fail``. Terminal states absorb.
+"""
+
+from __future__ import annotations
+
+import random
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from bootfsm.core.codes import Code, info
+from bootfsm.core.deadline import Deadline
+from bootfsm.core.errors import BootError, TransientError
+from bootfsm.machine.context import Context
+from bootfsm.machine.table import INITIAL, STATES, TERMINAL, TRANSITIONS, RetryPolicy, StateRow, row
+from bootfsm.node.guards import GUARDS
+
+__all__ = ["Interrupted", "Outcome", "attempt", "build_machine", "drive"]
+
+
+class Interrupted(BaseException):
+    """Raised in the main thread by the SIGTERM/SIGINT handler."""
+
+    def __init__(self, signame: str) -> None:
+        super().__init__(signame)
+        self.signame = signame
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a run ended."""
+
+    code: Code
+    state: str
+    message: str
+
+    @property
+    def ok(self) -> bool:
+        """True for a provisioned node."""
+        return self.code is Code.OK
+
+
+class _Model:
+    """The transitions model; it only carries ``state`` (set by transitions)."""
+
+    state: str
+
+
+def build_machine(
+    model: object,
+    ctx: Context | None = None,
+    callbacks: Mapping[str, Callable[[Context], None]] | None = None,
+    initial: str = INITIAL,
+) -> Any:
+    """A transitions Machine over ``model`` built from the table (names resolved here)."""
+    from transitions import Machine
+
+    cbs = callbacks or {}
+
+    def guard(name: str) -> Callable[[Any], bool]:
+        fn = GUARDS[name]
+
+        def check(event: Any) -> bool:
+            assert ctx is not None
+            return fn(ctx.facts)
+
+        check.__name__ = name
+        return check
+
+    def after(name: str) -> Callable[[Any], None]:
+        fn = cbs[name]
+
+        def call(event: Any) -> None:
+            assert ctx is not None
+            fn(ctx)
+
+        call.__name__ = name
+        return call
+
+    transitions = [
+        {
+            "trigger": t.trigger,
+            "source": t.source,
+            "dest": t.dest,
+            "conditions": [guard(g) for g in t.guards],
+            "after": [after(a) for a in t.after] if callbacks is not None else [],
+        }
+        for t in TRANSITIONS
+    ]
+    return Machine(
+        model=model,
+        states=[s.name for s in STATES] + list(TERMINAL),
+        transitions=transitions,
+        initial=initial,
+        auto_transitions=False,
+        send_event=True,
+        queued=True,
+    )
+
+
+class _StopOnBudget:
+    """tenacity stop strategy: stop when the next sleep would not fit in what remains."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+
+    def __call__(self, retry_state: Any) -> bool:
+        return bool(retry_state.upcoming_sleep >= self.ctx.remaining())
+
+
+class _Backoff:
+    """tenacity wait strategy: Retry-After when the server gave one, else jittered backoff."""
+
+    def __init__(self, policy: RetryPolicy, scale: float, rng: random.Random) -> None:
+        self.policy = policy
+        self.scale = scale
+        self.rng = rng
+
+    def __call__(self, retry_state: Any) -> float:
+        exc: BaseException | None = retry_state.outcome.exception() if retry_state.outcome else None
+        if isinstance(exc, TransientError) and exc.retry_after is not None:
+            # the server's word wins; _StopOnBudget stops when it does not fit the deadline
+            return float(exc.retry_after)
+        n = int(retry_state.attempt_number)
+        base: float = min(self.policy.initial_wait * 2 ** (n - 1), self.policy.max_wait)
+        return base * self.scale * (0.5 + self.rng.random() / 2)
+
+
+def attempt(ctx: Context, srow: StateRow, action: Callable[[], None]) -> int:
+    """Run ``action`` under the row's retry policy; return the number of attempts."""
+    from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, stop_any
+
+    attempts = 0
+
+    def before(rs: Any) -> None:
+        nonlocal attempts
+        attempts = rs.attempt_number
+        ctx.event("state.attempt", attempt=rs.attempt_number)
+
+    def before_sleep(rs: Any) -> None:
+        exc = rs.outcome.exception()
+        ctx.journal.event(
+            "state.retry",
+            level="warning",
+            state=ctx.state,
+            attempt=rs.attempt_number,
+            sleep_s=round(rs.upcoming_sleep, 3),
+            error=getattr(exc, "message", str(exc)),
+            code=getattr(exc, "code", Code.INTERNAL_ERROR).name,
+        )
+
+    retrying = Retrying(
+        stop=stop_any(stop_after_attempt(srow.retry.attempts), _StopOnBudget(ctx)),  # type: ignore[arg-type]
+        wait=_Backoff(srow.retry, ctx.config.run.backoff_scale, random.Random()),  # noqa: S311 - jitter, not crypto
+        retry=retry_if_exception_type(TransientError),
+        sleep=ctx.sleep,
+        before=before,
+        before_sleep=before_sleep,
+        reraise=True,
+    )
+    try:
+        retrying(action)
+    except TransientError as exc:
+        raise BootError(
+            exc.code, f"{exc.message} (gave up after {attempts} attempt(s))", attempts=attempts
+        ) from exc
+    return attempts
+
+
+def _run_state(ctx: Context, name: str, module: Any) -> None:
+    srow = row(name)
+    ctx.state, ctx.state_row = name, srow
+    ctx.state_deadline = Deadline(srow.time_limit, ctx.host.monotonic)
+    start = ctx.journal.elapsed()
+    ctx.check_time()
+    if module.satisfied(ctx):
+        explain = getattr(module, "skip_reason", None)  # optional: states/__init__.ExplainsSkip
+        ctx.event("state.skip", reason=(explain(ctx) if explain else None) or "postcondition holds")
+        return
+    ctx.event("state.enter", time_limit_s=srow.time_limit, attempts_max=srow.retry.attempts)
+    attempts = attempt(ctx, srow, lambda: module.run(ctx))
+    if not module.satisfied(ctx):
+        raise BootError(
+            srow.failure_code, f"state {name}: action finished but its postcondition does not hold"
+        )
+    ctx.event("state.done", duration_s=round(ctx.journal.elapsed() - start, 4), attempts=attempts)
+
+
+def _guard_values(ctx: Context, source: str) -> dict[str, bool]:
+    names = [g for t in TRANSITIONS if t.source == source for g in t.guards]
+    return {g: GUARDS[g](ctx.facts) for g in names} if ctx.facts_ is not None else {}
+
+
+def _failed(ctx: Context, state: str, code: Code, message: str, **fields: Any) -> Outcome:
+    """Journal (durably) why ``state`` failed and return the outcome."""
+    ctx.journal.event(
+        "state.failed",
+        level="error",
+        durable=True,
+        state=state,
+        code=code.value,
+        code_name=code.name,
+        message=message,
+        hint=info(code).hint,
+        **fields,
+    )
+    return Outcome(code, state, message)
+
+
+def drive(
+    ctx: Context,
+    registry: Mapping[str, Any],
+    callbacks: Mapping[str, Callable[[Context], None]],
+    on_transition: Callable[[str, str, Outcome | None], None] | None = None,
+) -> Outcome:
+    """Run the machine to a terminal state and return the outcome (never raises, except
+    ``Interrupted``, which the caller turns into the interrupted outcome)."""
+    model = _Model()
+    build_machine(model, ctx, callbacks)
+    outcome: Outcome | None = None
+    while model.state not in TERMINAL:
+        name = model.state
+        guards: dict[str, bool] = {}
+        try:
+            _run_state(ctx, name, registry[name])
+        except BootError as exc:
+            outcome = _failed(
+                ctx,
+                name,
+                exc.code,
+                exc.message,
+                detail={k: v for k, v in exc.detail.items() if k != "output"},
+                output=exc.detail.get("output", ""),
+            )
+            getattr(model, "fail")()  # noqa: B009 - trigger bound by transitions
+        except Exception as exc:  # a bug: still end with a documented code
+            outcome = _failed(
+                ctx,
+                name,
+                Code.INTERNAL_ERROR,
+                f"{type(exc).__name__}: {exc}",
+                traceback=traceback.format_exc(limit=8),
+            )
+            getattr(model, "fail")()  # noqa: B009
+        else:
+            guards = _guard_values(ctx, name)
+            if not getattr(model, "advance")():  # noqa: B009
+                outcome = Outcome(Code.INTERNAL_ERROR, name, f"no transition from {name}")
+                getattr(model, "fail")()  # noqa: B009
+        ctx.journal.event(
+            "transition",
+            durable=True,
+            source=name,
+            dest=model.state,
+            trigger="fail" if model.state == "failed" else "advance",
+            guards=guards if model.state != "failed" else {},
+        )
+        if on_transition is not None:
+            on_transition(name, model.state, outcome)
+    if outcome is None:
+        outcome = Outcome(Code.OK, "done", "node provisioned")
+    return outcome

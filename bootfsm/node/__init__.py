@@ -1,0 +1,1 @@
+"""What the node is: facts read through the host, and the guards the table names."""

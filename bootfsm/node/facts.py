@@ -1,0 +1,119 @@
+"""Node facts (the discovered status of a run), read from the node through a Host.
+
+``gather_facts`` only reads; judging the facts (supported or not) is detect's job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from bootfsm.core.archnames import ArchNames, normalize_arch
+from bootfsm.core.hardware import DeviceRole, GpuModel, classify, model_for
+from bootfsm.host.host import Host
+from bootfsm.parsers import ParseError
+from bootfsm.parsers.osrelease import parse_os_release
+from bootfsm.parsers.pci import parse_sysfs_hex, vpd_has_sw_mng
+
+__all__ = ["NodeFacts", "PciGpu", "gather_facts"]
+
+
+@dataclass(frozen=True)
+class PciGpu:
+    """An NVIDIA GPU on the PCI bus."""
+
+    bdf: str
+    device_id: int
+    model: GpuModel
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What detect found on the node."""
+
+    raw_arch: str
+    arch: ArchNames | None
+    os_id: str
+    os_version: str
+    kernel: str
+    gpus: tuple[PciGpu, ...]
+    nvswitches: tuple[str, ...]
+    nvlink5: bool
+    loaded_driver: str | None
+    vm_size: str | None = None
+
+    @property
+    def gpu_model(self) -> str:
+        """The most common GPU model name, or '' without GPUs."""
+        names = [g.model.name for g in self.gpus]
+        return max(set(names), key=names.count) if names else ""
+
+    def summary(self) -> dict[str, Any]:
+        """Flat, JSON-able facts for the journal and `plan`."""
+        return {
+            "arch": self.raw_arch,
+            "os": f"{self.os_id}:{self.os_version}",
+            "kernel": self.kernel,
+            "gpu_count": len(self.gpus),
+            "gpu_model": self.gpu_model,
+            "gpu_family": self.gpus[0].model.family.value if self.gpus else "",
+            "grace": any(g.model.grace for g in self.gpus),
+            "nvswitches": len(self.nvswitches),
+            "nvlink5": self.nvlink5,
+            "loaded_driver": self.loaded_driver,
+            "vm_size": self.vm_size,
+            "gpus": [{"bdf": g.bdf, **asdict(g.model)} for g in self.gpus],
+        }
+
+
+def _pci(host: Host) -> tuple[list[PciGpu], list[str]]:
+    gpus: list[PciGpu] = []
+    switches: list[str] = []
+    for dev in host.glob("/sys/bus/pci/devices/*"):
+        bdf = dev.rsplit("/", 1)[-1]
+        texts = [host.read_text(f"{dev}/{f}") for f in ("vendor", "device", "class")]
+        if any(t is None for t in texts):
+            continue
+        try:
+            vendor, device, cls = (
+                parse_sysfs_hex(t or "", what=f"{dev}/{f}")
+                for t, f in zip(texts, ("vendor", "device", "class"), strict=True)
+            )
+        except ParseError:
+            continue  # a garbled non-essential device must not stop the boot
+        role = classify(vendor, device, cls)
+        if role is DeviceRole.GPU:
+            gpus.append(PciGpu(bdf, device, model_for(device)))
+        elif role is DeviceRole.NVSWITCH:
+            switches.append(bdf)
+    return gpus, switches
+
+
+def gather_facts(host: Host) -> NodeFacts:
+    """Read arch, OS, kernel, GPUs, NVSwitches, NVLink5 and the loaded driver."""
+    raw_arch = (host.read_text("/proc/sys/kernel/arch") or "").strip()
+    osr_text = host.read_text("/etc/os-release") or host.read_text("/usr/lib/os-release") or ""
+    try:
+        osr = parse_os_release(osr_text)
+        os_id, os_version = osr.id, osr.version_id
+    except ParseError:
+        os_id, os_version = "", ""
+    gpus, switches = _pci(host)
+    if host.listdir("/proc/driver/nvidia-nvswitch/devices") and not switches:
+        switches = host.listdir("/proc/driver/nvidia-nvswitch/devices")
+    nvlink5 = any(
+        vpd_has_sw_mng(host.read_bytes(p) or b"")
+        for p in host.glob("/sys/class/infiniband/*/device/vpd")
+    )
+    loaded = (host.read_text("/sys/module/nvidia/version") or "").strip() or None
+    return NodeFacts(
+        raw_arch=raw_arch,
+        arch=normalize_arch(raw_arch) if raw_arch else None,
+        os_id=os_id,
+        os_version=os_version,
+        kernel=(host.read_text("/proc/sys/kernel/osrelease") or "").strip(),
+        gpus=tuple(gpus),
+        nvswitches=tuple(switches),
+        nvlink5=nvlink5,
+        loaded_driver=loaded,
+    )

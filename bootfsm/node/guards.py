@@ -1,0 +1,42 @@
+"""Named guards: pure predicates on node facts that choose transitions.
+
+The table names them; ``GUARDS`` resolves the names. They are exhaustive and mutually
+exclusive after the driver state (a test checks this for every combination of facts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from bootfsm.core.hardware import blackwell_or_later
+from bootfsm.node.facts import NodeFacts
+
+__all__ = ["GUARDS", "needs_fabric_manager", "needs_imex", "no_nvlink_fabric"]
+
+
+def _grace_blackwell(f: NodeFacts) -> bool:
+    """A Grace-Blackwell (or later) tray: GB200/GB300, the parts of NVLink domains."""
+    return any(g.model.grace and blackwell_or_later(g.device_id) for g in f.gpus)
+
+
+def needs_fabric_manager(f: NodeFacts) -> bool:
+    """x86_64 with NVSwitch (or NVLink5 switch management): fabric manager must run."""
+    return f.raw_arch == "x86_64" and (bool(f.nvswitches) or f.nvlink5)
+
+
+def needs_imex(f: NodeFacts) -> bool:
+    """arm64 Grace-Blackwell tray (GB200/GB300 NVLink domain): IMEX coordinates cross-node
+    NVLink. A standalone Grace Hopper (GH200) has no NVLink domain and needs none."""
+    return f.raw_arch == "aarch64" and _grace_blackwell(f) and not needs_fabric_manager(f)
+
+
+def no_nvlink_fabric(f: NodeFacts) -> bool:
+    """Neither fabric manager nor IMEX applies (PCIe GPUs, no NVLink fabric)."""
+    return not needs_fabric_manager(f) and not needs_imex(f)
+
+
+GUARDS: Mapping[str, Callable[[NodeFacts], bool]] = {
+    "needs_fabric_manager": needs_fabric_manager,
+    "needs_imex": needs_imex,
+    "no_nvlink_fabric": no_nvlink_fabric,
+}

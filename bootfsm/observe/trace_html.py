@@ -1,0 +1,235 @@
+"""One run as one self-contained HTML file: a Gantt chart of its states, the root cause.
+
+Everything is inline (CSS, SVG, a small script); nothing is fetched, so the file opens
+from an e-mail or a ticket on a machine without network. The SVG is complete without
+the script: bars (``rect.bar.<outcome>``, one per state), retry marks (``line.retry``),
+back-off sleeps (``rect.sleep``) and commands (``rect.cmd``) all carry ``<title>``
+elements, which browsers show on hover. The script only adds the clickable state
+table (``#states``) from the embedded JSON (``#trace-data``, the ``trace --json`` form)
+and marks the document ``data-ready="1"``.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from typing import Any
+
+from bootfsm.observe.trace import TraceReport
+from bootfsm.observe.trace_view import report_json, root_cause
+
+__all__ = ["render_html"]
+
+_LABEL_W = 96
+_CHART_W = 800
+_ROW_H = 34
+_BAR_H = 18
+_TOP = 28
+
+_CSS = """
+:root{--fg:#1d2330;--muted:#667;--bg:#fff;--done:#3b8f5a;--skipped:#b9c2cc;
+--failed:#d1382f;--running:#3b6fd1;--interrupted:#e0962b;--sleep:#f2d36b}
+body{font:14px/1.45 system-ui,sans-serif;color:var(--fg);background:var(--bg);margin:24px}
+h1{font-size:20px;margin:0 0 4px}.muted{color:var(--muted)}
+.badge{display:inline-block;padding:1px 8px;border-radius:9px;color:#fff;font-size:13px}
+.badge.done{background:var(--done)}.badge.failed,.badge.killed{background:var(--failed)}
+.badge.interrupted{background:var(--interrupted)}.badge.running,.badge.unknown{background:var(--running)}
+section.cause{border-left:4px solid var(--failed);padding:6px 12px;margin:12px 0;background:#fdf1f0}
+section.cause dt{font-weight:600;float:left;width:8em}section.cause dd{margin:0 0 2px 8.5em}
+pre{background:#f4f5f7;padding:8px;overflow:auto;max-height:14em;font-size:12px}
+svg .bar.done{fill:var(--done)}svg .bar.skipped{fill:var(--skipped)}
+svg .bar.failed{fill:var(--failed);stroke:#7a0f0a;stroke-width:2}
+svg .bar.running{fill:var(--running)}svg .bar.interrupted{fill:var(--interrupted)}
+svg .sleep{fill:var(--sleep);opacity:.9}svg .retry{stroke:#7a0f0a;stroke-width:2}
+svg .cmd{fill:#4a5568}svg .cmd.bad{fill:var(--failed)}svg .axis line{stroke:#dde}
+svg text{font:12px system-ui,sans-serif;fill:var(--fg)}
+svg .fail-label{fill:var(--failed);font-weight:600}
+svg .bar:hover,svg .cmd:hover,svg .sleep:hover{opacity:.75;cursor:pointer}
+table{border-collapse:collapse;margin-top:12px}
+td,th{padding:3px 10px;border-bottom:1px solid #e3e6ea;text-align:left}
+tr.failed td{color:var(--failed);font-weight:600}tr.sel td{background:#fff7d6}
+"""
+
+_JS = """
+(function(){
+  var data = JSON.parse(document.getElementById('trace-data').textContent);
+  var body = document.querySelector('#states tbody');
+  data.states.forEach(function(s){
+    var tr = document.createElement('tr');
+    tr.className = s.outcome; tr.setAttribute('data-state', s.state);
+    [s.state, s.start_s.toFixed(2), s.duration_s.toFixed(2),
+     (s.attempts || '-') + (s.attempts_max ? '/' + s.attempts_max : ''),
+     s.retries.length, s.commands, s.outcome].forEach(function(v){
+      var td = document.createElement('td'); td.textContent = String(v); tr.appendChild(td);
+    });
+    body.appendChild(tr);
+  });
+  document.querySelectorAll('svg .bar').forEach(function(bar){
+    bar.addEventListener('click', function(){
+      document.querySelectorAll('#states tr').forEach(function(tr){
+        var same = tr.getAttribute('data-state') === bar.getAttribute('data-state');
+        tr.classList.toggle('sel', same);
+      });
+    });
+  });
+  document.querySelectorAll('pre').forEach(function(p){ p.scrollTop = p.scrollHeight; });
+  document.documentElement.setAttribute('data-ready', '1');
+})();
+"""
+
+
+def _e(text: Any) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _nice_step(total: float) -> float:
+    raw = max(total, 1e-3) / 8
+    mag = 10.0 ** math.floor(math.log10(raw))
+    return next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
+
+
+def _json_script(data: dict[str, Any]) -> str:
+    text = json.dumps(data, default=str, separators=(",", ":"))
+    for a, b in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026")):
+        text = text.replace(a, b)
+    return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+
+
+def _svg(r: TraceReport) -> str:
+    total = max(r.duration_s or 0.0, r.last_t, *(s.end_t for s in r.spans), 1e-3)
+    scale = _CHART_W / total
+
+    def x(t: float) -> float:
+        return round(_LABEL_W + max(0.0, t) * scale, 2)
+
+    height = _TOP + _ROW_H * max(1, len(r.spans)) + 8
+    width = _LABEL_W + _CHART_W + 250
+    parts = [
+        f'<svg id="gantt" class="gantt" xmlns="http://www.w3.org/2000/svg" width="{width}" '
+        f'height="{height}" viewBox="0 0 {width} {height}" role="img" '
+        f'aria-label="timeline of run {_e(r.run_id)}">',
+        '<g class="axis">',
+    ]
+    step = _nice_step(total)
+    k = 0
+    while k * step <= total + 1e-9:
+        tx = x(k * step)
+        parts.append(
+            f'<line x1="{tx}" y1="{_TOP - 6}" x2="{tx}" y2="{height - 4}"/>'
+            f'<text x="{tx}" y="{_TOP - 10}" text-anchor="middle">{k * step:g} s</text>'
+        )
+        k += 1
+    parts.append("</g>")
+    for i, s in enumerate(r.spans):
+        y = _TOP + i * _ROW_H
+        w = max(2.0, round(s.duration_s * scale, 2))
+        tip = (
+            f"{s.state}: {s.outcome}, starts at {s.start_t:.2f} s, {s.duration_s:.2f} s, "
+            f"attempts {s.attempts or '-'}{'/' + str(s.attempts_max) if s.attempts_max else ''}, "
+            f"{len(s.retries)} retries, slept {s.sleep_s:.2f} s, {s.commands} commands"
+        )
+        parts.append(f'<g class="row" data-state="{_e(s.state)}">')
+        parts.append(f'<text class="label" x="6" y="{y + 14}">{_e(s.state)}</text>')
+        parts.append(
+            f'<rect class="bar {_e(s.outcome)}" data-state="{_e(s.state)}" x="{x(s.start_t)}" '
+            f'y="{y}" width="{w}" height="{_BAR_H}" rx="3"><title>{_e(tip)}</title></rect>'
+        )
+        for rt in s.retries:
+            t0 = float(rt.get("t") or s.start_t)
+            sw = max(1.0, round(float(rt.get("sleep_s") or 0.0) * scale, 2))
+            what = f"retry after attempt {rt.get('attempt')}: {rt.get('code')} {rt.get('error')}"
+            sleep = f"back-off sleep {rt.get('sleep_s')} s; {what}"
+            parts.append(
+                f'<rect class="sleep" x="{x(t0)}" y="{y + 3}" width="{sw}" height="{_BAR_H - 6}">'
+                f"<title>{_e(sleep)}</title></rect>"
+                f'<line class="retry" x1="{x(t0)}" y1="{y - 2}" x2="{x(t0)}" y2="{y + _BAR_H + 2}">'
+                f"<title>{_e(what)}</title></line>"
+            )
+        for c in r.commands:
+            if c["state"] != s.state or not (s.start_t - 1e-6 <= c["t"] <= s.end_t + 1e-3):
+                continue
+            bad = c["rc"] != 0 or c["timed_out"]
+            cw = max(1.5, round(float(c["duration_s"]) * scale, 2))
+            tip = f"{' '.join(c['argv'])[:300]} -> exit {c['rc']} in {c['duration_s']} s"
+            cls = "cmd bad" if bad else "cmd"
+            parts.append(
+                f'<rect class="{cls}" x="{x(c["t"])}" y="{y + _BAR_H + 3}" '
+                f'width="{cw}" height="5"><title>{_e(tip)}</title></rect>'
+            )
+        if s.outcome in ("failed", "interrupted"):
+            label = r.code_name if s.outcome == "failed" else "interrupted"
+            parts.append(
+                f'<text class="fail-label" x="{x(s.start_t) + w + 6}" y="{y + 14}">'
+                f"\u2717 {_e(label)}</text>"
+            )
+        parts.append("</g>")
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+def _cause(r: TraceReport) -> str:
+    rc = root_cause(r)
+    if rc is None:
+        return ""
+    code = f"{rc['code']} {rc['code_name']}" if rc["code"] is not None else "none (no verdict)"
+    rows = [
+        ("state", rc["state"]),
+        ("code", code),
+        ("message", rc["message"].splitlines()[0] if rc["message"] else ""),
+        ("hint", rc["hint"]),
+        ("path", " \u2192 ".join(rc["path"])),
+    ]
+    rows += [
+        ("guards", f"{edge}: " + ", ".join(f"{k}={v}" for k, v in g.items()))
+        for edge, g in rc["guards"].items()
+    ]
+    rows += [
+        ("retry", f"attempt {t.get('attempt')}: {t.get('code')} {t.get('error')}")
+        for t in rc["retries"]
+    ]
+    rows += [("note", n["message"]) for n in rc["notes"]]
+    out = ['<section class="cause" id="root-cause"><h2>Root cause</h2><dl>']
+    out += [f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in rows]
+    out.append("</dl>")
+    cmd = rc["command"]
+    if cmd:
+        label = "failed command" if cmd["caused_failure"] else "last command"
+        out.append(
+            f"<p><b>{label}</b>: <code>{_e(' '.join(cmd['argv']))}</code> "
+            f"\u2192 exit {_e(cmd['rc'])}{' (timed out)' if cmd['timed_out'] else ''}</p>"
+        )
+        if cmd["output_tail"]:
+            out.append(f"<pre>{_e(cmd['output_tail'])}</pre>")
+    out.append("</section>")
+    return "\n".join(out)
+
+
+def render_html(r: TraceReport) -> str:
+    """The whole page for one run (no external resources)."""
+    data = report_json(r)
+    f = r.facts
+    node = (
+        f"{f.get('gpu_count')}x {f.get('gpu_model')} \u00b7 {f.get('arch')} \u00b7 "
+        f"{f.get('os')} \u00b7 kernel {f.get('kernel')} \u00b7 vm {f.get('vm_size') or '-'}"
+        if f
+        else "node facts unknown"
+    )
+    dur = f"{r.duration_s:.2f} s" if r.duration_s is not None else "?"
+    code = f" \u00b7 code {r.code} {r.code_name}" if r.code not in (None, 0) else ""
+    warnings = "".join(f"<li>{_e(w)}</li>" for w in r.warnings)
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>bootfsm trace {_e(r.run_id or r.source)}</title>"
+        f'<meta name="viewport" content="width=device-width"><style>{_CSS}</style></head>\n'
+        f'<body data-outcome="{_e(r.outcome)}">\n<header><h1>run {_e(r.run_id or "?")} '
+        f'<span class="badge {_e(r.outcome)}">{_e(r.outcome.upper())}</span></h1>'
+        f'<p class="muted">{_e(r.started)} \u00b7 {dur}{_e(code)} \u00b7 {_e(node)}</p></header>\n'
+        f"{_cause(r)}\n{_svg(r)}\n"
+        '<table id="states"><thead><tr><th>state</th><th>start s</th><th>duration s</th>'
+        "<th>attempts</th><th>retries</th><th>commands</th><th>outcome</th></tr></thead>"
+        "<tbody></tbody></table>\n"
+        + (f'<ul class="warnings">{warnings}</ul>\n' if warnings else "")
+        + f'<script type="application/json" id="trace-data">{_json_script(data)}</script>\n'
+        f"<script>{_JS}</script>\n</body></html>\n"
+    )

@@ -1,0 +1,99 @@
+"""The data of one run's trace: ``Span`` per state, ``TraceReport`` per journal.
+
+``bootfsm.observe.trace`` builds them from journal events (and re-exports them); the views
+(text, JSON, HTML, metrics, fleet) read them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from bootfsm.core.redact import redact_url
+
+__all__ = ["JOURNAL_SCHEMA", "TAIL_CHARS", "TRACE_SCHEMA", "Span", "TraceReport", "scrub"]
+
+#: Version of the JSON that ``to_json`` returns (docs/trace.md).
+TRACE_SCHEMA = 1
+#: Newest journal schema (``run.start.schema``) this reader knows.
+JOURNAL_SCHEMA = 1
+#: Characters of command output kept in a report.
+TAIL_CHARS = 1500
+_URL = re.compile(r"https?://[^\s'\"<>]+")
+
+
+def scrub(text: str) -> str:
+    """Text with every URL's credentials and query string redacted."""
+    return _URL.sub(lambda m: redact_url(m.group(0)), text) if "://" in text else text
+
+
+@dataclass
+class Span:
+    """One state's time in a run (start and duration in seconds since the run started)."""
+
+    state: str
+    start_t: float
+    duration_s: float = 0.0
+    attempts: int = 0
+    attempts_max: int | None = None
+    time_limit_s: float | None = None
+    outcome: str = "running"  # done | skipped | failed | interrupted | running
+    retries: list[dict[str, Any]] = field(default_factory=list)
+    sleep_s: float = 0.0
+    commands: int = 0
+    failed_commands: int = 0
+    entered: bool = False  # its action started (state.enter / attempt / retry seen)
+
+    def settle_attempts(self) -> None:
+        """Attempts of an entered span without ``state.attempt`` events: retries + 1."""
+        if self.entered:
+            self.attempts = max(self.attempts, len(self.retries) + 1)
+
+    @property
+    def end_t(self) -> float:
+        """When the span ended (or the last event seen, while running)."""
+        return round(self.start_t + self.duration_s, 4)
+
+
+@dataclass
+class TraceReport:
+    """Everything a postmortem needs from one journal."""
+
+    source: str = ""
+    run_id: str = ""
+    started: str = ""
+    ended: str = ""
+    version: str = ""
+    journal_schema: int | None = None
+    config_digest: str = ""
+    root: str = ""
+    pid: int | None = None
+    boot_id: str = ""
+    facts: dict[str, Any] = field(default_factory=dict)
+    spans: list[Span] = field(default_factory=list)
+    transitions: list[dict[str, Any]] = field(default_factory=list)
+    outcome: str = "running"  # done | failed | interrupted | running | killed | unknown
+    alive: bool | None = None
+    code: int | None = None
+    code_name: str = ""
+    failed_state: str = ""
+    message: str = ""
+    hint: str = ""
+    detail: dict[str, Any] = field(default_factory=dict)
+    duration_s: float | None = None
+    last_command: dict[str, Any] | None = None
+    state_last_command: dict[str, dict[str, Any]] = field(default_factory=dict)
+    commands: list[dict[str, Any]] = field(default_factory=list)
+    failure_output: str = ""
+    notes: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    events: int = 0
+    last_t: float = 0.0
+
+    def span(self, state: str) -> Span | None:
+        """The last span of ``state`` (None when it never ran)."""
+        for s in reversed(self.spans):
+            if s.state == state:
+                return s
+        return None

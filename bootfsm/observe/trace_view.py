@@ -1,0 +1,262 @@
+"""Views of one run's ``TraceReport``: root cause, blame, the JSON form and the text screen.
+
+The JSON form is stable (``schema`` = ``TRACE_SCHEMA``; docs/trace.md documents every
+key); the text is for people and may change.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bootfsm.observe.trace_model import TRACE_SCHEMA, Span, TraceReport
+
+__all__ = ["blame", "render_text", "report_json", "root_cause"]
+
+_KILLED_HINT = "rerun `bootfsm run`; it resumes at the first unsatisfied state"
+
+
+def blame(report: TraceReport) -> list[dict[str, Any]]:
+    """States by time spent, longest first, with their share of the run."""
+    total = report.duration_s or sum(s.duration_s for s in report.spans) or 0.0
+    rows = [
+        {
+            "state": s.state,
+            "duration_s": s.duration_s,
+            "share": round(min(1.0, max(0.0, s.duration_s / total)), 4) if total > 0 else 0.0,
+            "outcome": s.outcome,
+        }
+        for s in report.spans
+    ]
+    return sorted(rows, key=lambda r: (-r["duration_s"], r["state"]))
+
+
+def _command_of(report: TraceReport, state: str) -> dict[str, Any] | None:
+    """The command that failed the state (from the error), else the state's last command."""
+    d = report.detail
+    if isinstance(d.get("argv"), list) and "returncode" in d:
+        last = report.state_last_command.get(state, {})
+        return {
+            "argv": [str(a) for a in d["argv"]],
+            "rc": d["returncode"],
+            "duration_s": last.get("duration_s") if last.get("argv") == d["argv"] else None,
+            "timed_out": bool(last.get("timed_out")) if last.get("argv") == d["argv"] else False,
+            "output_tail": report.failure_output or str(last.get("output", "")),
+            "caused_failure": True,
+        }
+    final = report.state_last_command.get(state)
+    if final is None:
+        return None
+    last = final
+    return {
+        "argv": list(last["argv"]),
+        "rc": last["rc"],
+        "duration_s": last["duration_s"],
+        "timed_out": last["timed_out"],
+        "output_tail": str(last.get("output", "")),
+        "caused_failure": False,
+    }
+
+
+def root_cause(report: TraceReport) -> dict[str, Any] | None:
+    """What failed, why and what to do; None for a provisioned or still running run."""
+    running = report.outcome == "running" and report.alive is not False
+    if report.outcome in ("done", "unknown") or (running and report.code is None):
+        return None
+    state = report.failed_state or (report.spans[-1].state if report.spans else "")
+    if report.outcome in ("killed", "running") and report.code is not None:
+        # state.failed was recorded, the run died before run.end: the verdict stands
+        code, name, hint = report.code, report.code_name, report.hint
+        message = f"{report.message} (the run died before recording its end)"
+    elif report.outcome in ("killed", "running"):
+        code, name, hint = None, "", _KILLED_HINT
+        message = (
+            f"the run ended without a verdict during state {state or '?'} "
+            f"(last event at {report.last_t:.2f} s): killed, crashed or the node lost power"
+        )
+    else:
+        code, name, hint, message = report.code, report.code_name, report.hint, report.message
+    path = [s.state for s in report.spans]
+    guards = {
+        f"{t['source']} -> {t['dest']}": dict(t["guards"])
+        for t in report.transitions
+        if t.get("guards")
+    }
+    span = report.span(state)
+    return {
+        "state": state,
+        "code": code,
+        "code_name": name,
+        "message": message,
+        "hint": hint,
+        "path": path,
+        "guards": guards,
+        "command": _command_of(report, state),
+        "retries": list(span.retries) if span else [],
+        "notes": [n for n in report.notes if n.get("state") == state],
+        "detail": {k: v for k, v in report.detail.items() if k not in ("output",)},
+    }
+
+
+def _span_json(s: Span) -> dict[str, Any]:
+    return {
+        "state": s.state,
+        "start_s": s.start_t,
+        "duration_s": s.duration_s,
+        "end_s": s.end_t,
+        "attempts": s.attempts,
+        "attempts_max": s.attempts_max,
+        "time_limit_s": s.time_limit_s,
+        "outcome": s.outcome,
+        "retries": list(s.retries),
+        "sleep_s": s.sleep_s,
+        "commands": s.commands,
+        "failed_commands": s.failed_commands,
+    }
+
+
+def report_json(r: TraceReport) -> dict[str, Any]:
+    """The stable JSON form of one run (docs/trace.md, "bootfsm trace --json")."""
+    return {
+        "schema": TRACE_SCHEMA,
+        "kind": "run",
+        "source": r.source,
+        "run_id": r.run_id,
+        "started": r.started,
+        "ended": r.ended,
+        "version": r.version,
+        "journal_schema": r.journal_schema,
+        "config_digest": r.config_digest,
+        "root": r.root,
+        "pid": r.pid,
+        "boot_id": r.boot_id,
+        "outcome": r.outcome,
+        "alive": r.alive,
+        "code": r.code,
+        "code_name": r.code_name,
+        "failed_state": r.failed_state if r.outcome != "done" else "",
+        "message": r.message,
+        "hint": r.hint,
+        "duration_s": r.duration_s,
+        "facts": dict(r.facts),
+        "states": [_span_json(s) for s in r.spans],
+        "blame": blame(r),
+        "transitions": list(r.transitions),
+        "root_cause": root_cause(r),
+        "commands": list(r.commands),
+        "notes": list(r.notes),
+        "warnings": list(r.warnings),
+        "events": r.events,
+    }
+
+
+# -- text ------------------------------------------------------------------------------
+_HEAD = {"done": "OK", "failed": "FAILED", "interrupted": "INTERRUPTED", "killed": "KILLED"}
+
+
+def _clip(text: str, width: int = 150) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _argv(argv: list[str]) -> str:
+    if not argv:
+        return "-"
+    head = argv[0].rsplit("/", 1)[-1] if "/" in argv[0] else argv[0]
+    return _clip(" ".join([head, *argv[1:]]), 120)
+
+
+def _header(r: TraceReport) -> list[str]:
+    head = _HEAD.get(r.outcome, r.outcome.upper())
+    if r.outcome == "running":
+        head = "IN PROGRESS" if r.alive else "RUNNING?"
+    dur = f"{r.duration_s:.2f} s" if r.duration_s is not None else "?"
+    code = f" code {r.code} {r.code_name}" if r.code not in (None, 0) else ""
+    out = [f"run {r.run_id or '?'}  {r.started or '?'}  {head}{code}  ({dur})"]
+    f = r.facts
+    if f:
+        out.append(
+            f"node  {f.get('arch')} {f.get('os')} kernel {f.get('kernel')}  "
+            f"{f.get('gpu_count')}x {f.get('gpu_model')}  nvswitches={f.get('nvswitches')} "
+            f"nvlink5={f.get('nvlink5')} vm={f.get('vm_size') or '-'}"
+        )
+    return out
+
+
+def _timeline(r: TraceReport) -> list[str]:
+    out = ["", "  start    state     duration  attempts  outcome"]
+    for s in r.spans:
+        tries = (
+            f"{s.attempts or '-'}/{s.attempts_max}" if s.attempts_max else f"{s.attempts or '-'}"
+        )
+        extra = ""
+        if s.retries:
+            n = len(s.retries)
+            extra = f"  {n} retr{'y' if n == 1 else 'ies'}, slept {s.sleep_s:.2f} s"
+        out.append(
+            f"  {s.start_t:7.2f}  {s.state:<8}  {s.duration_s:7.2f}s  {tries:>8}  "
+            f"{s.outcome}{extra}"
+        )
+        for rt in s.retries:
+            out.append(
+                f"           retry after attempt {rt.get('attempt')}: {rt.get('code')} "
+                f"{_clip(str(rt.get('error')), 90)} (slept {rt.get('sleep_s')} s)"
+            )
+    return out
+
+
+def _blame(r: TraceReport) -> list[str]:
+    rows = [b for b in blame(r) if b["duration_s"] > 0][:6]
+    if not rows:
+        return []
+    out = ["", "blame (longest first)"]
+    for b in rows:
+        bar = "#" * max(1, round(b["share"] * 30)) if b["share"] > 0 else ""
+        out.append(f"  {b['state']:<8} {b['duration_s']:8.2f}s  {b['share'] * 100:5.1f}%  {bar}")
+    return out
+
+
+def _root(r: TraceReport) -> list[str]:
+    rc = root_cause(r)
+    if rc is None:
+        if r.outcome == "running" and r.spans:
+            s = r.spans[-1]
+            return ["", f"in progress: state {s.state} for {s.duration_s:.1f} s"]
+        return []
+    msg = rc["message"].splitlines() or [""]
+    out = ["", "root cause"]
+    out.append(f"  state:    {rc['state'] or '-'}   (path {' -> '.join(rc['path']) or '-'})")
+    code = f"{rc['code']} {rc['code_name']}" if rc["code"] is not None else "- (no verdict)"
+    out.append(f"  code:     {code}")
+    out.append(f"  message:  {_clip(msg[0])}")
+    out.append(f"  hint:     {rc['hint']}")
+    for edge, g in rc["guards"].items():
+        values = ", ".join(f"{k}={v}" for k, v in g.items())
+        out.append(f"  guards:   {edge}: {values}")
+    for rt in rc["retries"]:
+        out.append(
+            f"  retry:    attempt {rt.get('attempt')} at {rt.get('t', 0):.2f} s: "
+            f"{rt.get('code')} {_clip(str(rt.get('error')), 80)} (slept {rt.get('sleep_s')} s)"
+        )
+    for n in rc["notes"]:
+        out.append(f"  note:     at {n['t']:.2f} s: {_clip(n['message'], 110)}")
+    cmd = rc["command"]
+    if cmd:
+        label = "failed command" if cmd["caused_failure"] else "last command"
+        flags = " (timed out)" if cmd["timed_out"] else ""
+        out.append(f"  {label}: {_argv(cmd['argv'])} -> exit {cmd['rc']}{flags}")
+        tail = str(cmd["output_tail"] or "").strip().splitlines()[-6:]
+        out += [f"    | {_clip(line, 140)}" for line in tail]
+    return out
+
+
+def render_text(r: TraceReport) -> str:
+    """One screen: header, node, timeline, blame, root cause, warnings."""
+    out = _header(r) + _timeline(r)
+    chosen = [t for t in r.transitions if t.get("guards")]
+    if chosen and r.outcome == "done":
+        out.append("")
+        for t in chosen:
+            values = ", ".join(f"{k}={v}" for k, v in t["guards"].items())
+            out.append(f"  {t['source']} -> {t['dest']}  guards: {values}")
+    out += _blame(r) + _root(r)
+    out += [f"warning: {w}" for w in r.warnings]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,100 @@
+"""systemd notifications (the sd_notify protocol) without libsystemd.
+
+When systemd starts bootfsm with ``NotifyAccess=`` set, it passes ``$NOTIFY_SOCKET``: an
+AF_UNIX datagram socket, a path (``/run/systemd/notify``) or an abstract name written
+with a leading ``@``. Each datagram is newline-separated ``KEY=VALUE`` lines; bootfsm
+sends only ``STATUS=`` (what `systemctl status bootfsm` shows as "Status:"). A oneshot
+unit never sends ``READY=1``: its start finishes when the process exits.
+
+Notifications are best effort: no socket, a vsock address or a send error is silently
+ignored, never a reason to fail a run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import Mapping
+
+__all__ = ["Notifier", "socket_address", "state_status"]
+
+_MAX_STATUS = 400  # systemctl status shows one line; keep the datagram small
+
+
+def state_status(state: str) -> str:
+    """The STATUS text for a state the run has just entered: name and what it does."""
+    from bootfsm.machine.table import TERMINAL, row
+
+    if state in TERMINAL:
+        return state
+    return f"{state}: {row(state).summary}"
+
+
+def socket_address(value: str | None) -> str | None:
+    """The AF_UNIX address of a ``$NOTIFY_SOCKET`` value, or None when unusable.
+
+    ``/path`` is a filesystem socket; ``@name`` is the abstract name ``\\0name``. Other
+    forms (``vsock:...``) are not supported here and give None.
+    """
+    if not value:
+        return None
+    if value.startswith("/"):
+        return value
+    if value.startswith("@") and len(value) > 1:
+        return "\0" + value[1:]
+    return None
+
+
+class Notifier:
+    """Sends ``STATUS=`` datagrams to one notify socket; a no-op without one."""
+
+    def __init__(self, address: str | None) -> None:
+        self.address = address
+        self._sock: socket.socket | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Notifier:
+        """A notifier for ``env['NOTIFY_SOCKET']`` (a no-op when unset or unusable)."""
+        return cls(socket_address(env.get("NOTIFY_SOCKET")))
+
+    @property
+    def enabled(self) -> bool:
+        """True when there is a socket to notify."""
+        return self.address is not None
+
+    def send(self, **fields: str) -> bool:
+        """Send one datagram of ``KEY=VALUE`` lines; True when it was sent.
+
+        Newlines inside a value would start a new assignment, so they become spaces.
+        """
+        if self.address is None or not fields:
+            return False
+        payload = "\n".join(
+            f"{k}={' '.join(str(v).splitlines())}" for k, v in fields.items()
+        ).encode("utf-8", "replace")
+        try:
+            if self._sock is None:
+                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                self._sock.setblocking(False)  # a full queue drops a status, never stalls
+                self._sock.connect(self.address)
+            self._sock.send(payload)
+        except BlockingIOError:
+            return False
+        except OSError:
+            self.close()
+            return False
+        return True
+
+    def status(self, text: str) -> bool:
+        """``STATUS=text`` (shortened to one line of at most 400 characters)."""
+        line = " ".join(text.split())
+        if len(line) > _MAX_STATUS:
+            line = line[: _MAX_STATUS - 3] + "..."
+        return self.send(STATUS=line)
+
+    def close(self) -> None:
+        """Close the socket (a later send reopens it)."""
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.close()
+            self._sock = None

@@ -1,0 +1,157 @@
+"""The I/O boundary as it really is, enforced: which product modules may run commands,
+open sockets, use the HTTP library, write files or open files at all.
+
+docs/architecture.md states exactly these rules. A new exception must be added here,
+with its reason, so the boundary never drifts silently. (ruff's banned-API rule catches
+``import subprocess`` / ``import requests`` at lint time; this test covers the rest.)
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+SUBPROCESS = {
+    "bootfsm/host/process.py": "the one place that runs commands",
+    "bootfsm/commands/demo.py": "runs the simulated node's bootfsm (the simulator's driver)",
+}
+SOCKET = {
+    "bootfsm/host/http_wire.py": "shuts a request's sockets down when its time is up",
+    "bootfsm/run/notify.py": "sd_notify datagrams to systemd",
+    "bootfsm/host/journald.py": "native journal protocol datagrams",
+}
+HTTP_LIBRARY = {
+    "bootfsm/host/http.py": "GET, POST, resumable downloads",
+    "bootfsm/host/http_wire.py": "the watched session, the body reader",
+    "bootfsm/host/segments.py": "segmented downloads",
+    "bootfsm/host/segment_workers.py": "segmented downloads",
+}
+#: Besides every module in bootfsm/host/: who else writes files, and why.
+WRITES = {
+    "bootfsm/observe/journal.py": "appends to its own journal file (fsync on transitions)",
+    "bootfsm/run/runner.py": "prunes old journals (keep_journals)",
+    "bootfsm/fetch/fetcher.py": "discards a failed download's .part and .part.meta",
+    "bootfsm/install/driver_steps.py": "makes the verified runfile executable (0700)",
+    "bootfsm/commands/trace.py": "writes the --html page the user asked for",
+    "bootfsm/commands/unit.py": "removes the unit's empty drop-in directory",
+    "bootfsm/commands/demo.py": "makes the simulated node's directory",
+}
+#: Besides bootfsm/host/ and bootfsm/observe/ (journals are read back there): who reads
+#: files directly rather than through Host.
+READS = {
+    "bootfsm/fetch/artifacts.py": "hashes a cached artifact in 1 MiB blocks",
+    "bootfsm/run/runner.py": "reads its own journal back for the OTLP export",
+    "bootfsm/commands/trace.py": "reads a journal file named on the command line",
+}
+_WRITE_CALLS = {"os.open", "os.write", "os.replace", "os.rename", "os.fsync", "os.unlink"}
+_WRITE_CALLS |= {"os.remove", "os.mkdir", "os.makedirs", "shutil.rmtree", "shutil.move"}
+_WRITE_METHODS = {"write_text", "write_bytes", "mkdir", "unlink", "touch", "chmod"}
+_WRITE_METHODS |= {"rmdir", "symlink_to", "rename", "replace"}
+# ctx.host.rename(...), self.host..., host.chmod(...) go through the Host
+_VIA_HOST = {"host", "ctx", "self"}
+_NOT_PATHS = {"dataclasses"}  # dataclasses.replace(obj, ...) is not Path.replace
+
+
+def _product() -> list[Path]:
+    mods = [p for p in (REPO / "bootfsm").rglob("*.py") if "sim" not in p.parts]
+    return sorted(
+        [p for p in mods if "states" not in p.parts] + list((REPO / "states").glob("*.py"))
+    )
+
+
+def _rel(p: Path) -> str:
+    return str(p.relative_to(REPO))
+
+
+def _receiver(node: ast.expr) -> str:
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def _uses(path: Path) -> dict[str, set[int]]:
+    found: dict[str, set[int]] = {}
+
+    def hit(kind: str, line: int) -> None:
+        found.setdefault(kind, set()).add(line)
+
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            for name in names:
+                top = name.split(".")[0]
+                if top == "subprocess":
+                    hit("subprocess", node.lineno)
+                elif top == "socket":
+                    hit("socket", node.lineno)
+                elif top in ("requests", "urllib3"):
+                    hit("http", node.lineno)
+        elif isinstance(node, ast.Call):
+            f = node.func
+            if isinstance(f, ast.Name) and f.id == "open":
+                hit("read", node.lineno)
+            elif isinstance(f, ast.Attribute):
+                dotted = f"{f.value.id}.{f.attr}" if isinstance(f.value, ast.Name) else ""
+                if dotted in _WRITE_CALLS:
+                    hit("write", node.lineno)
+                elif f.attr == "open" and _receiver(f.value) not in _VIA_HOST | {"os"}:
+                    hit("read", node.lineno)
+                elif f.attr in _WRITE_METHODS and _receiver(f.value) not in _VIA_HOST:
+                    if f.attr == "replace" and (
+                        len(node.args) != 1 or _receiver(f.value) in _NOT_PATHS
+                    ):
+                        continue  # str.replace(a, b) takes two arguments; Path.replace one
+                    hit("write", node.lineno)
+    return found
+
+
+def _check(kind: str, allowed: dict[str, str], floors: tuple[str, ...] = ()) -> list[str]:
+    wrong = []
+    for path in _product():
+        rel = _rel(path)
+        lines = _uses(path).get(kind)
+        if lines and rel not in allowed and not rel.startswith(floors):
+            wrong.append(f"{rel}:{min(lines)} {kind}")
+    return wrong
+
+
+def test_only_the_process_module_runs_commands() -> None:
+    assert not _check("subprocess", SUBPROCESS)
+
+
+def test_sockets_only_where_listed() -> None:
+    assert not _check("socket", SOCKET)
+
+
+def test_the_http_library_only_in_the_network_half() -> None:
+    assert not _check("http", HTTP_LIBRARY)
+
+
+def test_file_writes_only_in_the_host_layer_and_the_listed_exceptions() -> None:
+    assert not _check("write", WRITES, ("bootfsm/host/",))
+
+
+def test_file_reads_only_in_host_observe_and_the_listed_exceptions() -> None:
+    assert not _check("read", READS, ("bootfsm/host/", "bootfsm/observe/"))
+
+
+def test_states_do_no_io_of_their_own() -> None:
+    """A state reaches the node only through its Context (ctx.host, ctx.run, ctx.http)."""
+    for path in sorted((REPO / "states").glob("*.py")):
+        assert not _uses(path), (_rel(path), _uses(path))
+
+
+def test_every_listed_exception_still_needs_its_entry() -> None:
+    """An allow-list entry whose module no longer does that I/O must be removed."""
+    kinds = {"subprocess": SUBPROCESS, "socket": SOCKET, "http": HTTP_LIBRARY}
+    kinds |= {"write": WRITES, "read": READS}
+    stale = [
+        f"{rel} ({kind})"
+        for kind, allowed in kinds.items()
+        for rel in allowed
+        if (REPO / rel).exists() and kind not in _uses(REPO / rel)
+    ]
+    assert not stale, stale
