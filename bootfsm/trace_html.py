@@ -266,6 +266,7 @@ _LEGEND = (
     '<ul id="legend"><li><i style="background:var(--done)"></i>state done</li>'
     '<li><i style="background:var(--skipped)"></i>skipped (postcondition held)</li>'
     '<li><i style="background:var(--failed)"></i>failed</li>'
+    '<li><i style="background:#7a0f0a;width:2px;height:12px"></i>retry (an attempt failed)</li>'
     '<li><i style="background:var(--sleep)"></i>back-off sleep before a retry</li>'
     '<li><i style="background:#4a5568"></i>command</li>'
     '<li><i style="background:var(--failed)"></i>command that failed</li>'
