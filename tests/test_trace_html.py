@@ -7,6 +7,7 @@ binary (`make deps` installs the Debian package) the browser tests skip, saying 
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -109,3 +110,71 @@ def test_failed_run_with_retries_in_chromium(make_world: MakeWorld, tmp_path: Pa
     assert len(dom.having("line", "retry")) == 3 and len(dom.having("rect", "sleep")) == 3
     assert dom.having("rect", "cmd") and dom.having("rect", "bad")
     assert any(a.get("id") == "root-cause" for _, a in dom.tags)
+
+
+@needs_chromium
+def test_healthy_run_has_no_red_probes_in_chromium(make_world: MakeWorld, tmp_path: Path) -> None:
+    """A provisioned node's expected probes (dpkg-query of a toolkit package not yet
+    installed exits 1; `systemctl is-enabled` of an absent unit exits 1) are journaled
+    `probe: true` at level info and drawn neutral; the legend says what they are."""
+    w = make_world("h100-pcie")
+    result = run_in_process(w)
+    assert result.journal is not None and result.outcome.code.name == "OK"
+    events = [json.loads(line) for line in result.journal.read_text().splitlines()]
+    commands = [e for e in events if e["event"] == "command"]
+    answered_no = [e["argv"][0] for e in commands if e["rc"] != 0]
+    assert "dpkg-query" in answered_no and "systemctl" in answered_no
+    assert all(e.get("probe") is True and e["level"] == "info" for e in commands if e["rc"] != 0)
+    page = tmp_path / "trace.html"
+    assert main(["trace", "--root", str(w.root), "--html", str(page)]) == 0
+    dom = _dump_dom(page, tmp_path)
+    assert dom.having("rect", "bad") == []
+    probes = dom.having("rect", "probe")
+    assert len(probes) == sum(1 for e in commands if e.get("probe"))
+    assert any(a.get("id") == "legend" for _, a in dom.tags)
+    assert dom.having("span", "near-miss") == []  # every state needed one attempt
+
+
+def _run_lines(attempts: int) -> list[str]:
+    ev = [
+        {"event": "run.start", "t": 0, "run_id": "nm1", "schema": 1},
+        {"event": "state.enter", "t": 0.1, "state": "fetch", "attempts_max": 5},
+    ]
+    for n in range(1, attempts + 1):
+        ev.append({"event": "state.attempt", "t": 0.1 + n, "state": "fetch", "attempt": n})
+        if n < attempts:
+            ev.append(
+                {"event": "state.retry", "t": 0.5 + n, "state": "fetch", "attempt": n,
+                 "sleep_s": 0.4, "error": "HTTP 503", "code": "DOWNLOAD_FAILED"}
+            )  # fmt: skip
+    ev += [
+        {"event": "state.done", "t": 7.0, "state": "fetch", "attempts": attempts},
+        {"event": "run.end", "t": 7.1, "outcome": "done", "code": 0, "code_name": "OK",
+         "state": "done", "duration_s": 7.1},
+    ]  # fmt: skip
+    return [json.dumps(e) for e in ev]
+
+
+@needs_chromium
+def test_near_miss_badge_in_chromium(tmp_path: Path) -> None:
+    """Success on the 5th of 5 allowed attempts is a near miss; on the 4th it is not."""
+    for attempts, badge in ((5, True), (4, False)):
+        page = tmp_path / f"nm{attempts}.html"
+        page.write_text(render_html(parse_events(_run_lines(attempts))))
+        dom = _dump_dom(page, tmp_path)
+        assert bool(dom.having("span", "near-miss")) is badge, attempts
+
+
+def test_pre_wraps_and_hints_name_the_node_logs(make_world: MakeWorld) -> None:
+    """A driver failure's root cause lists this run's journal and the installer log as
+    they are on this node (under --root), and the hint's log path is that one too."""
+    w = make_world("h100-pcie", ("installer-fails",))
+    result = run_in_process(w)
+    assert result.journal is not None
+    page = render_html(load_run(result.journal))
+    installer_log = f"{w.root.resolve()}/var/log/nvidia-installer.log"
+    assert f"<dt>log</dt><dd>{installer_log}</dd>" in page
+    assert f"<dt>log</dt><dd>{result.journal} (this run&#x27;s journal)</dd>" in page
+    hint = re.search(r"<dt>hint</dt><dd>([^<]*)</dd>", page)
+    assert hint is not None and installer_log in hint.group(1)
+    assert re.search(r"pre\{[^}]*white-space:pre-wrap", page)

@@ -115,6 +115,7 @@ def check_trace_json(data: dict[str, Any]) -> None:
                 "rc": (int, type(None)),
                 "duration_s": NUM,
                 "timed_out": bool,
+                "probe": bool,
             },
             "commands[]",
         )

@@ -104,6 +104,7 @@ def main(args: argparse.Namespace) -> int:
         # commands bootfsm runs must not talk to systemd on its behalf
         env={k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"},
         on_state=on_state,
+        on_status=notifier.status if notifier.enabled else None,
     )
     result = execute(cfg, opts)
     line = summary_line(result, _elapsed(result), exit_codes)

@@ -1,19 +1,29 @@
-"""Download progress: a redrawn status line on a TTY, coarse journal events always.
+"""Progress of long work: a redrawn status line on a TTY, coarse journal events always.
 
-Workers only store numbers in a ``Track`` (plain attribute writes); the thread that
-owns the journal and the console calls ``Progress.tick`` now and then, so the journal
-and the terminal are written from one thread only.
+Downloads: workers only store numbers in a ``Track`` (plain attribute writes); the thread
+that owns the journal and the console calls ``Progress.tick`` now and then, so the
+journal and the terminal are written from one thread only.
+
+A long command (the driver build: nvidia-installer compiles for ~100 s on a real node):
+``Host.run`` blocks, so ``LogWatch`` runs a thread while it runs that tails the command's
+log file (its last line, from a bounded read), and every ``poll_s`` redraws the TTY line
+(elapsed time and that line) and updates systemd's STATUS=; every ``every_s`` it journals
+a ``<what>.progress`` event. It stops (and joins) when the command ends, either way.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
 from typing import IO, Any
 
-__all__ = ["Progress", "Track", "human_bytes"]
+__all__ = ["LogWatch", "Progress", "Track", "human_bytes", "last_line"]
 
 Emit = Callable[..., None]  # emit(event, **fields): a journal event
 
@@ -132,6 +142,128 @@ class Progress:
 
     def clear(self) -> None:
         """Erase the status line (before a console line or at the end)."""
+        if self.tty is not None and self._drawn:
+            self._write("\r\x1b[K")
+            self._drawn = False
+
+    def _write(self, text: str) -> None:
+        assert self.tty is not None
+        try:
+            self.tty.write(text)
+            self.tty.flush()
+        except (OSError, ValueError):
+            self.tty = None
+
+
+_TAIL_BYTES = 4096
+_LINE_CHARS = 200
+
+
+def last_line(data: bytes) -> str:
+    """The last non-blank line of a log's tail, stripped, at most 200 characters."""
+    for raw in reversed(data.decode("utf-8", "replace").splitlines()):
+        line = " ".join(raw.split())
+        if line:
+            return line[:_LINE_CHARS]
+    return ""
+
+
+def _tail(path: Path, since: float) -> str:
+    """The last line of ``path`` when it was written at or after ``since`` (wall clock;
+    a log left by an earlier run says nothing about this one), else ''."""
+    try:
+        with path.open("rb") as f:
+            st = os.fstat(f.fileno())
+            if st.st_mtime < since:
+                return ""
+            f.seek(max(0, st.st_size - _TAIL_BYTES))
+            return last_line(f.read(_TAIL_BYTES))
+    except OSError:
+        return ""
+
+
+class LogWatch:
+    """While a blocking command runs (``with LogWatch(...):``): elapsed time and the last
+    line of ``log``, on ``tty`` (redrawn), through ``status`` (systemd STATUS=) every
+    ``poll_s``, and as ``<what>.progress`` events (``elapsed_s``, ``log_line``) through
+    ``emit`` every ``every_s``. Callbacks run on the watcher's thread; the journal they
+    reach is thread-safe."""
+
+    def __init__(
+        self,
+        log: Path,
+        *,
+        what: str,
+        label: str,
+        emit: Emit,
+        status: Callable[[str], object] | None = None,
+        tty: IO[str] | None = None,
+        every_s: float = 10.0,
+        poll_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.log = log
+        self.what = what
+        self.label = label
+        self.emit = emit
+        self.status = status
+        self.tty = tty
+        self.every_s = every_s
+        self.poll_s = min(poll_s, every_s)
+        self.clock = clock
+        self._since = wall() - 1.0  # mtime granularity
+        self._t0 = clock()
+        self._last_emit = self._t0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._drawn = False
+        self.ticks = 0
+
+    def __enter__(self) -> LogWatch:
+        self._t0 = self._last_emit = self.clock()
+        self._thread = threading.Thread(
+            target=self._loop, name=f"{self.what}-progress", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._clear()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                self.tick()
+            except Exception:  # progress must never break the command
+                return
+
+    def tick(self) -> None:
+        """One look at the log: redraw, STATUS=, and the event when one is due."""
+        now = self.clock()
+        elapsed = now - self._t0
+        line = _tail(self.log, self._since)
+        self.ticks += 1
+        text = f"{self.label}: {elapsed:.0f} s" + (f": {line}" if line else "")
+        if self.tty is not None:
+            width = shutil.get_terminal_size((100, 20)).columns - 1
+            self._write("\r\x1b[K" + text[:width])
+            self._drawn = True
+        if self.status is not None:
+            self.status(text)
+        if now - self._last_emit >= self.every_s:
+            self._last_emit = now
+            self.emit(f"{self.what}.progress", elapsed_s=round(elapsed, 1), log_line=line)
+
+    def _clear(self) -> None:
         if self.tty is not None and self._drawn:
             self._write("\r\x1b[K")
             self._drawn = False

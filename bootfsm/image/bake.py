@@ -188,7 +188,8 @@ def bake(cfg: Config, opts: BakeOptions) -> BakeResult:
     ctx = Context.create(cfg, host, journal, BAKE_DEADLINE_S)
 
     def record(r: CommandResult) -> None:  # the same "command" event a run journals
-        level = "info" if r.ok else "warning"
+        probe = ctx.probing and not r.timed_out
+        level = "info" if r.ok or probe else "warning"
         journal.event(
             "command",
             level=level,
@@ -197,6 +198,7 @@ def bake(cfg: Config, opts: BakeOptions) -> BakeResult:
             rc=r.returncode,
             duration_s=r.duration_s,
             output=r.output[-2000:],
+            **({"probe": True} if probe else {}),
         )
 
     host.on_command = record

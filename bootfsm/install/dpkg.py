@@ -94,7 +94,7 @@ def interrupted(ctx: Context) -> str | None:
     journal = [n for n in ctx.host.listdir(UPDATES_DIR) if n.isdigit()]
     if journal:
         return f"dpkg was interrupted: {len(journal)} journal file(s) in {UPDATES_DIR}"
-    r = ctx.run(["dpkg", "--audit"], timeout=60)
+    r = ctx.run(["dpkg", "--audit"], timeout=60, probe=True)
     pending = parse_audit(r.output)
     if pending:
         listed = ", ".join(f"{p} ({s})" for s, ps in pending.items() for p in ps)
@@ -126,7 +126,8 @@ def installed_version(ctx: Context, package: str) -> str | None:
 
     A package dpkg only unpacked (failed configure, unmet dependencies) is not installed.
     """
-    r = ctx.run(["dpkg-query", "-W", "-f=${db:Status-Abbrev}|${Version}", package], timeout=30)
+    argv = ["dpkg-query", "-W", "-f=${db:Status-Abbrev}|${Version}", package]
+    r = ctx.run(argv, timeout=30, probe=True)  # exits 1 for a package not yet installed
     if not r.ok:
         return None
     status, _, version = r.output.strip().partition("|")

@@ -9,12 +9,15 @@ take text in and give a value out.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Sequence
 
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError
 from bootfsm.core.hardware import GpuModel, requires_open_module
+from bootfsm.core.node_paths import INSTALLER_LOG
 from bootfsm.fetch.store import verified
+from bootfsm.host.progress import LogWatch
 from bootfsm.install import dpkg
 from bootfsm.install.marker import module_type_of, parse_modinfo
 from bootfsm.machine.context import Context
@@ -40,8 +43,9 @@ __all__ = [
 
 BLACKLIST = "/etc/modprobe.d/blacklist-nouveau.conf"
 BLACKLIST_TEXT = "blacklist nouveau\noptions nouveau modeset=0\n"
-INSTALLER_LOG = "/var/log/nvidia-installer.log"
 OPEN_DEFAULT_BRANCH = 560
+PROGRESS_EVERY_S = 10.0
+"""Seconds between ``driver.progress`` journal events while nvidia-installer builds."""
 """From this driver branch on, NVIDIA installs the open modules by default."""
 
 
@@ -60,7 +64,7 @@ def built(ctx: Context) -> bool:
     """`dkms status` lists the configured version installed for ``ctx.facts.kernel``."""
     if ctx.host.which("dkms") is None:
         return False
-    r = ctx.run(["dkms", "status", "-m", "nvidia"], timeout=30)
+    r = ctx.run(["dkms", "status", "-m", "nvidia"], timeout=30, probe=True)
     try:
         entries = parse_dkms_status(r.output) if r.ok else []
     except ParseError:
@@ -138,7 +142,7 @@ def _module_type(ctx: Context, installer: str) -> str:
     mt = ctx.config.driver.module_type
     if mt != "auto":
         return mt
-    r = ctx.run([installer, "--print-recommended-kernel-module-type"], timeout=60)
+    r = ctx.run([installer, "--print-recommended-kernel-module-type"], timeout=60, probe=True)
     recommended = parse_module_type(r.output) if r.ok else None
     if recommended is not None:
         ctx.event("driver.module_type", module_type=recommended, source="installer")
@@ -179,22 +183,34 @@ def build_module(ctx: Context, module_type: str | None = None, extra: Sequence[s
     installer = str(ctx.host.path(f"{target}/nvidia-installer"))
     mt = module_type or _module_type(ctx, installer)
     ctx.event("driver.install", version=ctx.config.driver.version, module_type=mt, kernel=kernel)
-    ctx.require(
-        [
-            installer,
-            "-s",
-            "-a",
-            "--no-drm",
-            "--dkms",
-            f"--kernel-name={kernel}",
-            f"--kernel-module-type={mt}",
-            f"--log-file-name={ctx.host.path(INSTALLER_LOG)}",
-            *extra,
-        ],
-        code=Code.DRIVER_INSTALL_FAILED,
-        timeout=ctx.config.driver.command_timeout,
-        what="nvidia-installer failed",
+    watch = LogWatch(
+        ctx.host.path(INSTALLER_LOG),
+        what="driver",
+        label="driver: nvidia-installer building",
+        emit=ctx.event,
+        status=ctx.status,
+        tty=sys.stderr if sys.stderr.isatty() else None,
+        every_s=PROGRESS_EVERY_S,
+        clock=ctx.host.monotonic,
+        wall=ctx.host.wall,
     )
+    with watch:
+        ctx.require(
+            [
+                installer,
+                "-s",
+                "-a",
+                "--no-drm",
+                "--dkms",
+                f"--kernel-name={kernel}",
+                f"--kernel-module-type={mt}",
+                f"--log-file-name={ctx.host.path(INSTALLER_LOG)}",
+                *extra,
+            ],
+            code=Code.DRIVER_INSTALL_FAILED,
+            timeout=ctx.config.driver.command_timeout,
+            what="nvidia-installer failed",
+        )
     return mt
 
 
@@ -207,7 +223,7 @@ def module_problem(ctx: Context, module_type: str = "") -> str | None:
         return f"dkms status lists no installed nvidia/{version} for {kernel}"
     if ctx.host.which("modinfo") is None:
         return "modinfo is not on PATH: cannot confirm the module"
-    r = ctx.run(["modinfo", "-k", kernel, "nvidia"], timeout=30)
+    r = ctx.run(["modinfo", "-k", kernel, "nvidia"], timeout=30, probe=True)
     info = parse_modinfo(r.output) if r.ok else {}
     if info.get("version") != version:
         return f"modinfo: nvidia for {kernel} is {info.get('version') or 'absent'}, not {version}"

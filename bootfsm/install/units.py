@@ -13,13 +13,13 @@ _QUERY_TIMEOUT = 15.0
 
 def is_active(ctx: Context, unit: str) -> bool:
     """True when `systemctl is-active UNIT` says active."""
-    r = ctx.run(["systemctl", "is-active", unit], timeout=_QUERY_TIMEOUT)
+    r = ctx.run(["systemctl", "is-active", unit], timeout=_QUERY_TIMEOUT, probe=True)
     return r.output.strip().splitlines()[-1:] == ["active"]
 
 
 def enabled_state(ctx: Context, unit: str) -> str:
     """`systemctl is-enabled UNIT`: enabled, disabled, masked, static... or '' if unknown."""
-    r = ctx.run(["systemctl", "is-enabled", unit], timeout=_QUERY_TIMEOUT)
+    r = ctx.run(["systemctl", "is-enabled", unit], timeout=_QUERY_TIMEOUT, probe=True)
     words = r.output.strip().split()
     known = {"enabled", "enabled-runtime", "disabled", "masked", "masked-runtime", "static"}
     return words[-1] if words and words[-1] in known else ""

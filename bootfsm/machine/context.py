@@ -39,6 +39,10 @@ class Context:
     state_row: StateRow | None = None
     state_deadline: Deadline | None = None
     scratch: dict[str, Any] = field(default_factory=dict)
+    status: Callable[[str], object] | None = None
+    """systemd STATUS= for progress within a state (set by the runner under systemd)."""
+    probing: bool = False
+    """True while a ``run(..., probe=True)`` command runs (its journal event says so)."""
 
     @classmethod
     def create(
@@ -120,16 +124,31 @@ class Context:
             self.sleep(min(interval, left))
 
     # -- commands ----------------------------------------------------------------------
-    def run(self, argv: Sequence[str], *, timeout: float | None = None, **kw: Any) -> CommandResult:
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float | None = None,
+        probe: bool = False,
+        **kw: Any,
+    ) -> CommandResult:
         """Run a command bounded by ``timeout`` and what remains; journaled by the host hook.
 
-        Raises the time error when the remaining budget, not ``timeout``, cut it short.
+        ``probe`` marks a question whose non-zero answer is expected and not a fault
+        (`dpkg-query` of a package not yet installed, `systemctl is-active` answering 3):
+        its journal event carries ``probe: true`` at level info, and `trace --html`
+        draws it neutral. Raises the time error when the remaining budget, not
+        ``timeout``, cut it short.
         """
         budget = self.remaining()
         if budget <= 0:
             raise self.time_error()
         limit = budget if timeout is None else min(timeout, budget)
-        result = self.host.run(argv, timeout=limit, **kw)
+        self.probing = probe
+        try:
+            result = self.host.run(argv, timeout=limit, **kw)
+        finally:
+            self.probing = False
         if result.timed_out and (timeout is None or budget <= timeout):
             raise self.time_error()
         return result

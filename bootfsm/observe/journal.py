@@ -4,6 +4,11 @@ Each event is one JSON object per line with ``ts`` (UTC), ``t`` (seconds since t
 started, monotonic), ``run_id`` and ``event``. Transitions and the terminal event are
 fsynced (``durable=True``) so a crash or power loss never loses where the run was.
 The console gets a short human rendering of the same events (colours only on a TTY).
+When the console is journald's stream (``$JOURNAL_STREAM``), those lines go to journald
+as structured entries instead (bootfsm/host/journald.py): PRIORITY from the level, and
+RUN_ID, STATE, CODE, CODE_NAME fields; ``<N>``-prefixed lines when the socket is absent.
+Events may come from a helper thread (the driver build's progress watcher): one lock
+keeps lines whole.
 """
 
 from __future__ import annotations
@@ -12,12 +17,15 @@ import contextlib
 import os
 import secrets
 import sys
+import threading
 import time
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
 from typing import IO, Any
 
 import structlog
+
+from bootfsm.host import journald
 
 __all__ = ["CONSOLE_EVENTS", "Journal", "new_run_id"]
 
@@ -36,6 +44,7 @@ CONSOLE_EVENTS = frozenset(
         "run.end",
         "warning",
         "artifact.fetched",
+        "driver.progress",
     }
 )
 
@@ -70,10 +79,19 @@ class _LineSink:
 
 
 class _ConsoleSink:
-    def __init__(self, stream: IO[str]) -> None:
+    """The console stream; under journald, native entries (or ``<N>`` lines) instead."""
+
+    def __init__(self, stream: IO[str], native: journald.Journald | None = None) -> None:
         self.stream = stream
+        self.native = native
+        self.fields: dict[str, object] = {}  # journald fields of the line being written
+        self.level = "info"
 
     def msg(self, line: str) -> None:
+        if self.native is not None:
+            if self.native.send({"MESSAGE": line, **self.fields}):
+                return
+            line = journald.prefixed(self.level, line)
         try:
             self.stream.write(line + "\n")
             self.stream.flush()
@@ -99,7 +117,11 @@ class Journal:
         console_json: bool = False,
         color: bool | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        env: Mapping[str, str] | None = None,
+        native: journald.Journald | None = None,
     ) -> None:
+        """``env`` (the run's environment) enables journald entries when its
+        ``JOURNAL_STREAM`` is ``console``; ``native`` overrides the socket (tests)."""
         self.path = path
         self.run_id = run_id
         self._mono = monotonic
@@ -118,8 +140,13 @@ class Journal:
                 structlog.processors.JSONRenderer(sort_keys=False, default=str),
             ],
         ).bind(run_id=run_id)
+        self._lock = threading.Lock()
         self._console_log: Any = None
+        self._console_sink: _ConsoleSink | None = None
         if console is not None:
+            to_journald = env is not None and _is_journal_stream(console, env)
+            if to_journald:
+                color = False
             # https://no-color.org: NO_COLOR set and not empty turns colour off
             use_color = (
                 console.isatty() and not os.environ.get("NO_COLOR") if color is None else color
@@ -129,8 +156,11 @@ class Journal:
                 if console_json
                 else structlog.dev.ConsoleRenderer(colors=use_color, pad_event_to=16)
             )
+            self._console_sink = _ConsoleSink(
+                console, (native or journald.Journald()) if to_journald else None
+            )
             self._console_log = structlog.wrap_logger(
-                _ConsoleSink(console),
+                self._console_sink,
                 processors=[_drop_private, _console_fields, renderer],
             )
 
@@ -142,19 +172,64 @@ class Journal:
         self, event: str, *, durable: bool = False, level: str = "info", **fields: Any
     ) -> None:
         """Record one event; ``durable`` fsyncs the file before returning."""
-        t = round(self.elapsed(), 4)
-        getattr(self._file_log, level)(event, t=t, level=level, **fields)
-        if durable:
-            self._sink.sync()
-        if self._console_log is not None and event in CONSOLE_EVENTS:
-            getattr(self._console_log, level)(event, t=t, **fields)
+        with self._lock:
+            t = round(self.elapsed(), 4)
+            getattr(self._file_log, level)(event, t=t, level=level, **fields)
+            if durable:
+                self._sink.sync()
+            if self._console_log is not None and event in CONSOLE_EVENTS:
+                if self._console_sink is not None and self._console_sink.native is not None:
+                    self._console_sink.level = level
+                    self._console_sink.fields = self._journald_fields(event, level, fields)
+                getattr(self._console_log, level)(event, t=t, **fields)
+
+    def _journald_fields(
+        self, event: str, level: str, fields: Mapping[str, Any]
+    ) -> dict[str, object]:
+        """PRIORITY, SYSLOG_IDENTIFIER and the fields `journalctl` matches on."""
+        out: dict[str, object] = {
+            "PRIORITY": journald.priority(level),
+            "SYSLOG_IDENTIFIER": "bootfsm",
+            "BOOTFSM_EVENT": event,
+            "RUN_ID": self.run_id,
+            "STATE": fields.get("state") or None,
+        }
+        code = _code_of(fields.get("code"), fields.get("code_name"))
+        if code is not None:
+            out["CODE"], out["CODE_NAME"] = code.value, code.name
+        return out
 
     def close(self) -> None:
-        """Flush, fsync and close the file."""
+        """Flush, fsync and close the file (and the journald socket)."""
+        if self._console_sink is not None and self._console_sink.native is not None:
+            self._console_sink.native.close()
         self._sink.sync()
         if self._sink.fh is not None:
             self._sink.fh.close()
             self._sink.fh = None
+
+
+def _is_journal_stream(stream: IO[str], env: Mapping[str, str]) -> bool:
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError, AttributeError):  # StringIO, closed stream
+        return False
+    return journald.stream_matches(env.get("JOURNAL_STREAM"), fd)
+
+
+def _code_of(code: object, name: object) -> Any:
+    """The Code an event names by number (``code=31``) or name (``code=CHECKSUM_...``)."""
+    from bootfsm.core.codes import Code
+
+    for v in (code, name):
+        if isinstance(v, int) and not isinstance(v, bool):
+            try:
+                return Code(v)
+            except ValueError:
+                continue
+        if isinstance(v, str) and v in Code.__members__:
+            return Code[v]
+    return None
 
 
 _CONSOLE_KEEP = {

@@ -197,7 +197,9 @@ class Folder:
         r = self.report
         state = self._state(ev)
         rc = ev.get("rc")
-        bad = rc != 0 or bool(ev.get("timed_out"))
+        probe = bool(ev.get("probe")) and not ev.get("timed_out")
+        # a probe's non-zero answer is expected (package not installed yet...): no fault
+        bad = (rc != 0 and not probe) or bool(ev.get("timed_out"))
         dur = _num(ev.get("duration_s"), 0.0)
         if ev.get("state") and all(s.state != state for s in r.spans):
             # a postcondition check runs commands before state.enter / state.skip
@@ -213,6 +215,7 @@ class Folder:
             "rc": rc,
             "duration_s": dur,
             "timed_out": bool(ev.get("timed_out")),
+            "probe": probe,
         }
         if self.keep_commands:
             r.commands.append(cmd)
@@ -343,7 +346,9 @@ def load_run(path: Path) -> TraceReport:
     """Parse one journal file (missing or unreadable gives a report with a warning)."""
     try:
         with path.open(encoding="utf-8", errors="replace") as fh:
-            return parse_events(fh, source=path.name)
+            report = parse_events(fh, source=path.name)
+        report.journal_path = str(path)
+        return report
     except OSError as exc:
         r = TraceReport(source=path.name, outcome="unknown")
         r.warnings.append(f"{path}: {exc.strerror or exc}")

@@ -7,6 +7,12 @@ back-off sleeps (``rect.sleep``) and commands (``rect.cmd``) all carry ``<title>
 elements, which browsers show on hover. The script only adds the clickable state
 table (``#states``) from the embedded JSON (``#trace-data``, the ``trace --json`` form)
 and marks the document ``data-ready="1"``.
+
+A probe (a command asked a question whose non-zero answer is expected: `dpkg-query` of a
+package not installed yet, `systemctl is-active` answering 3; journaled ``probe: true``)
+is drawn neutral (``rect.cmd.probe``), never red; ``#legend`` says what each mark means.
+A successful run that needed the last allowed attempt of some state gets a "near miss"
+badge (``.badge.near-miss``): the next boot may not be so lucky.
 """
 
 from __future__ import annotations
@@ -16,10 +22,19 @@ import json
 import math
 from typing import Any
 
+from bootfsm.core.node_paths import INSTALLER_LOG
 from bootfsm.observe.trace import TraceReport
 from bootfsm.observe.trace_view import report_json, root_cause
 
-__all__ = ["render_html"]
+__all__ = ["near_misses", "render_html"]
+
+#: Logs on the node that say more about a failure in a state (besides the run journal).
+STATE_LOGS = {
+    "driver": (INSTALLER_LOG,),
+    "fabric": ("journalctl -u nvidia-fabricmanager",),
+    "imex": ("journalctl -u nvidia-imex",),
+    "join": ("journalctl -u containerd", "journalctl -u kubelet"),
+}
 
 _LABEL_W = 96
 _CHART_W = 800
@@ -37,12 +52,18 @@ h1{font-size:20px;margin:0 0 4px}.muted{color:var(--muted)}
 .badge.interrupted{background:var(--interrupted)}.badge.running,.badge.unknown{background:var(--running)}
 section.cause{border-left:4px solid var(--failed);padding:6px 12px;margin:12px 0;background:#fdf1f0}
 section.cause dt{font-weight:600;float:left;width:8em}section.cause dd{margin:0 0 2px 8.5em}
-pre{background:#f4f5f7;padding:8px;overflow:auto;max-height:14em;font-size:12px}
+.badge.near-miss{background:var(--interrupted);margin-left:6px}
+pre{background:#f4f5f7;padding:8px;overflow:auto;max-height:14em;font-size:12px;
+white-space:pre-wrap;overflow-wrap:anywhere}
+#legend{list-style:none;padding:0;margin:6px 0;font-size:12px;color:var(--muted)}
+#legend li{display:inline-block;margin-right:14px}
+#legend i{display:inline-block;width:14px;height:8px;margin-right:4px;vertical-align:middle}
 svg .bar.done{fill:var(--done)}svg .bar.skipped{fill:var(--skipped)}
 svg .bar.failed{fill:var(--failed);stroke:#7a0f0a;stroke-width:2}
 svg .bar.running{fill:var(--running)}svg .bar.interrupted{fill:var(--interrupted)}
 svg .sleep{fill:var(--sleep);opacity:.9}svg .retry{stroke:#7a0f0a;stroke-width:2}
-svg .cmd{fill:#4a5568}svg .cmd.bad{fill:var(--failed)}svg .axis line{stroke:#dde}
+svg .cmd{fill:#4a5568}svg .cmd.bad{fill:var(--failed)}
+svg .cmd.probe{fill:#fff;stroke:#8a94a6;stroke-width:1}svg .axis line{stroke:#dde}
 svg text{font:12px system-ui,sans-serif;fill:var(--fg)}
 svg .fail-label{fill:var(--failed);font-weight:600}
 svg .bar:hover,svg .cmd:hover,svg .sleep:hover{opacity:.75;cursor:pointer}
@@ -149,10 +170,13 @@ def _svg(r: TraceReport) -> str:
         for c in r.commands:
             if c["state"] != s.state or not (s.start_t - 1e-6 <= c["t"] <= s.end_t + 1e-3):
                 continue
-            bad = c["rc"] != 0 or c["timed_out"]
+            probe = bool(c.get("probe")) and not c["timed_out"]
+            bad = (c["rc"] != 0 and not probe) or c["timed_out"]
             cw = max(1.5, round(float(c["duration_s"]) * scale, 2))
             tip = f"{' '.join(c['argv'])[:300]} -> exit {c['rc']} in {c['duration_s']} s"
-            cls = "cmd bad" if bad else "cmd"
+            if probe:
+                tip += " (probe: a non-zero answer is expected, not a fault)"
+            cls = "cmd bad" if bad else ("cmd probe" if probe else "cmd")
             parts.append(
                 f'<rect class="{cls}" x="{x(c["t"])}" y="{y + _BAR_H + 3}" '
                 f'width="{cw}" height="5"><title>{_e(tip)}</title></rect>'
@@ -177,7 +201,7 @@ def _cause(r: TraceReport) -> str:
         ("state", rc["state"]),
         ("code", code),
         ("message", rc["message"].splitlines()[0] if rc["message"] else ""),
-        ("hint", rc["hint"]),
+        ("hint", _node_paths(r, rc["hint"])),
         ("path", " \u2192 ".join(rc["path"])),
     ]
     rows += [
@@ -189,6 +213,7 @@ def _cause(r: TraceReport) -> str:
         for t in rc["retries"]
     ]
     rows += [("note", n["message"]) for n in rc["notes"]]
+    rows += [("log", p) for p in log_paths(r, rc["state"])]
     out = ['<section class="cause" id="root-cause"><h2>Root cause</h2><dl>']
     out += [f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in rows]
     out.append("</dl>")
@@ -205,6 +230,51 @@ def _cause(r: TraceReport) -> str:
     return "\n".join(out)
 
 
+def _on_node(r: TraceReport, node_path: str) -> str:
+    """Where a node path is as seen from the journal's root (``--root`` of the run)."""
+    root = r.root.rstrip("/")
+    return f"{root}{node_path}" if root and node_path.startswith("/") else node_path
+
+
+def _node_paths(r: TraceReport, text: str) -> str:
+    return text.replace(INSTALLER_LOG, _on_node(r, INSTALLER_LOG)) if r.root else text
+
+
+def log_paths(r: TraceReport, state: str) -> list[str]:
+    """The run's own journal, then the logs that say more about ``state`` on this node."""
+    journal = r.journal_path or r.source
+    out = [f"{journal} (this run's journal)"] if journal else []
+    out += [_on_node(r, p) for p in STATE_LOGS.get(state, ())]
+    return out
+
+
+def near_misses(r: TraceReport) -> list[str]:
+    """States of a successful run that succeeded only on their last allowed attempt."""
+    if r.outcome != "done":
+        return []
+    return [
+        s.state
+        for s in r.spans
+        if s.outcome == "done"
+        and s.attempts_max
+        and s.attempts_max > 1
+        and s.attempts >= s.attempts_max
+    ]
+
+
+_LEGEND = (
+    '<ul id="legend"><li><i style="background:var(--done)"></i>state done</li>'
+    '<li><i style="background:var(--skipped)"></i>skipped (postcondition held)</li>'
+    '<li><i style="background:var(--failed)"></i>failed</li>'
+    '<li><i style="background:#7a0f0a;width:2px;height:12px"></i>retry (an attempt failed)</li>'
+    '<li><i style="background:var(--sleep)"></i>back-off sleep before a retry</li>'
+    '<li><i style="background:#4a5568"></i>command</li>'
+    '<li><i style="background:var(--failed)"></i>command that failed</li>'
+    '<li><i style="background:#fff;border:1px solid #8a94a6"></i>probe: a question whose '
+    "non-zero answer is expected (e.g. package not installed yet), not a fault</li></ul>"
+)
+
+
 def render_html(r: TraceReport) -> str:
     """The whole page for one run (no external resources)."""
     data = report_json(r)
@@ -218,14 +288,21 @@ def render_html(r: TraceReport) -> str:
     dur = f"{r.duration_s:.2f} s" if r.duration_s is not None else "?"
     code = f" \u00b7 code {r.code} {r.code_name}" if r.code not in (None, 0) else ""
     warnings = "".join(f"<li>{_e(w)}</li>" for w in r.warnings)
+    close = near_misses(r)
+    near = (
+        f'<span class="badge near-miss" title="succeeded on the last allowed attempt of: '
+        f'{_e(", ".join(close))}">NEAR MISS: {_e(", ".join(close))}</span>'
+        if close
+        else ""
+    )
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>bootfsm trace {_e(r.run_id or r.source)}</title>"
         f'<meta name="viewport" content="width=device-width"><style>{_CSS}</style></head>\n'
         f'<body data-outcome="{_e(r.outcome)}">\n<header><h1>run {_e(r.run_id or "?")} '
-        f'<span class="badge {_e(r.outcome)}">{_e(r.outcome.upper())}</span></h1>'
+        f'<span class="badge {_e(r.outcome)}">{_e(r.outcome.upper())}</span>{near}</h1>'
         f'<p class="muted">{_e(r.started)} \u00b7 {dur}{_e(code)} \u00b7 {_e(node)}</p></header>\n'
-        f"{_cause(r)}\n{_svg(r)}\n"
+        f"{_cause(r)}\n{_svg(r)}\n{_LEGEND}\n"
         '<table id="states"><thead><tr><th>state</th><th>start s</th><th>duration s</th>'
         "<th>attempts</th><th>retries</th><th>commands</th><th>outcome</th></tr></thead>"
         "<tbody></tbody></table>\n"

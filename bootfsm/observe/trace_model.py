@@ -61,6 +61,7 @@ class TraceReport:
     """Everything a postmortem needs from one journal."""
 
     source: str = ""
+    journal_path: str = ""  # the file read (load_run), for "see the journal" hints
     run_id: str = ""
     started: str = ""
     ended: str = ""

@@ -46,6 +46,7 @@ class RunOptions:
     wait_lock: float = 0.0
     env: Mapping[str, str] | None = None
     on_state: Callable[[str], None] | None = None
+    on_status: Callable[[str], object] | None = None  # progress text within a state
 
 
 @dataclass(frozen=True)
@@ -88,15 +89,17 @@ def _prune(log_dir: Path, keep: int) -> None:
 
 def _on_command(journal: Journal, ctx: Context) -> Callable[[CommandResult], None]:
     def record(r: CommandResult) -> None:
+        probe = ctx.probing and not r.timed_out  # a probe that hangs is a fault
         journal.event(
             "command",
-            level="info" if r.ok else "warning",
+            level="info" if r.ok or probe else "warning",
             state=ctx.state,
             argv=list(r.argv),
             rc=r.returncode,
             duration_s=r.duration_s,
             timed_out=r.timed_out,
             output=r.output[-2000:],
+            **({"probe": True} if probe else {}),
         )
 
     return record
@@ -191,6 +194,7 @@ def _locked(cfg: Config, opts: RunOptions, host: Host, interrupts: _Interrupts) 
             console=opts.console,
             console_json=opts.console_json,
             monotonic=host.monotonic,
+            env=host.env,
         )
     except OSError as exc:
         if opts.console is not None:
@@ -202,8 +206,10 @@ def _locked(cfg: Config, opts: RunOptions, host: Host, interrupts: _Interrupts) 
             console=opts.console,
             console_json=opts.console_json,
             monotonic=host.monotonic,
+            env=host.env,
         )
     ctx = Context.create(cfg, host, journal)
+    ctx.status = opts.on_status
     host.on_command = _on_command(journal, ctx)
     this_boot = boot_id(host)
     journal.event(

@@ -487,7 +487,30 @@ def check_permanent(b: Boot, systemd: str) -> Checks:
         "journal lacks 'Dependency failed for kubelet.service'",
         re.search(r"Dependency failed for (kubelet\.service|Kubelet)", b.journal()) is not None,
     )
+    journald_checks(c, b)
     return c
+
+
+def journald_checks(c: Checks, b: Boot) -> None:
+    """bootfsm's failure reaches the real journald as structured entries: at warning or
+    worse for `journalctl -u bootfsm -p warning`, and findable by CODE_NAME."""
+    warning = b.text("journal-warning.txt")
+    c.true(
+        "`journalctl -u bootfsm -p warning` lacks bootfsm's state.failed",
+        re.search(r"^state\.failed .*code_name=CHECKSUM_MISMATCH", warning, re.M) is not None,
+    )
+    c.true("`journalctl -p warning` shows info lines", "state.enter" not in warning)
+    entries = [json.loads(line) for line in b.text("journal-code.txt").splitlines() if line]
+    failed = [e for e in entries if e.get("BOOTFSM_EVENT") == "state.failed"]
+    c.eq("CODE_NAME=CHECKSUM_MISMATCH state.failed entries", len(failed), 1)
+    if failed:
+        e = failed[0]
+        c.eq("its PRIORITY", e.get("PRIORITY"), "3")
+        c.eq("its CODE", e.get("CODE"), "31")
+        c.eq("its STATE", e.get("STATE"), "fetch")
+        c.eq("its _SYSTEMD_UNIT", e.get("_SYSTEMD_UNIT"), "bootfsm.service")
+        c.eq("its SYSLOG_IDENTIFIER", e.get("SYSLOG_IDENTIFIER"), "bootfsm")
+        c.true("its RUN_ID", len(str(e.get("RUN_ID", ""))) == 8)
 
 
 def check_restarted(b: Boot, systemd: str, exit_pattern: str) -> Checks:

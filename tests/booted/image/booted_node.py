@@ -309,6 +309,13 @@ def report() -> int:
     (OUT / "journal.txt").write_text(
         _out("journalctl", "-b", "--no-pager", "-o", "short-monotonic")
     )
+    # bootfsm's structured entries (bootfsm/host/journald.py): what an operator would type
+    (OUT / "journal-warning.txt").write_text(
+        _out("journalctl", "-b", "-u", "bootfsm", "-p", "warning", "--no-pager", "-o", "cat")
+    )
+    (OUT / "journal-code.txt").write_text(
+        _out("journalctl", "-b", "CODE_NAME=CHECKSUM_MISMATCH", "--no-pager", "-o", "json")
+    )
     (OUT / "trace.json").write_text(_out(BOOTFSM, "trace", "--json"))
     (OUT / "systemd-version.txt").write_text(_out("systemctl", "--version"))
     for src in ("/var/lib/bootfsm-sim/calls.jsonl", "/var/log/dpkg.log"):

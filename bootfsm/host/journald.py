@@ -1,0 +1,160 @@
+"""Structured entries for systemd-journald, without libsystemd.
+
+Under systemd, a unit's stdout/stderr is a stream to journald and every line gets the
+unit's default priority (6, info): `journalctl -p warning -u bootfsm` would show nothing
+of a failed run. When ``$JOURNAL_STREAM`` names the stream bootfsm writes its console to
+(systemd.exec(5): ``device:inode`` of that fd, compared with fstat, as
+sd_journal_stream_fd(3) describes), bootfsm instead sends each console event to
+journald's native socket (``/run/systemd/journal/socket``, AF_UNIX datagrams) with its
+own PRIORITY and fields (systemd's "Native Journal Protocol" document):
+
+- ``KEY=value\\n`` for a value without a newline;
+- ``KEY\\n`` + the value's length as a little-endian 64-bit integer + the value + ``\\n``
+  for a value with one (the binary-safe form).
+
+Keys are upper-case letters, digits and ``_``, not starting with ``_`` or a digit, at most
+64 characters. journald adds the trusted fields (``_PID``, ``_SYSTEMD_UNIT``, ...) itself
+from the sender's credentials, so `journalctl -u bootfsm` finds native entries too.
+Entries too large for one datagram would need a memfd passed with SCM_RIGHTS; bootfsm
+bounds each entry to ``MAX_ENTRY`` bytes instead (long values are cut).
+
+When the socket is absent or refuses, :func:`prefixed` gives the ``<N>`` syslog prefix a
+stream line may carry (sd-daemon(3); journald's ``SyslogLevelPrefix=`` is on by default).
+Everything here is best effort: a failure to send never fails a run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+import struct
+from collections.abc import Mapping
+
+__all__ = [
+    "JOURNAL_SOCKET",
+    "MAX_ENTRY",
+    "Journald",
+    "decode",
+    "encode",
+    "prefixed",
+    "priority",
+    "stream_matches",
+]
+
+JOURNAL_SOCKET = "/run/systemd/journal/socket"
+MAX_ENTRY = 48 * 1024
+"""Bytes one entry may take; larger values are cut (no memfd fallback needed)."""
+_MAX_VALUE = 16 * 1024
+
+#: syslog priorities (sd-daemon(3) SD_ERR ... SD_DEBUG) of the journal's levels
+PRIORITIES = {"critical": 2, "error": 3, "warning": 4, "info": 6, "debug": 7}
+
+_KEY = re.compile(r"[A-Z0-9_]{1,64}")
+
+
+def priority(level: str) -> int:
+    """The syslog priority of a journal level (unknown levels are info, 6)."""
+    return PRIORITIES.get(level, 6)
+
+
+def prefixed(level: str, line: str) -> str:
+    """``line`` with the ``<N>`` prefix journald reads as its priority."""
+    return f"<{priority(level)}>{line}"
+
+
+def stream_matches(value: str | None, fd: int) -> bool:
+    """True when ``$JOURNAL_STREAM`` (``device:inode``) is the file open on ``fd``."""
+    if not value:
+        return False
+    dev, sep, ino = value.partition(":")
+    if not sep or not dev.isdigit() or not ino.isdigit():
+        return False
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return False
+    return st.st_dev == int(dev) and st.st_ino == int(ino)
+
+
+def _valid_key(key: str) -> bool:
+    return bool(_KEY.fullmatch(key)) and not key[0].isdigit() and key[0] != "_"
+
+
+def encode(fields: Mapping[str, object]) -> bytes:
+    """One native-protocol entry; invalid keys and empty values are dropped, values are
+    cut to 16 KiB, and the entry to ``MAX_ENTRY`` bytes (MESSAGE first, then the rest)."""
+    out = bytearray()
+    for key, raw in fields.items():
+        if raw is None or not _valid_key(key):
+            continue
+        value = str(raw).encode("utf-8", "replace")[:_MAX_VALUE]
+        if b"\n" in value:
+            item = key.encode() + b"\n" + struct.pack("<Q", len(value)) + value + b"\n"
+        else:
+            item = key.encode() + b"=" + value + b"\n"
+        if len(out) + len(item) > MAX_ENTRY:
+            continue
+        out += item
+    return bytes(out)
+
+
+def decode(data: bytes) -> dict[str, bytes]:
+    """Parse one native-protocol entry (the reverse of :func:`encode`; tests use it and
+    it follows the protocol document, not the encoder). Raises ValueError on garbage."""
+    fields: dict[str, bytes] = {}
+    i = 0
+    while i < len(data):
+        nl = data.find(b"\n", i)
+        if nl < 0:
+            raise ValueError(f"entry ends without a newline at byte {i}")
+        line = data[i:nl]
+        if b"=" in line:
+            key, _, value = line.partition(b"=")
+            i = nl + 1
+        else:
+            key = line
+            if nl + 9 > len(data):
+                raise ValueError(f"{key!r}: binary field without its length")
+            (size,) = struct.unpack("<Q", data[nl + 1 : nl + 9])
+            end = nl + 9 + size
+            if end >= len(data) or data[end : end + 1] != b"\n":
+                raise ValueError(f"{key!r}: binary field of {size} bytes is not closed")
+            value = data[nl + 9 : end]
+            i = end + 1
+        if not _valid_key(key.decode("ascii", "replace")):
+            raise ValueError(f"invalid field name {key!r}")
+        fields[key.decode()] = value
+    return fields
+
+
+class Journald:
+    """Sends entries to journald's native socket; ``send`` says whether it was taken."""
+
+    def __init__(self, address: str | None = None) -> None:
+        self.address = address or JOURNAL_SOCKET
+        self._sock: socket.socket | None = None
+
+    def send(self, fields: Mapping[str, object]) -> bool:
+        """Send one entry; False (the caller falls back) when the socket is missing,
+        refuses, or its queue is full."""
+        payload = encode(fields)
+        if not payload:
+            return False
+        try:
+            if self._sock is None:
+                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                self._sock.setblocking(False)  # a full queue drops an entry, never stalls
+            self._sock.sendto(payload, self.address)
+        except OSError:
+            self.close()
+            return False
+        return True
+
+    def close(self) -> None:
+        """Close the socket (a later send reopens it)."""
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.close()
+            self._sock = None

@@ -1,0 +1,137 @@
+"""journald's native protocol (bootfsm/host/journald.py) and the run's console under journald.
+
+A real AF_UNIX datagram socket stands in for /run/systemd/journal/socket; what arrives is
+decoded by the rules of systemd's "Native Journal Protocol" document (KEY=value lines; a
+key alone on its line, then a little-endian 64-bit length, the bytes and a newline, for a
+value with newlines). The real journald is exercised by the booted lane
+(tests/booted/lane.py, the permanent-failure scenario).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bootfsm.host import journald
+from bootfsm.observe.journal import Journal
+from tests.conftest import MakeWorld, run_in_process
+
+
+def test_encode_matches_the_protocol_bytes() -> None:
+    """Written by hand from the protocol document, not from the encoder."""
+    data = journald.encode({"MESSAGE": "two\nlines", "PRIORITY": 3, "CODE_NAME": "X"})
+    want = b"MESSAGE\n" + struct.pack("<Q", 9) + b"two\nlines\nPRIORITY=3\nCODE_NAME=X\n"
+    assert data == want
+
+
+def test_encode_drops_invalid_keys_and_bounds_the_entry() -> None:
+    data = journald.encode(
+        {"_PID": 1, "lower": "x", "1ST": "x", "STATE": None, "OK": "y", "BIG": "z" * 70000}
+    )
+    fields = journald.decode(data)
+    assert set(fields) == {"OK", "BIG"}  # trusted (_), lower case, digit-first, None dropped
+    assert len(fields["BIG"]) == 16 * 1024 and len(data) <= journald.MAX_ENTRY
+
+
+def test_decode_refuses_garbage() -> None:
+    for bad in (
+        b"MESSAGE=x",
+        b"MESSAGE\n\x05\x00",
+        b"lower=x\n",
+        b"M\n" + struct.pack("<Q", 9) + b"ab\n",
+    ):
+        with pytest.raises(ValueError):
+            journald.decode(bad)
+
+
+def test_stream_matches_device_and_inode(tmp_path: Path) -> None:
+    with (tmp_path / "a").open("w") as a, (tmp_path / "b").open("w") as b:
+        st = os.fstat(a.fileno())
+        value = f"{st.st_dev}:{st.st_ino}"
+        assert journald.stream_matches(value, a.fileno())
+        assert not journald.stream_matches(value, b.fileno())
+    for bad in (None, "", "12", "x:y", f"{st.st_dev}:"):
+        assert not journald.stream_matches(bad, 1)
+
+
+def test_priorities_follow_sd_daemon() -> None:
+    assert [journald.priority(lv) for lv in ("error", "warning", "info", "debug")] == [3, 4, 6, 7]
+    assert journald.prefixed("warning", "x") == "<4>x"
+
+
+@pytest.fixture
+def journal_socket(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[socket.socket]:
+    """A datagram socket where journald's would be."""
+    path = tmp_path / "journal.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(path))
+    sock.setblocking(False)
+    monkeypatch.setattr(journald, "JOURNAL_SOCKET", str(path))
+    yield sock
+    sock.close()
+
+
+def _received(sock: socket.socket) -> list[dict[str, str]]:
+    out = []
+    while True:
+        try:
+            data = sock.recv(1 << 17)
+        except BlockingIOError:
+            return out
+        out.append({k: v.decode() for k, v in journald.decode(data).items()})
+
+
+def _stream_env(fh: object) -> dict[str, str]:
+    st = os.fstat(fh.fileno())  # type: ignore[attr-defined]
+    return {"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"}
+
+
+def test_failed_run_sends_structured_entries(
+    make_world: MakeWorld, tmp_path: Path, journal_socket: socket.socket
+) -> None:
+    """A checksum failure (31) under journald: entries with PRIORITY from the level and
+    RUN_ID/STATE/CODE/CODE_NAME; nothing of it doubled on the stream."""
+    w = make_world("h100-pcie", ("checksum-mismatch",))
+    with (tmp_path / "stream").open("w") as console:
+        result = run_in_process(w, console=console, env={**w.env(), **_stream_env(console)})
+    assert result.outcome.code.name == "CHECKSUM_MISMATCH"
+    entries = _received(journal_socket)
+    by_event = {e["BOOTFSM_EVENT"]: e for e in entries}
+    failed = by_event["state.failed"]
+    assert failed["PRIORITY"] == "3" and failed["CODE"] == "31"
+    assert failed["CODE_NAME"] == "CHECKSUM_MISMATCH" and failed["STATE"] == "fetch"
+    assert failed["RUN_ID"] == result.run_id and failed["SYSLOG_IDENTIFIER"] == "bootfsm"
+    assert "CHECKSUM_MISMATCH" in failed["MESSAGE"]
+    assert by_event["run.end"]["PRIORITY"] == "3"
+    assert by_event["state.enter"]["PRIORITY"] == "6"
+    assert all(e["RUN_ID"] == result.run_id for e in entries)
+    assert "\x1b[" not in failed["MESSAGE"]  # no colour codes in the journal
+    assert (tmp_path / "stream").read_text() == ""  # sent natively, not also on the stream
+
+
+def test_without_the_socket_lines_carry_priority_prefixes(
+    make_world: MakeWorld, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(journald, "JOURNAL_SOCKET", str(tmp_path / "absent.sock"))
+    w = make_world("h100-pcie", ("checksum-mismatch",))
+    with (tmp_path / "stream").open("w") as console:
+        run_in_process(w, console=console, env={**w.env(), **_stream_env(console)})
+    lines = (tmp_path / "stream").read_text().splitlines()
+    assert lines and all(line[:3] in ("<3>", "<4>", "<6>") for line in lines)
+    assert any(line.startswith("<3>state.failed") for line in lines)
+    assert any(line.startswith("<6>state.enter") for line in lines)
+
+
+def test_other_streams_are_left_alone(tmp_path: Path, journal_socket: socket.socket) -> None:
+    """JOURNAL_STREAM naming another file (a child's inherited stream): plain lines."""
+    with (tmp_path / "other").open("w") as other, (tmp_path / "console").open("w") as console:
+        j = Journal(None, run_id="r1", console=console, env=_stream_env(other))
+        j.event("state.enter", state="detect")
+        j.close()
+    assert (tmp_path / "console").read_text().startswith("state.enter")
+    assert _received(journal_socket) == []
