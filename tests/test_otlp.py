@@ -223,3 +223,16 @@ def test_bad_timeout_falls_back_to_the_default(raw: str) -> None:
 def test_a_journal_without_run_start_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match=r"no run\.start"):
         trace_request([{"event": "state.enter", "t": 0.1}])
+
+
+def test_the_run_span_ends_at_run_end_not_at_later_warnings() -> None:
+    """A warning journaled after run.end (metrics, guest-agent events) is an event on
+    the run span, not time added to it."""
+    events = [
+        {"event": "run.start", "t": 0.0, "ts": "2026-12-01T10:00:00Z", "run_id": "abcd1234"},
+        {"event": "run.end", "t": 2.0, "code": 0, "code_name": "OK"},
+        {"event": "warning", "t": 9.0, "message": "metrics file not written"},
+    ]
+    [root] = trace_request(events)["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    assert int(root["endTimeUnixNano"]) - int(root["startTimeUnixNano"]) == 2_000_000_000
+    assert [e["name"] for e in root["events"]] == ["warning"]

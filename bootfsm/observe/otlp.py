@@ -47,17 +47,6 @@ __all__ = [
 _KIND_INTERNAL, _KIND_CLIENT = 1, 3
 _STATUS_OK, _STATUS_ERROR = 1, 2
 _ARCH = {"x86_64": "amd64", "aarch64": "arm64", "arm64": "arm64", "amd64": "amd64"}
-#: Journal events that shape spans; every other event becomes a span event.
-_STRUCTURAL = {
-    "run.start",
-    "run.end",
-    "state.enter",
-    "state.done",
-    "state.failed",
-    "state.skip",
-    "command",
-    "transition",
-}
 #: Span event names for the journal events that are steps of a state.
 _EVENT_NAMES = {"state.attempt": "attempt", "state.retry": "retry"}
 _SKIP_FIELDS = {"t", "ts", "event", "level", "state", "run_id"}
@@ -149,6 +138,7 @@ class _Builder:
         self.state: _Span | None = None
         self.facts: dict[str, Any] = {}
         self.driver_version = ""
+        self.ended = False
 
     def _new(self, parent: str, name: str, t: float, kind: int = _KIND_INTERNAL) -> _Span:
         digest = hashlib.sha256(f"{self.trace_id}/{len(self.spans)}".encode()).hexdigest()
@@ -185,7 +175,8 @@ class _Builder:
         t = float(ev.get("t") or 0.0)
         name = str(ev.get("event", ""))
         state = str(ev.get("state") or "")
-        self.run.end = max(self.run.end, self.base + t)
+        if not self.ended:  # the run span ends at run.end; later warnings are notes on it
+            self.run.end = max(self.run.end, self.base + t)
         if name == "run.start":
             self.run.attributes = _fields(ev)
         elif name == "state.enter":
@@ -206,6 +197,7 @@ class _Builder:
         elif name == "command":
             self._command(ev, t)
         elif name == "run.end":
+            self.ended = True
             self._close_state(t, "" if ev.get("code") == 0 else str(ev.get("message") or ""))
             self.run.attributes += _fields(ev)
             ok = ev.get("code") == 0
@@ -213,8 +205,6 @@ class _Builder:
             self.run.status = {"code": _STATUS_OK} if ok else {"code": _STATUS_ERROR}
             if message:
                 self.run.status["message"] = message
-        elif name == "transition":
-            pass
         elif "artifact" in ev and "duration_s" in ev and "size" in ev:
             self._artifact(ev, t)
         else:
