@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import signal
+import struct
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -141,6 +142,32 @@ def _fail_install(log: Path, *lines: str) -> int:
     return 1
 
 
+_ELF_MACHINES = {"x86_64": 62, "aarch64": 183}  # EM_X86_64, EM_AARCH64 (elf.h)
+
+
+def tiny_shared_object(soname: str, arch: str, version: str) -> bytes:
+    """The smallest ELF64 shared object the real ``ldconfig`` puts in its cache: an
+    ET_DYN header, a PT_LOAD over the file, a PT_DYNAMIC with DT_STRTAB, DT_STRSZ and
+    DT_SONAME. glibc's ldconfig (elf/readelflib.c, process_elf_file) skips a file that
+    is not ELF, so the text placeholder the simulator wrote before never reached
+    /etc/ld.so.cache on a real system (the booted lane: `ldconfig -p` lists this one).
+    A trailing note names it as the simulator's."""
+    strtab = b"\0" + soname.encode() + b"\0"
+    note = f"{soname} {version} (bootfsm simulator)\n".encode()
+    ehdr, phdr = 64, 56
+    dyn_off = ehdr + 2 * phdr
+    str_off = dyn_off + 4 * 16
+    total = str_off + len(strtab) + len(note)
+    header = b"\x7fELF" + bytes([2, 1, 1, 0]) + bytes(8)  # ELFCLASS64, LSB, EV_CURRENT
+    header += struct.pack(
+        "<HHIQQQIHHHHHH", 3, _ELF_MACHINES.get(arch, 62), 1, 0, ehdr, 0, 0, ehdr, phdr, 2, 64, 0, 0
+    )
+    load = struct.pack("<IIQQQQQQ", 1, 4, 0, 0, 0, total, total, 0x1000)  # PT_LOAD, PF_R
+    dyn = struct.pack("<IIQQQQQQ", 2, 6, dyn_off, dyn_off, dyn_off, 64, 64, 8)  # PT_DYNAMIC
+    entries = struct.pack("<qQqQqQqQ", 5, str_off, 10, len(strtab), 14, 1, 0, 0)
+    return header + load + dyn + entries + strtab + note
+
+
 def install_driver_files(node: Node, version: str, kernel: str, module_type: str) -> None:
     """Lay down what a DKMS runfile install leaves: DKMS tree, module, sources, NVML/CUDA libs.
 
@@ -181,7 +208,7 @@ def install_driver_files(node: Node, version: str, kernel: str, module_type: str
         f"var/lib/dkms/nvidia/{version}/build/make.log", f"DKMS make.log for nvidia-{version}\n"
     )
     for lib in ("libnvidia-ml.so", "libcuda.so"):
-        node.write(f"{node.libdir}/{lib}.{version}", f"{lib} {version} (bootfsm simulator)\n")
+        node.write(f"{node.libdir}/{lib}.{version}", tiny_shared_object(f"{lib}.1", arch, version))
         node.symlink(f"{lib}.{version}", f"{node.libdir}/{lib}.1")
 
 
