@@ -43,6 +43,7 @@ class Code(IntEnum):
     UNSUPPORTED_OS = 23
     MODULE_TYPE_UNSUPPORTED = 24
     KERNEL_HEADERS_MISSING = 25
+    REPO_INDEX_MISMATCH = 29
     ARTIFACT_NOT_FOUND = 30
     CHECKSUM_MISMATCH = 31
     UNVERIFIED_ARTIFACT_REFUSED = 32
@@ -52,6 +53,7 @@ class Code(IntEnum):
     INSECURE_URL_REFUSED = 36
     UNSAFE_ARCHIVE = 37
     TLS_VERIFY_FAILED = 38
+    REPO_SIGNATURE_INVALID = 39
     DPKG_LOCK_TIMEOUT = 40
     DRIVER_INSTALL_FAILED = 41
     REBOOT_REQUIRED = 42
@@ -193,6 +195,14 @@ CODES: dict[Code, CodeInfo] = {
             cse=84,
         ),
         _row(
+            Code.REPO_INDEX_MISMATCH,
+            "a Packages index differs from the SHA256/size its signed Release lists, the"
+            " Release has expired (Valid-Until), or the redist manifest differs from its pin",
+            "the mirror is mid-sync or serves stale or altered metadata; check the mirror,"
+            " the node's clock, or sources.redist_manifest_sha256",
+            cse=84,
+        ),
+        _row(
             Code.ARTIFACT_NOT_FOUND,
             "an artifact, manifest or package is not on the mirror (404 or not listed)",
             "check the version and the base URLs in [sources]; the journal names the URL",
@@ -247,6 +257,14 @@ CODES: dict[Code, CodeInfo] = {
             "at boot the usual cause is a clock not yet synced (check timedatectl); else "
             "the CA is missing from the system store or fetch.ca_file, or a proxy "
             "inspects TLS with its own CA",
+            cse=84,
+        ),
+        _row(
+            Code.REPO_SIGNATURE_INVALID,
+            "a repository's InRelease/Release is missing, unsigned, or its signature does not"
+            " verify with gpgv against the source's keyring (bad, expired, unknown key)",
+            "install the repository's keyring (sources.cuda_repo_keyring,"
+            " sources.toolkit_repo_keyring); the message names gpgv's reason",
             cse=84,
         ),
         _row(
