@@ -16,10 +16,10 @@ all: test
 
 # deps-sim: what the simulator needs (the demo); deps: everything the tests use.
 deps-sim:
-	@$(MAKE) --no-print-directory _apt WANT="makeself:makeself dpkg-deb:dpkg xz:xz-utils"
+	@$(MAKE) --no-print-directory _apt WANT="makeself:makeself dpkg-deb:dpkg xz:xz-utils gpg:gpg gpg-agent:gpg-agent gpgv:gpgv"
 
 deps:
-	@$(MAKE) --no-print-directory _apt WANT="makeself:makeself dpkg-deb:dpkg xz:xz-utils systemd-analyze:systemd chromium:chromium npm:npm zsh:zsh groff:groff-base readelf:binutils"
+	@$(MAKE) --no-print-directory _apt WANT="makeself:makeself dpkg-deb:dpkg xz:xz-utils gpg:gpg gpg-agent:gpg-agent gpgv:gpgv systemd-analyze:systemd chromium:chromium npm:npm zsh:zsh groff:groff-base readelf:binutils"
 	@$(MAKE) --no-print-directory mermaid
 
 # Real Mermaid releases (their browser bundles) for the render test of `bootfsm graph`.

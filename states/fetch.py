@@ -11,6 +11,7 @@ verifies, so it is downloaded again and replaced.
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from urllib.parse import urlsplit
 
@@ -28,6 +29,7 @@ from bootfsm.fetch.artifacts import (
     sha256_of,
 )
 from bootfsm.fetch.fetcher import Fetched, Fetcher, Job
+from bootfsm.fetch.repo_trust import check_packages, check_pinned
 from bootfsm.fetch.store import resolved, resolved_path
 from bootfsm.host.http import check_url
 from bootfsm.host.progress import Progress
@@ -80,11 +82,19 @@ def _cached_indexes(ctx: Context) -> dict[str, str] | None:
     return out
 
 
+def sha256_text(text: str) -> str:
+    """sha256 hex digest of a cached index's text (UTF-8, as it was saved)."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def _from_cache(ctx: Context) -> list[Artifact] | None:
     """Artifacts resolved from cached indexes when every one of them verifies, else None."""
     texts = _cached_indexes(ctx)
     if texts is None:
         return None
+    pin = ctx.config.sources.redist_manifest_sha256.lower()
+    if pin and "redistrib" in texts and sha256_text(texts["redistrib"]) != pin:
+        return None  # cached before the pin was set (or changed): fetch and check again
     try:
         arts = resolve(ctx.config, ctx.facts, texts)
     except BootError:
@@ -97,6 +107,19 @@ def _from_cache(ctx: Context) -> list[Artifact] | None:
     return arts
 
 
+# a mirror that lacks the index, or serves one that fails its signature or its Release,
+# hands over to the next mirror; when none serves a trusted one, the first failure stands
+_NEXT_MIRROR = (Code.ARTIFACT_NOT_FOUND, Code.REPO_SIGNATURE_INVALID, Code.REPO_INDEX_MISMATCH)
+
+
+def _trust(ctx: Context, key: str, url: str, body: bytes) -> None:
+    """Packages through the repository's signed Release; the redist manifest by its pin."""
+    if key.endswith("_packages"):
+        check_packages(ctx, key, url, body)
+    elif key == "redistrib":
+        check_pinned(ctx, url, body)
+
+
 def _fetch_index(ctx: Context, key: str, urls: tuple[str, ...]) -> tuple[str, int]:
     """(text, position of the URL that served it); a cached copy when no mirror answers."""
     allow = ctx.config.fetch.allow_http_hosts
@@ -104,10 +127,11 @@ def _fetch_index(ctx: Context, key: str, urls: tuple[str, ...]) -> tuple[str, in
     for i, url in enumerate(urls):
         try:
             r = ctx.http.get(url, timeout=ctx.remaining(), allow_http_hosts=allow)
+            _trust(ctx, key, url, r.body)
         except TransientError as exc:
             failures.append(exc)
         except BootError as exc:
-            if exc.code is not Code.ARTIFACT_NOT_FOUND:
+            if exc.code not in _NEXT_MIRROR:
                 raise
             failures.append(exc)
         else:
@@ -120,7 +144,8 @@ def _fetch_index(ctx: Context, key: str, urls: tuple[str, ...]) -> tuple[str, in
     if cached is not None:
         ctx.warn(f"index {key}: no mirror answers; using the cached copy", index=key)
         return cached, 0
-    raise transient[0] if transient else failures[0]
+    trust = [e for e in failures if e.code is not Code.ARTIFACT_NOT_FOUND]
+    raise transient[0] if transient else (trust or failures)[0]
 
 
 def _indexes(ctx: Context) -> tuple[dict[str, str], dict[str, int]]:

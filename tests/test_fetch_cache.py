@@ -43,6 +43,7 @@ def bulk_up_deb(w: World, package: str, size: int) -> Path:
         description=f"{package} (simulated, large)",
     )
     art.write_packages_index(repo, sorted(repo.glob("*.deb")))
+    art.sign_repository(repo, art.shared_signer(), arch=repo.name)  # as a publisher does
     return deb
 
 

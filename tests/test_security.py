@@ -27,6 +27,7 @@ from bootfsm.core.errors import BootError
 from bootfsm.fetch.artifacts import sha256_of
 from bootfsm.host.archive import check_member
 from bootfsm.host.host import Host
+from bootfsm.sim import artifacts as art
 from bootfsm.sim.world import DRIVER_VERSION, World
 from tests.conftest import MakeWorld
 
@@ -229,6 +230,9 @@ def _poison_packages(w: World, filename: str) -> None:
     text = index.read_text()
     first = next(line for line in text.splitlines() if line.startswith("Filename:"))
     index.write_text(text.replace(first, f"Filename: {filename}", 1))
+    # signed by the repository's own key: a publisher (or its key) gone bad, so the
+    # signature and Release checks pass and the Filename check is what refuses it
+    art.sign_repository(index.parent, art.shared_signer(), arch=index.parent.name)
 
 
 def _poison_redistrib(w: World, path: str) -> None:

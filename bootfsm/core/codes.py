@@ -106,6 +106,14 @@ CODES: dict[Code, CodeInfo] = {
             cse=84,
         ),
         _row(
+            Code.REPO_INDEX_MISMATCH,
+            "a Packages index differs from the SHA256/size its signed Release lists, the"
+            " Release has expired (Valid-Until), or the redist manifest differs from its pin",
+            "the mirror is mid-sync or serves stale or altered metadata; check the mirror,"
+            " the node's clock, or sources.redist_manifest_sha256",
+            cse=84,
+        ),
+        _row(
             Code.ARTIFACT_NOT_FOUND,
             "an artifact, manifest or package is not on the mirror (404 or not listed)",
             "check the version and the base URLs in [sources]; the journal names the URL",
@@ -160,6 +168,14 @@ CODES: dict[Code, CodeInfo] = {
             "at boot the usual cause is a clock not yet synced (check timedatectl); else "
             "the CA is missing from the system store or fetch.ca_file, or a proxy "
             "inspects TLS with its own CA",
+            cse=84,
+        ),
+        _row(
+            Code.REPO_SIGNATURE_INVALID,
+            "a repository's InRelease/Release is missing, unsigned, or its signature does not"
+            " verify with gpgv against the source's keyring (bad, expired, unknown key)",
+            "install the repository's keyring (sources.cuda_repo_keyring,"
+            " sources.toolkit_repo_keyring); the message names gpgv's reason",
             cse=84,
         ),
         _row(

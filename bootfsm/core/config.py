@@ -84,6 +84,10 @@ class SourcesSpec:
         "nvidia-container-toolkit",
     )
     allow_unverified: bool = False
+    cuda_repo_keyring: str = "/usr/share/keyrings/cuda-archive-keyring.gpg"
+    toolkit_repo_keyring: str = "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
+    allow_unsigned_repos: bool = False
+    redist_manifest_sha256: str = ""
     runfile_mirrors: tuple[str, ...] = ()
     redist_mirrors: tuple[str, ...] = ()
     cuda_repo_mirrors: tuple[str, ...] = ()
@@ -210,7 +214,15 @@ def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
 
 
 def _check(cfg: Config) -> None:
-    for key in ("runfile_sha256", "runfile_sha256_x86_64", "runfile_sha256_aarch64"):
+    for key in ("cuda_repo_keyring", "toolkit_repo_keyring"):
+        if not getattr(cfg.sources, key).startswith("/"):
+            raise ConfigError(f"sources.{key}: must be an absolute node path")
+    for key in (
+        "runfile_sha256",
+        "runfile_sha256_x86_64",
+        "runfile_sha256_aarch64",
+        "redist_manifest_sha256",
+    ):
         sha = getattr(cfg.sources, key)
         if sha and (len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha.lower())):
             raise ConfigError(f"sources.{key}: expected 64 hex digits, got {len(sha)} characters")

@@ -142,6 +142,9 @@ def _fail_install(log: Path, *lines: str) -> int:
     return 1
 
 
+_ELF_MACHINES = {"x86_64": 62, "aarch64": 183}  # EM_X86_64, EM_AARCH64 (elf.h)
+
+
 def install_driver_files(node: Node, version: str, kernel: str, module_type: str) -> None:
     """Lay down what a DKMS runfile install leaves: DKMS tree, module, sources, NVML/CUDA libs.
 

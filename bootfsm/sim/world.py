@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess  # noqa: TID251 - the simulator runs the real CLI as a child
 import sys
 import tempfile
@@ -138,6 +139,13 @@ class World:
             for p in TOOLKIT_PACKAGES
         ]
         art.write_packages_index(tk, debs)
+        # every repository is signed by this process's simulator key, whose public
+        # keyring the node has where NVIDIA's keyring packages install theirs
+        signer = art.shared_signer()
+        art.sign_repository(tk, signer, arch=names.debian)
+        keyrings = self.root / "usr/share/keyrings"
+        ring = signer.export_keyring(keyrings / "nvidia-container-toolkit-keyring.gpg")
+        shutil.copyfile(ring, keyrings / "cuda-archive-keyring.gpg")
         redist = self.docroot / "redist"
         fm_dir = redist / "fabricmanager" / f"linux-{names.redist}"
         fm_dir.mkdir(parents=True, exist_ok=True)
@@ -180,6 +188,7 @@ class World:
             description="NVIDIA IMEX daemon (simulated)",
         )
         art.write_packages_index(cuda, [imex])
+        art.sign_repository(cuda, signer, arch=names.debian)
 
     def _inject(self) -> None:
         names = normalize_arch(SKUS[self.sku_name].arch)

@@ -318,6 +318,10 @@ def report() -> int:
     )
     (OUT / "trace.json").write_text(_out(BOOTFSM, "trace", "--json"))
     (OUT / "systemd-version.txt").write_text(_out("systemctl", "--version"))
+    # the exposure score of the unit as this systemd loaded it (drop-ins included)
+    (OUT / "security.txt").write_text(
+        _out("systemd-analyze", "security", "--no-pager", "bootfsm.service")
+    )
     for src in ("/var/lib/bootfsm-sim/calls.jsonl", "/var/log/dpkg.log"):
         if Path(src).is_file():
             shutil.copy(src, OUT / Path(src).name)
