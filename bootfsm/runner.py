@@ -29,7 +29,7 @@ from bootfsm.errors import BootError
 from bootfsm.host import CommandResult, Host
 from bootfsm.journal import Journal, new_run_id
 from bootfsm.liveness import boot_id
-from bootfsm.lock import NodeLock
+from bootfsm.lock import NodeLock, own_dirs
 
 __all__ = ["RunOptions", "RunResult", "execute"]
 
@@ -158,8 +158,11 @@ def execute(cfg: Config, opts: RunOptions) -> RunResult:
     lock = NodeLock(host.path(f"{cfg.run.state_dir}/lock"))
     with _Interrupts(host) as interrupts:
         try:
+            own_dirs(host, cfg.run.state_dir, cfg.run.log_dir)
             with interrupts.armed():
                 acquired = lock.acquire(opts.wait_lock)
+        except BootError as exc:  # an unsafe or planted state dir, lock or log dir
+            return RunResult(Outcome(exc.code, "", exc.message), "", None)
         except Interrupted as exc:
             msg = f"interrupted by {exc.signame} while waiting for the node lock {lock.path}"
             return RunResult(Outcome(Code.INTERRUPTED, "", msg), "", None)

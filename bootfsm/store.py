@@ -32,9 +32,14 @@ def verified(ctx: Context, role: str) -> list[tuple[Artifact, Path]]:
     for a in arts:
         if a.role != role:
             continue
-        p = ctx.host.path(cache_node_path(ctx.config, a))
-        if not p.exists():
-            raise BootError(Code.ARTIFACT_NOT_FOUND, f"{a.name} is missing from the cache at {p}")
+        node = cache_node_path(ctx.config, a)
+        ctx.host.own_dir(node.rsplit("/", 1)[0])  # the bucket is bootfsm's, not a link
+        found = ctx.host.own_file(node)  # a regular file, never a planted link
+        if found is None:
+            raise BootError(
+                Code.ARTIFACT_NOT_FOUND, f"{a.name} is missing from the cache at {node}"
+            )
+        p = found
         if a.sha256 and sha256_of(p) != a.sha256:
             raise BootError(
                 Code.CHECKSUM_MISMATCH, f"cached {a.name} no longer matches its sha256: {p}"

@@ -338,8 +338,9 @@ def _mode(p: Path) -> int:
 
 
 def test_state_cache_and_journal_modes(make_world: MakeWorld) -> None:
-    """Directories 0700, files 0600 (0700 for the runfile it executes); no directory on
-    the way to what bootfsm executes is writable by anyone but root."""
+    """Directories 0700, files 0600 (the cached runfile too: what runs is its private
+    0700 copy in <state_dir>/extract); no directory on the way to what bootfsm executes
+    is writable by anyone but root."""
     w = make_world("h100-hgx")
     r = cli(w)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -349,8 +350,9 @@ def test_state_cache_and_journal_modes(make_world: MakeWorld) -> None:
     for f in [*state.glob("*"), *logs.glob("*"), *cache.glob("*"), *cache.glob("*/*")]:
         if f.is_dir():
             continue
-        want = 0o700 if f.name.endswith(".run") else 0o600
-        assert _mode(f) == want, f"{f}: {oct(_mode(f))}"
+        assert _mode(f) == 0o600, f"{f}: {oct(_mode(f))}"
+    [copy] = state.glob("extract/*.run")
+    assert _mode(copy) == 0o700
     [metrics] = w.root.glob("var/lib/node_exporter/textfile_collector/bootfsm.prom")
     assert _mode(metrics) == 0o644  # node_exporter runs unprivileged; only root writes it
     used = [p for p in cache.glob("*/*")] + [state / "extract"]
