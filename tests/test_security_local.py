@@ -205,9 +205,7 @@ def _payload(base: Path) -> tuple[Path, Path]:
     return payload, marker
 
 
-def test_swap_after_hash_with_a_0777_cache_never_runs_the_payload(
-    world: World, base: Path
-) -> None:
+def test_swap_after_hash_with_a_0777_cache_never_runs_the_payload(world: World, base: Path) -> None:
     """nobody plants the genuine runfile in a 0777 cache and swaps it for a payload in a
     loop while bootfsm runs: bootfsm refuses the cache; the payload never runs as root."""
     [genuine] = world.docroot.rglob("NVIDIA-Linux-*.run")
