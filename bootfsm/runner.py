@@ -56,6 +56,29 @@ class RunResult:
     journal: Path | None
 
 
+CHECKPOINT_OUTCOMES = ("running", "done", "failed", "interrupted")
+
+
+def checkpoint_problem(data: object) -> str:
+    """What is wrong with the shape of checkpoint.json's parsed ``data`` ('' when nothing):
+    the object ``_checkpoint`` writes (run_id, journal, pid, state, outcome; code and
+    code_name once finished)."""
+    if not isinstance(data, dict):
+        return "not a JSON object"
+    for key in ("run_id", "journal", "state", "outcome"):
+        if not isinstance(data.get(key), str):
+            return f"{key!r} is not a string"
+    if data["outcome"] not in CHECKPOINT_OUTCOMES:
+        return f"unknown outcome {data['outcome'][:40]!r}"
+    for key in ("pid", "code"):
+        v = data.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            return f"{key!r} is not a non-negative integer"
+    if not isinstance(data.get("code_name", ""), str):
+        return "'code_name' is not a string"
+    return ""
+
+
 def _checkpoint(host: Host, cfg: Config, data: dict[str, Any]) -> None:
     # a read-only or full state dir must not hide the real outcome
     with contextlib.suppress(BootError):

@@ -22,7 +22,7 @@ from bootfsm.guards import GUARDS
 from bootfsm.host import Host
 from bootfsm.http import check_url
 from bootfsm.journal import Journal
-from bootfsm.redact import redact_url
+from bootfsm.redact import redact_text, redact_url
 from bootfsm.table import TRANSITIONS
 
 __all__ = ["main", "make_plan"]
@@ -63,7 +63,7 @@ def make_plan(ctx: Context, offline: bool) -> dict[str, Any]:
             "state": "detect",
             "code": int(exc.code),
             "name": exc.code.name,
-            "message": exc.message,
+            "message": redact_text(exc.message),
         }
         return plan
     ctx.facts_ = facts
@@ -91,7 +91,7 @@ def make_plan(ctx: Context, offline: bool) -> dict[str, Any]:
             "state": "fetch",
             "code": int(exc.code),
             "name": exc.code.name,
-            "message": exc.message,
+            "message": redact_text(exc.message),
         }
     return plan
 
