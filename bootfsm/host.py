@@ -335,8 +335,12 @@ class Host:
         os.chmod(self.path(node_path), mode)
 
     def rmtree(self, node_path: str) -> None:
-        """Remove a directory tree if it exists."""
-        shutil.rmtree(self.path(node_path), ignore_errors=True)
+        """Remove a directory tree if it exists (a symlink in its place: the link only)."""
+        p = self.path(node_path)
+        if p.is_symlink():
+            p.unlink()
+            return
+        shutil.rmtree(p, ignore_errors=True)
 
     def install_file(self, src: str, dst: str, mode: int | None = None) -> None:
         """Copy node file ``src`` to ``dst`` atomically (temp, fsync, rename); keep links."""
@@ -358,6 +362,9 @@ class Host:
         symlinks, devices and FIFOs are refused before anything is written (``BootError``
         UNSAFE_ARCHIVE); Python's ``data`` filter applies too, with the same code.
         """
+        parent = dest.rsplit("/", 1)[0]
+        if parent:  # bootfsm's extract dir: never a planted link (the root is the caller's)
+            self.own_dir(parent)
         target = self.path(dest)
         try:
             with tarfile.open(archive, "r:*") as tf:
@@ -367,7 +374,7 @@ class Host:
                     raise BootError(
                         Code.UNSAFE_ARCHIVE, f"refusing archive {archive.name}: {problem}"
                     )
-                target.mkdir(parents=True, exist_ok=True, mode=0o700)
+                self.own_dir(dest)
                 archive_rules.extract_members(
                     tf, str(target), members, use_filter=archive_rules.HAS_EXTRACTION_FILTER
                 )
