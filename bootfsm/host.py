@@ -569,6 +569,12 @@ def _exec_error(exe: str, exc: OSError) -> BootError:
     return BootError(Code.EXEC_FAILED, f"cannot execute {exe}: {why}")
 
 
+_SYS_GID_MAX = 1000
+"""Above bootfsm's own directory, group write is allowed for a system group (gid below
+1000, login.defs' SYS_GID_MAX default): Ubuntu ships /var/log 0775 root:syslog. The own
+directory itself must never be group-writable."""
+
+
 def _trusted_uids() -> tuple[int, ...]:
     return (0, os.geteuid())
 
@@ -581,7 +587,7 @@ def _check_dir(st: os.stat_result, node_path: str, above: str) -> None:
         problem = "is not a directory"
     elif st.st_uid not in _trusted_uids():
         problem = f"is owned by uid {st.st_uid}, not root"
-    elif st.st_mode & 0o022:
+    elif st.st_mode & 0o002 or (st.st_mode & 0o020 and not (above and st.st_gid < _SYS_GID_MAX)):
         sticky = " (sticky, but its owner is not bootfsm)" if st.st_mode & stat.S_ISVTX else ""
         problem = f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}){sticky}"
     else:

@@ -111,6 +111,27 @@ def test_sticky_1777_parent_is_not_trusted(world: World) -> None:
     assert "/var/lib (above /var/lib/bootfsm)" in r.stderr and "sticky" in r.stderr
 
 
+def test_group_writable_system_parent_is_accepted_like_ubuntus_var_log(base: Path) -> None:
+    """Ubuntu's /var/log is 0775 root:syslog: group write above the own dir is allowed for
+    a system group only; a user group (gid >= 1000) there, or on the own dir, is refused."""
+    root = base / "root"
+    (root / "var/log").mkdir(parents=True)
+    root.chmod(0o711)
+    (root / "var/log").chmod(0o775)
+    os.chown(root / "var/log", 0, 104)  # a system group, like syslog
+    host = Host(root)
+    assert stat.S_IMODE(host.own_dir("/var/log/bootfsm").stat().st_mode) == 0o700
+    os.chown(root / "var/log", 0, 1000)
+    with pytest.raises(BootError) as ei:
+        host.own_dir("/var/log/bootfsm")
+    assert ei.value.code is Code.UNSAFE_STATE_DIR
+    os.chown(root / "var/log", 0, 104)
+    (root / "var/log/bootfsm").chmod(0o770)
+    with pytest.raises(BootError) as ei:
+        host.own_dir("/var/log/bootfsm")
+    assert "mode 0770" in ei.value.message
+
+
 def test_own_dirs_are_created_0700_root(world: World) -> None:
     r = run(world)
     assert r.returncode == 0, r.stdout + r.stderr
