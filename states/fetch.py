@@ -12,6 +12,7 @@ verifies, so it is downloaded again and replaced.
 from __future__ import annotations
 
 import hashlib
+import stat
 import sys
 from urllib.parse import urlsplit
 
@@ -47,10 +48,10 @@ def _cached_ok(ctx: Context, a: Artifact) -> bool:
     """
     p = ctx.host.path(cache_node_path(ctx.config, a))
     try:
-        st = p.stat()
+        st = p.lstat()  # a planted symlink is never "cached": it is downloaded over
     except OSError:
         return False
-    if not p.is_file() or (a.size is not None and st.st_size != a.size):
+    if not stat.S_ISREG(st.st_mode) or (a.size is not None and st.st_size != a.size):
         return False
     if not a.sha256:
         return True
@@ -197,7 +198,9 @@ def _download(ctx: Context, missing: list[Artifact]) -> None:
     jobs = []
     for a in missing:
         dest = cache_node_path(cfg, a)
-        ctx.host.makedirs(dest.rsplit("/", 1)[0], mode=0o700)
+        ctx.host.own_dir(dest.rsplit("/", 1)[0])  # a bucket: never a planted link
+        for suffix in (".part", ".part.meta"):
+            ctx.host.own_file(dest + suffix)  # a planted link here is refused
         jobs.append(Job(a, ctx.host.path(dest + ".part")))
     attempts: dict[str, int] = ctx.scratch.setdefault("fetch.attempts", {})
 
@@ -270,9 +273,9 @@ def run(ctx: Context) -> None:
                 check_url(url, ctx.config.fetch.allow_http_hosts)
         missing = [a for a in arts if not _cached_ok(ctx, a)]
         _space_check(ctx, missing, texts)
-        ctx.host.makedirs(ctx.config.fetch.cache_dir, mode=0o700)
+        ctx.host.own_dir(ctx.config.fetch.cache_dir)
         _save_indexes(ctx, texts)
     key = resolution_key(ctx.config, ctx.facts)
-    ctx.host.makedirs(ctx.config.run.state_dir, mode=0o700)
+    ctx.host.own_dir(ctx.config.run.state_dir)
     ctx.host.write_atomic(resolved_path(ctx), dump_resolution(key, arts), mode=0o600)
     _download(ctx, missing)

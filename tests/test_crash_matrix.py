@@ -390,9 +390,11 @@ def check_after_kill(w: World, point: Point, probe: Probe) -> None:
 
 
 def check_nothing_used_unverified(w: World) -> None:
-    """Every artifact any run executed or installed came from the cache and verifies now."""
+    """Every artifact any run executed or installed came from the cache and verifies now
+    (the runfile runs from its private copy in <state_dir>/extract: that copy too)."""
     shas = check_cache_verified(w.root)
     cache = str(w.root / CACHE_DIR) + "/"
+    copies = str(w.root / "var/lib/bootfsm/extract") + "/"
     used = 0
     for j in w.journals():
         for line in j.read_text().splitlines():
@@ -400,7 +402,7 @@ def check_nothing_used_unverified(w: World) -> None:
             if ev["event"] != "command":
                 continue
             for arg in ev["argv"]:
-                if arg.startswith(cache):
+                if arg.startswith(cache) or (arg.startswith(copies) and arg.endswith(".run")):
                     path = Path(arg)
                     assert sha256_of(path) == shas[path.name], f"{arg} does not verify"
                     used += 1

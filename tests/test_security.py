@@ -342,8 +342,9 @@ def _mode(p: Path) -> int:
 
 
 def test_state_cache_and_journal_modes(make_world: MakeWorld) -> None:
-    """Directories 0700, files 0600 (0700 for the runfile it executes); no directory on
-    the way to what bootfsm executes is writable by anyone but root."""
+    """Directories 0700, files 0600 (the cached runfile too: what runs is its private
+    0700 copy in <state_dir>/extract); no directory on the way to what bootfsm executes
+    is writable by anyone but root."""
     w = make_world("h100-hgx")
     r = cli(w)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -353,8 +354,9 @@ def test_state_cache_and_journal_modes(make_world: MakeWorld) -> None:
     for f in [*state.glob("*"), *logs.glob("*"), *cache.glob("*"), *cache.glob("*/*")]:
         if f.is_dir():
             continue
-        want = 0o700 if f.name.endswith(".run") else 0o600
-        assert _mode(f) == want, f"{f}: {oct(_mode(f))}"
+        assert _mode(f) == 0o600, f"{f}: {oct(_mode(f))}"
+    [copy] = state.glob("extract/*.run")
+    assert _mode(copy) == 0o700
     [metrics] = w.root.glob("var/lib/node_exporter/textfile_collector/bootfsm.prom")
     assert _mode(metrics) == 0o644  # node_exporter runs unprivileged; only root writes it
     used = [p for p in cache.glob("*/*")] + [state / "extract"]
@@ -421,3 +423,154 @@ def test_url_tokens_never_printed(make_world: MakeWorld, fault: str) -> None:
     resolved = w.root / STATE_DIR / "resolved.json"
     if resolved.exists():
         assert _mode(resolved) == 0o600
+
+
+# -- bad input is a clear error ----------------------------------------------------------
+def _validate(tmp_path: Path, text: str, *cmd: str) -> subprocess.CompletedProcess[str]:
+    """`bootfsm <cmd> --config FILE` (validate by default) on a node root of its own."""
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(text)
+    root = tmp_path / "root"
+    root.mkdir(exist_ok=True)
+    argv = [sys.executable, "-m", "bootfsm", *(cmd or ("validate",)), "--config", str(cfg)]
+    return subprocess.run(
+        [*argv, "--root", str(root)], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_every_number_in_the_config_has_a_finite_range() -> None:
+    from dataclasses import fields as dc_fields
+
+    from bootfsm.core.config import DEFAULTS, RANGES
+
+    numbers = {
+        (sec.name, f.name)
+        for sec in dc_fields(DEFAULTS)
+        for f in dc_fields(getattr(DEFAULTS, sec.name))
+        if isinstance(getattr(getattr(DEFAULTS, sec.name), f.name), int | float)
+        and not isinstance(getattr(getattr(DEFAULTS, sec.name), f.name), bool)
+    }
+    assert numbers == set(RANGES)
+    for lo, hi, _ in RANGES.values():
+        assert lo < hi < float("inf")
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e309", "-1", "1e12"])
+def test_config_numbers_out_of_range_are_config_invalid(tmp_path: Path, value: str) -> None:
+    """nan, inf, 1e309 (inf in TOML), negatives and absurd values, for every number."""
+    from bootfsm.core.config import RANGES, ConfigError, load_config
+
+    for section, key in RANGES:
+        path = tmp_path / f"{section}-{key}.toml"
+        path.write_text(f"[{section}]\n{key} = {value}\n")
+        with pytest.raises(ConfigError, match=rf"{section}\.{key}: "):
+            load_config(path, required=True)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("[run]\ndeadline = nan\n", "run.deadline: expected a finite number"),
+        ("[run]\nbackoff_scale = -1\n", "run.backoff_scale: must be >= 0"),
+        ("[verify]\nfabric_poll_interval = nan\n", "verify.fabric_poll_interval"),
+        ("[fetch]\nparallel = 2.5\n", "fetch.parallel: expected an integer"),
+        (
+            '[run]\nstate_dir = "/var/lib/../../tmp"\n',
+            "run.state_dir: a path must not contain '..'",
+        ),
+        (
+            '[fetch]\ncache_dir = "/var/cache/a\\u0000b"\n',
+            "fetch.cache_dir: a path must not contain NUL",
+        ),
+        ('[run]\nlog_dir = "/var/./log"\n', "run.log_dir: a path must not contain '..' or '.'"),
+        ("a = " + "[" * 100_000 + "]" * 100_000 + "\n", "nested too deeply"),
+    ],
+)
+def test_bad_config_is_a_clear_error_never_a_traceback(
+    tmp_path: Path, text: str, says: str
+) -> None:
+    for cmd in (("validate",), ("run",)):
+        r = _validate(tmp_path, text, *cmd)
+        assert r.returncode == Code.CONFIG_INVALID, (cmd, r.stderr[-2000:])
+        assert says in r.stderr, r.stderr[-2000:]
+        assert "Traceback" not in r.stdout + r.stderr
+
+
+SECRET_CONFIGS = [
+    '[sources]\nrunfile_mirrors = ["ftp://bob:hunter2@mirror.example/tesla?sig=S3CR3T"]\n',
+    '[run]\ndeadline = "https://bob:hunter2@mirror.example/x?sv=2020&sig=S3CR3T"\n',
+    '[fetch]\nallow_http_hosts = "https://bob:hunter2@h.example/?sig=S3CR3T"\n',
+]
+
+
+@pytest.mark.parametrize("text", SECRET_CONFIGS)
+@pytest.mark.parametrize("cmd", [("validate",), ("plan",), ("status",), ("trace",), ("run",)])
+def test_rejected_config_never_prints_its_secrets(
+    tmp_path: Path, text: str, cmd: tuple[str, ...]
+) -> None:
+    r = _validate(tmp_path, text, *cmd)
+    assert r.returncode == Code.CONFIG_INVALID, r.stdout + r.stderr
+    out = r.stdout + r.stderr
+    assert "hunter2" not in out and "S3CR3T" not in out, out
+    assert "config invalid" in out
+    journals = list((tmp_path / "root").rglob("*.jsonl"))
+    assert all("hunter2" not in p.read_text() for p in journals)
+
+
+BAD_CHECKPOINTS = [
+    "[]",
+    '"running"',
+    '{"outcome": 5}',
+    '{"run_id": "r", "journal": "", "state": "fetch", "outcome": "failed", "code": [31]}',
+    '{"run_id": "r", "journal": "", "state": "fetch", "outcome": "nonsense"}',
+    '{"run_id": 1, "journal": "", "state": "fetch", "outcome": "running", "pid": "x"}',
+    '{"run_id": "r", "journal": "", "state": "join", "outcome": "done", "code_name": {}}',
+]
+
+
+@pytest.mark.parametrize("text", BAD_CHECKPOINTS)
+def test_checkpoint_of_the_wrong_shape_is_discarded_with_a_warning(
+    make_world: MakeWorld, text: str
+) -> None:
+    w = make_world("h100-hgx")
+    state = w.root / STATE_DIR
+    state.mkdir(parents=True, exist_ok=True, mode=0o700)
+    (state / "checkpoint.json").write_text(text)
+    r = cli(w, "status", "--json")
+    assert "Traceback" not in r.stderr, r.stderr
+    assert "checkpoint.json is unreadable" in r.stderr
+    assert json.loads(r.stdout)["status"] == "never-started"
+    r = cli(w)  # the run rewrites it
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = cli(w, "status", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["status"] == "done", r.stdout + r.stderr
+
+
+BAD_RESOLUTIONS = [
+    "[]",
+    '{"key": 5, "artifacts": []}',
+    '{"key": "k", "artifacts": {}}',
+    '{"key": "k", "artifacts": ["x"]}',
+    '{"key": "k", "artifacts": [{"name": "n", "role": "runfile", "url": "u", "sha256": 7,'
+    ' "size": 1, "filename": "f"}]}',
+    '{"key": "k", "artifacts": [{"name": "n", "role": "runfile", "url": "u", "sha256": "",'
+    ' "size": 1, "filename": "../../../../etc/passwd"}]}',
+    '{"key": "k", "artifacts": [{"name": "n", "role": "runfile", "url": "u", "sha256": "",'
+    ' "size": -1, "filename": "f", "mirrors": [3]}]}',
+]
+
+
+@pytest.mark.parametrize("text", BAD_RESOLUTIONS)
+def test_resolved_json_of_the_wrong_shape_is_rebuilt(make_world: MakeWorld, text: str) -> None:
+    """Not a permanent INTERNAL_ERROR: discarded with a warning, fetch resolves again."""
+    from bootfsm.fetch.store import resolution_problem
+
+    w = make_world("h100-hgx")
+    state = w.root / STATE_DIR
+    state.mkdir(parents=True, exist_ok=True, mode=0o700)
+    (state / "resolved.json").write_text(text)
+    assert resolution_problem(text)
+    r = cli(w)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "resolved.json is invalid" in r.stdout + r.stderr
+    assert resolution_problem((state / "resolved.json").read_text()) == ""

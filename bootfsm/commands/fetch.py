@@ -26,7 +26,7 @@ from bootfsm.core.config import Config
 from bootfsm.core.deadline import Deadline
 from bootfsm.core.errors import BootError
 from bootfsm.host.host import Host
-from bootfsm.host.lock import NodeLock
+from bootfsm.host.lock import NodeLock, own_dirs
 from bootfsm.machine.context import Context
 from bootfsm.observe.journal import Journal, new_run_id
 
@@ -57,7 +57,15 @@ def fetch_cache(
     """Run the fetch state's action for the node (or image) at ``root``; never raises."""
     host = Host(root, env=env)
     lock = NodeLock(host.path(f"{cfg.run.state_dir}/lock"))
-    if not lock.acquire(0.0):
+    try:
+        own_dirs(host, cfg.run.state_dir, cfg.run.log_dir, cfg.fetch.cache_dir)
+        acquired = lock.acquire(0.0)
+    except BootError as exc:
+        return FetchResult(exc.code, exc.message)
+    except OSError as exc:  # a read-only or full state dir
+        msg = f"cannot take the node lock {lock.path}: {exc.strerror or exc}"
+        return FetchResult(Code.HOST_IO_ERROR, f"{msg}; run.state_dir must be writable")
+    if not acquired:
         msg = f"another bootfsm run (pid {lock.holder() or '?'}) holds {lock.path}"
         return FetchResult(Code.ANOTHER_RUN_IN_PROGRESS, msg)
     try:

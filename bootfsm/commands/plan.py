@@ -15,7 +15,7 @@ from typing import Any
 from bootfsm.commands.common import load_or_exit
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError, TransientError
-from bootfsm.core.redact import redact_url
+from bootfsm.core.redact import redact_text, redact_url
 from bootfsm.fetch.artifacts import index_urls, resolve
 from bootfsm.host.host import Host
 from bootfsm.host.http import check_url
@@ -63,7 +63,7 @@ def make_plan(ctx: Context, offline: bool) -> dict[str, Any]:
             "state": "detect",
             "code": int(exc.code),
             "name": exc.code.name,
-            "message": exc.message,
+            "message": redact_text(exc.message),
         }
         return plan
     ctx.facts_ = facts
@@ -91,7 +91,7 @@ def make_plan(ctx: Context, offline: bool) -> dict[str, Any]:
             "state": "fetch",
             "code": int(exc.code),
             "name": exc.code.name,
-            "message": exc.message,
+            "message": redact_text(exc.message),
         }
     return plan
 

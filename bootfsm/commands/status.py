@@ -29,9 +29,11 @@ from bootfsm.commands.common import load_or_exit
 from bootfsm.core.codes import Code, info
 from bootfsm.core.config import Config
 from bootfsm.core.errors import BootError
+from bootfsm.core.redact import redact_text
 from bootfsm.host.host import Host
 from bootfsm.observe.liveness import lock_holders, pid_exists
 from bootfsm.observe.trace import latest_journal, load_run
+from bootfsm.run.runner import checkpoint_problem
 
 __all__ = ["DONE", "KILLED", "NEVER_STARTED", "RUNNING", "Status", "main", "probe"]
 
@@ -69,7 +71,7 @@ def _checkpoint(host: Host, cfg: Config) -> dict[str, Any] | None:
     except (BootError, ValueError) as exc:  # unreadable or torn: the journal still tells
         data, problem = None, str(exc)[:120]
     else:
-        problem = "" if data is None or isinstance(data, dict) else "not a JSON object"
+        problem = "" if data is None else checkpoint_problem(data)
     if problem and not _WARNED:  # once, not at every --wait poll
         _WARNED.append(problem)
         print(
@@ -77,7 +79,7 @@ def _checkpoint(host: Host, cfg: Config) -> dict[str, Any] | None:
             "treated as absent, the journal tells instead",
             file=sys.stderr,
         )
-    return data if isinstance(data, dict) else None
+    return data if isinstance(data, dict) and not problem else None
 
 
 def _from_journal(host: Host, cfg: Config) -> dict[str, Any] | None:
@@ -143,7 +145,7 @@ def _details(st: Status) -> None:
     if st.status in ("failed", "interrupted") and st.journal:
         r = load_run(Path(st.journal))
         if r.run_id == st.run_id and r.message:
-            st.message = r.message.splitlines()[0]
+            st.message = redact_text(r.message.splitlines()[0])
 
 
 def _line(st: Status, timeout: float) -> str:

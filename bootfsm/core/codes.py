@@ -370,6 +370,28 @@ CODES: dict[Code, CodeInfo] = {
             cse=84,
         ),
         _row(
+            Code.UNSAFE_STATE_DIR,
+            "a bootfsm directory (state, cache, log, extract) is unsafe: a symlink, not a"
+            " directory, not owned by root, or writable by group or others",
+            "another user could plant or swap what root runs; the message names the"
+            " directory and its owner and mode: remove it (bootfsm recreates it 0700) or"
+            " chown root and chmod go-w it and everything above it",
+            cse=84,
+        ),
+        _row(
+            Code.UNSAFE_STATE_FILE,
+            "a file bootfsm writes in its own directory is a symlink or not a regular file",
+            "something planted it there; the message names the path: remove it and rerun",
+            cse=84,
+        ),
+        _row(
+            Code.EXEC_FAILED,
+            "a command could not be executed (not an executable, text file busy, no permission)",
+            "the message names the file and the OS error; a corrupt cached runfile is"
+            " downloaded again after removing it from fetch.cache_dir",
+            cse=84,
+        ),
+        _row(
             Code.INTERNAL_ERROR,
             "bootfsm hit an unexpected error (a bug)",
             "the journal holds the traceback; please report it",

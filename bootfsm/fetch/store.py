@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from bootfsm.core.codes import Code
@@ -15,7 +16,10 @@ from bootfsm.fetch.artifacts import (
 )
 from bootfsm.machine.context import Context
 
-__all__ = ["resolved", "resolved_path", "verified"]
+__all__ = ["resolution_problem", "resolved", "resolved_path", "verified"]
+
+_HEX = frozenset("0123456789abcdef")
+_FIELDS = {"name": str, "role": str, "url": str, "sha256": str, "filename": str}
 
 
 def resolved_path(ctx: Context) -> str:
@@ -23,10 +27,54 @@ def resolved_path(ctx: Context) -> str:
     return f"{ctx.config.run.state_dir}/resolved.json"
 
 
+def resolution_problem(text: str) -> str:
+    """What is wrong with the shape of resolved.json's ``text`` ('' when nothing): an
+    object with a string ``key`` and a list of artifacts, each with exactly the
+    Artifact fields and types, a sha256 of 64 hex digits (or empty), a plain file name."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        return f"not JSON ({exc})"
+    if not isinstance(data, dict) or not isinstance(data.get("key"), str):
+        return "not an object with a string 'key'"
+    arts = data.get("artifacts")
+    if not isinstance(arts, list):
+        return "'artifacts' is not a list"
+    for i, a in enumerate(arts):
+        if not isinstance(a, dict) or set(a) - {*_FIELDS, "size", "mirrors"}:
+            return f"artifact {i} is not an object with the artifact fields"
+        for k, t in _FIELDS.items():
+            if not isinstance(a.get(k), t):
+                return f"artifact {i}: {k!r} is not a string"
+        size, mirrors = a.get("size"), a.get("mirrors", [])
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
+            return f"artifact {i}: 'size' is not a byte count"
+        if not isinstance(mirrors, list) or not all(isinstance(m, str) for m in mirrors):
+            return f"artifact {i}: 'mirrors' is not a list of strings"
+        sha = a["sha256"]
+        if sha and (len(sha) != 64 or not set(sha) <= _HEX):
+            return f"artifact {i}: 'sha256' is not 64 hex digits"
+        name = a["filename"]
+        if not name or "/" in name or "\x00" in name or name in (".", ".."):
+            return f"artifact {i}: 'filename' is not a plain file name"
+    return ""
+
+
 def resolved(ctx: Context) -> list[Artifact] | None:
-    """The artifacts fetch resolved for this config and platform, or None."""
+    """The artifacts fetch resolved for this config and platform, or None.
+
+    A resolved.json of the wrong shape is discarded with a warning (fetch rebuilds it):
+    it must never stop every later run.
+    """
     key = resolution_key(ctx.config, ctx.facts)
-    return load_resolution(ctx.host.read_text(resolved_path(ctx)), key)
+    text = ctx.host.read_text(resolved_path(ctx))
+    if text:
+        problem = resolution_problem(text)
+        if problem:
+            ctx.warn(f"{resolved_path(ctx)} is invalid ({problem}); discarded, fetch rebuilds it")
+            ctx.host.remove(resolved_path(ctx))
+            return None
+    return load_resolution(text, key)
 
 
 def verified(ctx: Context, role: str) -> list[tuple[Artifact, Path]]:
@@ -38,9 +86,14 @@ def verified(ctx: Context, role: str) -> list[tuple[Artifact, Path]]:
     for a in arts:
         if a.role != role:
             continue
-        p = ctx.host.path(cache_node_path(ctx.config, a))
-        if not p.exists():
-            raise BootError(Code.ARTIFACT_NOT_FOUND, f"{a.name} is missing from the cache at {p}")
+        node = cache_node_path(ctx.config, a)
+        ctx.host.own_dir(node.rsplit("/", 1)[0])  # the bucket is bootfsm's, not a link
+        found = ctx.host.own_file(node)  # a regular file, never a planted link
+        if found is None:
+            raise BootError(
+                Code.ARTIFACT_NOT_FOUND, f"{a.name} is missing from the cache at {node}"
+            )
+        p = found
         if a.sha256 and sha256_of(p) != a.sha256:
             raise BootError(
                 Code.CHECKSUM_MISMATCH, f"cached {a.name} no longer matches its sha256: {p}"

@@ -10,8 +10,10 @@ from __future__ import annotations
 import errno
 import fcntl
 import glob as _glob
+import hashlib
 import os
 import shutil
+import stat
 import tarfile
 import tempfile
 import time
@@ -125,6 +127,94 @@ class Host(Commands):
         st = os.statvfs(p)
         return st.f_bavail * st.f_frsize
 
+    # -- bootfsm's own directories ------------------------------------------------------
+    def own_dir(self, node_path: str, mode: int = 0o700) -> Path:
+        """Create or check one of bootfsm's own directories; return its real path.
+
+        A missing directory is created ``mode`` (0700), owned by bootfsm's uid (root).
+        One that exists must be a real directory (not a symlink), owned by root (or the
+        uid bootfsm runs as) and not writable by group or others; so must every
+        directory above it, symlinks resolved (a sticky 1777 parent such as /tmp is
+        not trusted: its owner, not root, controls the name). Anything else is
+        ``BootError(UNSAFE_STATE_DIR)``: an unprivileged user could plant or swap what
+        root runs. Nothing is repaired: a directory that was open to others may already
+        hold what they planted.
+        """
+        p = self.path(node_path)
+        parent = p.parent
+        try:
+            if not os.path.lexists(parent):
+                os.makedirs(parent, mode=0o755)
+            _check_chain(self.root, Path(os.path.realpath(parent)), node_path)
+            try:
+                os.mkdir(p, mode)
+                os.chmod(p, mode, follow_symlinks=False)
+            except FileExistsError:
+                pass
+            st = os.lstat(p)
+        except OSError as exc:
+            raise BootError(
+                Code.HOST_IO_ERROR, f"cannot create {node_path}: {exc.strerror or exc}"
+            ) from exc
+        _check_dir(st, node_path, "")
+        return p
+
+    def own_file(self, node_path: str) -> Path | None:
+        """The real path of a file in a bootfsm directory when it is a regular file;
+        None when it does not exist; ``BootError(UNSAFE_STATE_FILE)`` for a symlink, a
+        FIFO, a device or a directory planted in its place."""
+        p = self.path(node_path)
+        try:
+            st = os.lstat(p)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            what = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+            raise BootError(
+                Code.UNSAFE_STATE_FILE,
+                f"{node_path} is {what}; bootfsm never follows a link in its own directories",
+            )
+        return p
+
+    def private_copy(self, src: str, dst_dir: str, sha256: str) -> Path:
+        """Copy node file ``src`` into bootfsm directory ``dst_dir`` (checked 0700), hashing
+        the bytes as they are copied; return the copy (mode 0700) when they match
+        ``sha256``. What is then executed is this copy, which no other uid can write:
+        a swap of ``src`` after its last hash changes nothing (the hash is of the bytes
+        copied, read from one descriptor opened without following links)."""
+        out_dir = self.own_dir(dst_dir)
+        sp = self.path(src)
+        name = sp.name
+        try:
+            fd = os.open(sp, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            code = Code.UNSAFE_STATE_FILE if exc.errno == errno.ELOOP else Code.HOST_IO_ERROR
+            raise BootError(code, f"cannot open {src}: {exc.strerror or exc}") from exc
+        h = hashlib.sha256()
+        dst = out_dir / name
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise BootError(Code.UNSAFE_STATE_FILE, f"{src} is not a regular file")
+
+            def fill(out: IO[bytes]) -> None:
+                while block := os.read(fd, 1 << 20):
+                    h.update(block)
+                    out.write(block)
+
+            _publish(dst, fill, 0o700)
+        except OSError as exc:
+            raise BootError(
+                Code.HOST_IO_ERROR, f"cannot copy {src} to {dst_dir}: {exc.strerror or exc}"
+            ) from exc
+        finally:
+            os.close(fd)
+        if sha256 and h.hexdigest() != sha256:  # "" only with sources.allow_unverified
+            dst.unlink(missing_ok=True)
+            raise BootError(
+                Code.CHECKSUM_MISMATCH, f"{src} changed while it was copied to run: refused"
+            )
+        return dst
+
     # -- writing -----------------------------------------------------------------------
     def makedirs(self, node_path: str, mode: int = 0o755) -> Path:
         """Create a directory (and parents) under the root; return its real path."""
@@ -179,8 +269,12 @@ class Host(Commands):
         os.chmod(self.path(node_path), mode)
 
     def rmtree(self, node_path: str) -> None:
-        """Remove a directory tree if it exists."""
-        shutil.rmtree(self.path(node_path), ignore_errors=True)
+        """Remove a directory tree if it exists (a symlink in its place: the link only)."""
+        p = self.path(node_path)
+        if p.is_symlink():
+            p.unlink()
+            return
+        shutil.rmtree(p, ignore_errors=True)
 
     def install_file(self, src: str, dst: str, mode: int | None = None) -> None:
         """Copy node file ``src`` to ``dst`` atomically (temp, fsync, rename); keep links."""
@@ -202,6 +296,9 @@ class Host(Commands):
         symlinks, devices and FIFOs are refused before anything is written (``BootError``
         UNSAFE_ARCHIVE); Python's ``data`` filter applies too, with the same code.
         """
+        parent = dest.rsplit("/", 1)[0]
+        if parent:  # bootfsm's extract dir: never a planted link (the root is the caller's)
+            self.own_dir(parent)
         target = self.path(dest)
         try:
             with tarfile.open(archive, "r:*") as tf:
@@ -211,7 +308,7 @@ class Host(Commands):
                     raise BootError(
                         Code.UNSAFE_ARCHIVE, f"refusing archive {archive.name}: {problem}"
                     )
-                target.mkdir(parents=True, exist_ok=True, mode=0o700)
+                self.own_dir(dest)
                 archive_rules.extract_members(
                     tf, str(target), members, use_filter=archive_rules.HAS_EXTRACTION_FILTER
                 )
@@ -236,6 +333,49 @@ class Host(Commands):
             return True
         finally:
             os.close(fd)
+
+
+_SYS_GID_MAX = 1000
+"""Above bootfsm's own directory, group write is allowed for a system group (gid below
+1000, login.defs' SYS_GID_MAX default): Ubuntu ships /var/log 0775 root:syslog. The own
+directory itself must never be group-writable."""
+
+
+def _trusted_uids() -> tuple[int, ...]:
+    return (0, os.geteuid())
+
+
+def _check_dir(st: os.stat_result, node_path: str, above: str) -> None:
+    where = f"{above} (above {node_path})" if above else node_path
+    if stat.S_ISLNK(st.st_mode):
+        problem = "is a symlink"
+    elif not stat.S_ISDIR(st.st_mode):
+        problem = "is not a directory"
+    elif st.st_uid not in _trusted_uids():
+        problem = f"is owned by uid {st.st_uid}, not root"
+    elif st.st_mode & 0o002 or (st.st_mode & 0o020 and not (above and st.st_gid < _SYS_GID_MAX)):
+        sticky = " (sticky, but its owner is not bootfsm)" if st.st_mode & stat.S_ISVTX else ""
+        problem = f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}){sticky}"
+    else:
+        return
+    raise BootError(
+        Code.UNSAFE_STATE_DIR,
+        f"{where} {problem}: another user could plant or swap what bootfsm runs as root",
+    )
+
+
+def _check_chain(root: Path, real_parent: Path, node_path: str) -> None:
+    """Every directory from the root down to ``real_parent`` is closed to other users
+    (the part above the root is the caller's, as is the root itself)."""
+    try:
+        rel = real_parent.relative_to(root)
+        base, parts = root, rel.parts
+    except ValueError:  # a root-owned link left the root: check the whole real chain
+        base, parts = Path("/"), real_parent.parts[1:]
+    cur = base
+    for part in parts:
+        cur = cur / part
+        _check_dir(os.stat(cur), node_path, "/" + os.path.relpath(cur, root))
 
 
 def _sweep(p: Path) -> None:

@@ -247,7 +247,7 @@ def receive(
 
     read_errors = (http.client.HTTPException, OSError, urllib3.exceptions.HTTPError)
     digest = hashlib.sha256()
-    flags = os.O_RDWR | os.O_CREAT | (0 if resumed else os.O_TRUNC)
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | (0 if resumed else os.O_TRUNC)
     encoded = r.headers.get("Content-Encoding", "identity") not in ("", "identity")
     fp = getattr(r.raw, "_fp", None)
     read_into = None if encoded else getattr(fp, "readinto", None)

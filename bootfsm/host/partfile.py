@@ -42,6 +42,7 @@ __all__ = [
     "whole_or_discard",
     "write_error",
     "write_meta",
+    "write_new",
 ]
 
 CHUNK = 256 << 10  # fits the CPU cache while it is hashed and written; 1 MiB was slower
@@ -77,7 +78,9 @@ def discard(part: Path) -> None:
 def read_meta(path: Path) -> dict[str, Any]:
     """The sidecar's data; ``{}`` when missing or unreadable (nothing can be resumed)."""
     try:
-        data = json.loads(path.read_text())
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as fh:
+            data = json.loads(fh.read(1 << 20))
     except (OSError, ValueError):
         return {}
     if not isinstance(data, dict):
@@ -98,7 +101,16 @@ def write_meta(path: Path, headers: Mapping[str, str], total: int | None, url: s
         "size": total,
         "source": url_id(url),
     }
-    path.write_text(json.dumps(data))
+    write_new(path, json.dumps(data))
+
+
+def write_new(path: Path, text: str) -> None:
+    """Write ``path`` as a new 0600 file: whatever was there (a planted symlink too) is
+    removed first and the file is created O_EXCL | O_NOFOLLOW, never written through."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
 
 
 def partial_source(part: Path) -> str | None:

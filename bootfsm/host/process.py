@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import os
 import signal
 import subprocess  # noqa: TID251 - with host.py, the one place that runs commands
@@ -87,6 +88,16 @@ class CommandResult:
         return self.output[-OUTPUT_TAIL_BYTES:]
 
 
+def _exec_error(exe: str, exc: OSError) -> BootError:
+    """ENOEXEC (not an executable), ETXTBSY (open for writing), EACCES...: EXEC_FAILED."""
+    why = {
+        errno.ENOEXEC: "not an executable (a truncated or corrupt file?)",
+        errno.ETXTBSY: "text file busy: another process has it open for writing",
+        errno.EACCES: "permission denied (not executable, or a noexec mount)",
+    }.get(exc.errno or 0, exc.strerror or str(exc))
+    return BootError(Code.EXEC_FAILED, f"cannot execute {exe}: {why}")
+
+
 class Commands:
     """Host's command methods; ``Host.__init__`` sets the attributes they use."""
 
@@ -129,16 +140,19 @@ class Commands:
         start = self.monotonic()
         timed_out = False
         with tempfile.TemporaryFile() as out:
-            proc = subprocess.Popen(
-                [exe, *argv[1:]],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=full_env,
-                cwd=cwd,
-                start_new_session=True,
-                preexec_fn=_die_with(os.getpid()),
-            )
+            try:
+                proc = subprocess.Popen(
+                    [exe, *argv[1:]],
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=full_env,
+                    cwd=cwd,
+                    start_new_session=True,
+                    preexec_fn=_die_with(os.getpid()),
+                )
+            except OSError as exc:
+                raise _exec_error(exe, exc) from exc
             self._child = proc
             try:
                 proc.wait(timeout=max(timeout, 0.01))
@@ -180,14 +194,17 @@ class Commands:
         start = self.monotonic()
         timed_out = False
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            proc = subprocess.Popen(
-                [exe, *argv[1:]],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                env={**self.env, "LC_ALL": "C.UTF-8"},
-                start_new_session=True,
-            )
+            try:
+                proc = subprocess.Popen(
+                    [exe, *argv[1:]],
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    env={**self.env, "LC_ALL": "C.UTF-8"},
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise _exec_error(exe, exc) from exc
             self._child = proc
             try:
                 proc.wait(timeout=max(timeout, 0.01))

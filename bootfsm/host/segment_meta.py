@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from bootfsm.host.partfile import CHUNK, meta_path, read_meta, url_id
+from bootfsm.host.partfile import CHUNK, meta_path, read_meta, url_id, write_new
 
 _PIECE_MIN, _PIECE_MAX = 1 << 20, 32 << 20  # one ranged request each
 
@@ -48,7 +48,7 @@ def write_segments(
         "segments": segments,
     }
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data))
+    write_new(tmp, json.dumps(data))  # never through a planted link
     os.replace(tmp, path)
 
 

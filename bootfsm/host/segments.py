@@ -208,7 +208,7 @@ class Segmented:
         """Receive every unfinished segment (``first`` on ``probe``, the others on their
         own connections) into ``part``; hash the file in order as its prefix completes."""
         try:
-            fd = os.open(part, os.O_RDWR | os.O_CREAT, 0o600)
+            fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         except OSError as exc:
             raise pf.write_error(part, exc) from exc
         state = Segs(self, part, url, size, plan)

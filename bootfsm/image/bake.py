@@ -27,7 +27,7 @@ from bootfsm.core.deadline import Deadline
 from bootfsm.core.errors import BootError, TransientError
 from bootfsm.core.hardware import model_for
 from bootfsm.host.host import CommandResult, Host
-from bootfsm.host.lock import NodeLock
+from bootfsm.host.lock import NodeLock, own_dirs
 from bootfsm.install.marker import (
     Marker,
     check_marker,
@@ -178,7 +178,15 @@ def bake(cfg: Config, opts: BakeOptions) -> BakeResult:
     """Bake the image at ``opts.root``; never raises for node problems (see BakeResult)."""
     host = Host(opts.root, env=opts.env)
     lock = NodeLock(host.path(f"{cfg.run.state_dir}/lock"))
-    if not lock.acquire(opts.wait_lock):
+    try:
+        own_dirs(host, cfg.run.state_dir, cfg.run.log_dir, cfg.fetch.cache_dir)
+        acquired = lock.acquire(opts.wait_lock)
+    except BootError as exc:
+        return BakeResult(exc.code, exc.message)
+    except OSError as exc:  # a read-only or full state dir
+        msg = f"cannot take the node lock {lock.path}: {exc.strerror or exc}"
+        return BakeResult(Code.HOST_IO_ERROR, f"{msg}; run.state_dir must be writable")
+    if not acquired:
         msg = f"another bootfsm run (pid {lock.holder() or '?'}) holds {lock.path}"
         return BakeResult(Code.ANOTHER_RUN_IN_PROGRESS, msg)
     run_id = new_run_id()

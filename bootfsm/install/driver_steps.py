@@ -16,6 +16,7 @@ from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError
 from bootfsm.core.hardware import GpuModel, requires_open_module
 from bootfsm.core.node_paths import INSTALLER_LOG
+from bootfsm.fetch.artifacts import cache_node_path
 from bootfsm.fetch.store import verified
 from bootfsm.host.progress import LogWatch
 from bootfsm.install import dpkg
@@ -169,11 +170,15 @@ def build_module(ctx: Context, module_type: str | None = None, extra: Sequence[s
         raise BootError(
             Code.KERNEL_HEADERS_MISSING, f"/lib/modules/{kernel}/build is missing; DKMS needs it"
         )
-    [(art, runfile)] = verified(ctx, "runfile")
-    target = f"{ctx.config.run.state_dir}/extract/{art.filename.removesuffix('.run')}"
+    [(art, _cached)] = verified(ctx, "runfile")
+    extract = f"{ctx.config.run.state_dir}/extract"
+    target = f"{extract}/{art.filename.removesuffix('.run')}"
+    ctx.host.own_dir(ctx.config.run.state_dir)
+    ctx.host.own_dir(extract)  # never a planted link to a directory others can write
     ctx.host.rmtree(target)
-    ctx.host.makedirs(target.rsplit("/", 1)[0], mode=0o700)
-    runfile.chmod(0o700)
+    # What runs is a private copy (0700, in a 0700 root directory), hashed as it is
+    # copied: a swap of the cached file after its last hash cannot reach the exec.
+    runfile = ctx.host.private_copy(cache_node_path(ctx.config, art), extract, art.sha256)
     ctx.require(
         [str(runfile), "-x", "--target", str(ctx.host.path(target))],
         code=Code.DRIVER_INSTALL_FAILED,

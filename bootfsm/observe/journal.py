@@ -129,7 +129,7 @@ class Journal:
         fh: IO[str] | None = None
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
             fh = os.fdopen(fd, "a", encoding="utf-8")
         self._sink = _LineSink(fh)
         self._file_log = structlog.wrap_logger(

@@ -24,7 +24,7 @@ from bootfsm.core.codes import Code, info
 from bootfsm.core.config import Config
 from bootfsm.core.errors import BootError
 from bootfsm.host.host import CommandResult, Host
-from bootfsm.host.lock import NodeLock
+from bootfsm.host.lock import NodeLock, own_dirs
 from bootfsm.machine.context import Context
 from bootfsm.machine.engine import Interrupted, Outcome, drive
 from bootfsm.observe.journal import Journal, new_run_id
@@ -56,6 +56,29 @@ class RunResult:
     outcome: Outcome
     run_id: str
     journal: Path | None
+
+
+CHECKPOINT_OUTCOMES = ("running", "done", "failed", "interrupted")
+
+
+def checkpoint_problem(data: object) -> str:
+    """What is wrong with the shape of checkpoint.json's parsed ``data`` ('' when nothing):
+    the object ``_checkpoint`` writes (run_id, journal, pid, state, outcome; code and
+    code_name once finished)."""
+    if not isinstance(data, dict):
+        return "not a JSON object"
+    for key in ("run_id", "journal", "state", "outcome"):
+        if not isinstance(data.get(key), str):
+            return f"{key!r} is not a string"
+    if data["outcome"] not in CHECKPOINT_OUTCOMES:
+        return f"unknown outcome {data['outcome'][:40]!r}"
+    for key in ("pid", "code"):
+        v = data.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            return f"{key!r} is not a non-negative integer"
+    if not isinstance(data.get("code_name", ""), str):
+        return "'code_name' is not a string"
+    return ""
 
 
 def _checkpoint(host: Host, cfg: Config, data: dict[str, Any]) -> None:
@@ -162,8 +185,11 @@ def execute(cfg: Config, opts: RunOptions) -> RunResult:
     lock = NodeLock(host.path(f"{cfg.run.state_dir}/lock"))
     with _Interrupts(host) as interrupts:
         try:
+            own_dirs(host, cfg.run.state_dir, cfg.run.log_dir)
             with interrupts.armed():
                 acquired = lock.acquire(opts.wait_lock)
+        except BootError as exc:  # an unsafe or planted state dir, lock or log dir
+            return RunResult(Outcome(exc.code, "", exc.message), "", None)
         except Interrupted as exc:
             msg = f"interrupted by {exc.signame} while waiting for the node lock {lock.path}"
             return RunResult(Outcome(Code.INTERRUPTED, "", msg), "", None)
