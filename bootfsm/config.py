@@ -60,6 +60,7 @@ class DriverSpec:
     dpkg_lock_timeout: float = 120.0
     command_timeout: float = 600.0
     smi_wait: float = 60.0
+    persistenced: bool = True
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,10 @@ per-boot init is done (device nodes /dev/nvidiactl, /dev/nvidia-uvm and one
 is at the configured version. The action compiles only when no matching marker and
 usable module say the image (or an earlier boot) built it (``driver.prebaked``), then
 initializes: nvidia-modprobe, libraries in place, ldconfig, nvidia-smi answering within
-``driver.smi_wait`` seconds; the container toolkit comes last, after the driver's
-libraries, as aks-gpu orders it. The shared steps live in bootfsm/driver_steps.py.
+``driver.smi_wait`` seconds, nvidia-persistenced started when the driver provides it
+(bootfsm/persistenced.py, also part of the postcondition); the container toolkit comes
+last, after the driver's libraries, as aks-gpu orders it. The shared steps live in
+bootfsm/driver_steps.py.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, replace
 
-from bootfsm import __version__
+from bootfsm import __version__, persistenced
 from bootfsm import driver_steps as steps
 from bootfsm.codes import Code
 from bootfsm.context import Context
@@ -65,7 +67,7 @@ def satisfied(ctx: Context) -> bool:
     else:
         module_ok = steps.loaded_version(ctx) == ctx.config.driver.version and steps.built(ctx)
         module_ok = module_ok and _marker_mismatch(ctx, read_marker(ctx.host, ctx.config)) is None
-    return module_ok and not init_missing(ctx)
+    return module_ok and not init_missing(ctx) and persistenced.ready(ctx)
 
 
 def skip_reason(ctx: Context) -> str | None:
@@ -157,4 +159,5 @@ def run(ctx: Context) -> None:
         initialize(ctx)
     finally:
         record_loaded(ctx, modules_present(ctx) - before)
+    persistenced.ensure(ctx)
     steps.install_toolkit(ctx)

@@ -6,11 +6,13 @@ tool (messages copied from real output where the samples show it).
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import shutil
 import signal
 import sys
+import tarfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -183,6 +185,33 @@ def install_driver_files(node: Node, version: str, kernel: str, module_type: str
     for lib in ("libnvidia-ml.so", "libcuda.so"):
         node.write(f"{node.libdir}/{lib}.{version}", f"{lib} {version} (bootfsm simulator)\n")
         node.symlink(f"{lib}.{version}", f"{node.libdir}/{lib}.1")
+    install_persistenced(node, version)
+
+
+PERSISTENCED_SAMPLE = "usr/share/doc/NVIDIA_GLX-1.0/samples/nvidia-persistenced-init.tar.bz2"
+_PERSISTENCED_INIT = (
+    "nvidia-persistenced-init/README",
+    "nvidia-persistenced-init/install.sh",
+    "nvidia-persistenced-init/systemd/nvidia-persistenced.service.template",
+    "nvidia-persistenced-init/upstart/nvidia-persistenced.conf.template",
+)
+
+
+def install_persistenced(node: Node, version: str) -> None:
+    """The daemon and its init sample, as the runfile installs them: the binary in
+    /usr/bin and, under the GLX doc samples, a tar.bz2 of NVIDIA/nvidia-persistenced's
+    init/ directory (README, install.sh, systemd and upstart templates); no unit."""
+    node.write(
+        "usr/bin/nvidia-persistenced", f"nvidia-persistenced {version} (bootfsm simulator)\n", 0o755
+    )
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:bz2") as tar:
+        for name in _PERSISTENCED_INIT:
+            data = f"{name} (bootfsm simulator)\n".encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o755 if name.endswith(".sh") else 0o644
+            tar.addfile(info, io.BytesIO(data))
+    node.write(PERSISTENCED_SAMPLE, buf.getvalue())
 
 
 def _hang_until_killed(node: Node, argv: list[str]) -> int:
