@@ -135,6 +135,14 @@ class JoinSpec:
 
 
 @dataclass(frozen=True)
+class BakeSpec:
+    """[bake]: the prebake marker of the bash path (aks-gpu, /opt/azure/aks-gpu/dkms-marker)."""
+
+    read_peer_marker: bool = True
+    write_peer_marker: bool = False
+
+
+@dataclass(frozen=True)
 class Config:
     """The validated configuration of one run (frozen: the spec never changes mid-run)."""
 
@@ -145,6 +153,7 @@ class Config:
     fetch: FetchSpec = FetchSpec()
     verify: VerifySpec = VerifySpec()
     join: JoinSpec = JoinSpec()
+    bake: BakeSpec = BakeSpec()
 
     def digest(self) -> str:
         """sha256 of the canonical JSON of the config: names it in journals and markers."""

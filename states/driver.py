@@ -37,7 +37,8 @@ from bootfsm.marker import (
     expected_marker,
     marker_path,
     read_marker,
-    render_marker,
+    required_module_type,
+    write_marker,
 )
 
 NAME = "driver"
@@ -119,7 +120,11 @@ def _needs_build(ctx: Context) -> bool:
         )
         return True
     assert isinstance(m, Marker)
-    problem = steps.module_problem(ctx, m.module_type)
+    needs_open = requires_open_module(g.model for g in ctx.facts.gpus)
+    want_type = m.module_type or required_module_type(
+        ctx.config.driver.module_type, needs_open=needs_open
+    )  # a bash-path marker names no type: the built module's licence must fit
+    problem = steps.module_problem(ctx, want_type)
     ctx.event(
         "driver.prebaked",
         match=problem is None,
@@ -140,7 +145,7 @@ def _record_build(ctx: Context, module_type: str) -> None:
         bootfsm=__version__,
         baked_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ctx.host.wall())),
     )
-    ctx.host.write_atomic(marker_path(ctx.config), render_marker(m), 0o600)
+    write_marker(ctx.host, ctx.config, m)
 
 
 def run(ctx: Context) -> None:
