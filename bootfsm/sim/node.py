@@ -41,9 +41,9 @@ __all__ = [
 ]
 
 BIN_DIR = "opt/bootfsm-sim/bin"
+"""Node path of the stand-in executables (returned by build_node)."""
 VM_TAGS = "opt/bootfsm-sim/vm-tags.json"
 """Node path of the VM's extra IMDS tags (a JSON list of [name, value]; World.vm_tags)."""
-"""Node path of the stand-in executables (returned by build_node)."""
 
 _OS_RELEASE = {
     "22.04": (
