@@ -11,6 +11,7 @@ from bootfsm.install.marker import Marker, check_marker, expected_marker, read_m
 from bootfsm.machine.context import Context
 from bootfsm.node.facts import NodeFacts, gather_facts
 from bootfsm.parsers import ParseError
+from bootfsm.parsers.imds_tags import parse_imds_tags, skip_gpu_install
 from bootfsm.parsers.vmsize import parse_imds_vm_size
 
 NAME = "detect"
@@ -62,7 +63,8 @@ def judge(ctx: Context, f: NodeFacts) -> None:
         )
 
 
-def _vm_size(ctx: Context) -> str | None:
+def _imds(ctx: Context) -> str | None:
+    """The IMDS instance document (text), or None when off or unreachable (journaled)."""
     cfg = ctx.config.detect
     if not cfg.imds:
         return None
@@ -70,9 +72,30 @@ def _vm_size(ctx: Context) -> str | None:
         r = ctx.http.get(
             cfg.imds_url, headers={"Metadata": "true"}, timeout=cfg.imds_timeout, max_bytes=1 << 20
         )
-        return parse_imds_vm_size(r.body.decode("utf-8", "replace"))
-    except (TransientError, BootError, ParseError) as exc:
+    except (TransientError, BootError) as exc:
         ctx.event("imds.skipped", reason=str(exc)[:200])
+        return None
+    return r.body.decode("utf-8", "replace")
+
+
+def _vm_size(ctx: Context, doc: str | None) -> str | None:
+    if doc is None:
+        return None
+    try:
+        return parse_imds_vm_size(doc)
+    except ParseError as exc:
+        ctx.event("imds.skipped", reason=str(exc)[:200])
+        return None
+
+
+def _skip_reason(ctx: Context, doc: str | None) -> str | None:
+    """Why the GPU install is skipped (the SkipGpuDriverInstall VM tag, detect.skip_tag)."""
+    if doc is None or not ctx.config.detect.skip_tag:
+        return None
+    try:
+        return skip_gpu_install(parse_imds_tags(doc))
+    except ParseError as exc:
+        ctx.event("imds.tags_unreadable", reason=str(exc)[:200])
         return None
 
 
@@ -121,11 +144,22 @@ def check_headers(ctx: Context, f: NodeFacts) -> None:
 
 
 def run(ctx: Context) -> None:
-    """Gather facts, journal them, and stop on the first permanent problem."""
+    """Gather facts, journal them, and stop on the first permanent problem; a VM tagged
+    SkipGpuDriverInstall=true skips the rest (the table's detect -> done edge)."""
     facts = gather_facts(ctx.host)
     if facts.arch is not None:
-        facts = replace(facts, vm_size=_vm_size(ctx))
+        doc = _imds(ctx)
+        facts = replace(facts, vm_size=_vm_size(ctx, doc), skip_gpu_install=_skip_reason(ctx, doc))
     ctx.journal.event("node.facts", durable=True, **facts.summary())
+    if facts.skip_gpu_install is not None:
+        ctx.journal.event(
+            "detect.skip_gpu_install",
+            durable=True,
+            reason=facts.skip_gpu_install,
+            message=f"GPU driver install skipped: {facts.skip_gpu_install} (detect.skip_tag)",
+        )
+        ctx.facts_ = facts
+        return
     judge(ctx, facts)
     check_headers(ctx, facts)
     ctx.facts_ = facts

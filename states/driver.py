@@ -7,8 +7,10 @@ per-boot init is done (device nodes /dev/nvidiactl, /dev/nvidia-uvm and one
 is at the configured version. The action compiles only when no matching marker and
 usable module say the image (or an earlier boot) built it (``driver.prebaked``), then
 initializes: nvidia-modprobe, libraries in place, ldconfig, nvidia-smi answering within
-``driver.smi_wait`` seconds; the container toolkit comes last, after the driver's
-libraries, as aks-gpu orders it. The shared steps live in bootfsm/install/driver_steps.py.
+``driver.smi_wait`` seconds, nvidia-persistenced started when the driver provides it
+(bootfsm/install/persistenced.py, also part of the postcondition); the container toolkit comes
+last, after the driver's libraries, as aks-gpu orders it. The shared steps live in
+bootfsm/install/driver_steps.py.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError
 from bootfsm.core.hardware import requires_open_module
 from bootfsm.install import driver_steps as steps
+from bootfsm.install import persistenced
 from bootfsm.install.driver_init import (
     init_missing,
     initialize,
@@ -34,7 +37,8 @@ from bootfsm.install.marker import (
     expected_marker,
     marker_path,
     read_marker,
-    render_marker,
+    required_module_type,
+    write_marker,
 )
 from bootfsm.machine.context import Context
 
@@ -65,7 +69,7 @@ def satisfied(ctx: Context) -> bool:
     else:
         module_ok = steps.loaded_version(ctx) == ctx.config.driver.version and steps.built(ctx)
         module_ok = module_ok and _marker_mismatch(ctx, read_marker(ctx.host, ctx.config)) is None
-    return module_ok and not init_missing(ctx)
+    return module_ok and not init_missing(ctx) and persistenced.ready(ctx)
 
 
 def skip_reason(ctx: Context) -> str | None:
@@ -117,7 +121,11 @@ def _needs_build(ctx: Context) -> bool:
         )
         return True
     assert isinstance(m, Marker)
-    problem = steps.module_problem(ctx, m.module_type)
+    needs_open = requires_open_module(g.model for g in ctx.facts.gpus)
+    want_type = m.module_type or required_module_type(
+        ctx.config.driver.module_type, needs_open=needs_open
+    )  # a bash-path marker names no type: the built module's licence must fit
+    problem = steps.module_problem(ctx, want_type)
     ctx.event(
         "driver.prebaked",
         match=problem is None,
@@ -138,7 +146,7 @@ def _record_build(ctx: Context, module_type: str) -> None:
         bootfsm=__version__,
         baked_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ctx.host.wall())),
     )
-    ctx.host.write_atomic(marker_path(ctx.config), render_marker(m), 0o600)
+    write_marker(ctx.host, ctx.config, m)
 
 
 def run(ctx: Context) -> None:
@@ -157,4 +165,5 @@ def run(ctx: Context) -> None:
         initialize(ctx)
     finally:
         record_loaded(ctx, modules_present(ctx) - before)
+    persistenced.ensure(ctx)
     steps.install_toolkit(ctx)

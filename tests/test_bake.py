@@ -326,7 +326,9 @@ def test_marker_round_trip_and_the_bash_marker() -> None:
         (_m(), _m(module_type="auto"), False, []),
         (_m(module_type="proprietary"), _m(module_type="auto"), False, []),
         (_m(module_type="proprietary"), _m(module_type="auto"), True, ["module_type"]),
-        (_m(module_type=""), _m(module_type="auto"), False, ["module_type"]),
+        # a typeless (bash-path) marker: the built module's licence decides, not the marker
+        (_m(module_type=""), _m(module_type="auto"), False, []),
+        (_m(module_type=""), _m(module_type="proprietary"), True, []),
         (_m(), _m(module_type="proprietary"), False, ["module_type"]),
         (_m(kernel="6.8.0-1"), _m(), False, ["kernel"]),
         (_m(driver_version="565.57.01", arch="aarch64"), _m(), False, ["arch", "driver_version"]),

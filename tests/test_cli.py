@@ -23,6 +23,8 @@ def test_plan_json_has_no_side_effects(
     assert rc == 0 and before == after
     assert plan["fail_fast"] is None
     assert plan["guards"] == {
+        "gpu_install_skipped": False,  # plan does not ask IMDS for the VM tags
+        "installs_gpu_driver": True,
         "needs_fabric_manager": True,
         "needs_imex": False,
         "no_nvlink_fabric": False,

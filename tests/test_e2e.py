@@ -79,7 +79,11 @@ def test_h100_pcie_leaves_fabric_manager_off(make_world: MakeWorld) -> None:
     result = run_in_process(w)
     assert result.outcome.ok, result.outcome.message
     assert not _fm_touched(w)
-    guards = [e for e in _events(result.journal) if e["event"] == "transition" and e["guards"]]  # type: ignore[arg-type]
+    guards = [
+        e
+        for e in _events(result.journal)  # type: ignore[arg-type]
+        if e["event"] == "transition" and e["guards"] and e["source"] == "driver"
+    ]
     assert guards[0]["dest"] == "verify" and guards[0]["guards"]["no_nvlink_fabric"] is True
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from bootfsm.core.codes import Code, info
+from bootfsm.sim.nodestate import Node
 from bootfsm.sim.world import FAULTS as SIM_FAULTS
 from bootfsm.sim.world import World
 from tests.conftest import MakeWorld, installer_calls
@@ -318,3 +319,74 @@ def test_caller_stops_retrying_when_the_cse_budget_is_spent(make_world: MakeWorl
     assert p.returncode == 85
     assert "caller: CSE budget spent after try 1" in p.stderr
     assert len(w.journals()) == 1
+
+
+@pytest.mark.parametrize("value", ["true", "false"])
+def test_skip_gpu_driver_install_tag(make_world: MakeWorld, value: str) -> None:
+    """AgentBaker's SkipGpuDriverInstall VM tag (IMDS tagsList): with "true" the hook
+    exits 0 after detect, with nothing installed, and the journal names the reason; the
+    caller goes on to kubelet as cse_main.sh does. "false" provisions as usual."""
+    w = make_world("h100-pcie", vm_tags={"SkipGpuDriverInstall": value})
+    p = run_caller(w, {"CSE_STARTTIME_SECONDS": str(int(time.time()))})
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    assert p.stdout.splitlines()[-1] == "caller: GPU step done, continuing with kubelet"
+    events = [json.loads(x) for x in w.journals()[-1].read_text().splitlines()]
+    names = [e["event"] for e in events]
+    if value == "true":
+        assert re.fullmatch(
+            r"bootfsm: OK code=0 OK state=done: GPU driver install skipped \(VM tag "
+            rf"SkipGpuDriverInstall=true\) in \d+\.\d s \| run {RUN_ID}",
+            p.stdout.splitlines()[0],
+        )
+        [skip] = [e for e in events if e["event"] == "detect.skip_gpu_install"]
+        assert skip["reason"] == "VM tag SkipGpuDriverInstall=true"
+        assert installer_calls(w) == []
+        assert [(e["source"], e["dest"]) for e in events if e["event"] == "transition"] == [
+            ("detect", "done")
+        ]
+    else:
+        assert "detect.skip_gpu_install" not in names
+        assert len(installer_calls(w)) == 1
+
+
+def test_skip_tag_ignored_when_switched_off(make_world: MakeWorld) -> None:
+    """detect.skip_tag = false: the tag is not honoured and the driver installs."""
+    w = make_world(
+        "h100-pcie",
+        vm_tags={"SkipGpuDriverInstall": "true"},
+        config_overrides={"detect": {"skip_tag": False}},
+    )
+    p = run_hook(w)
+    assert p.returncode == 0, p.stdout
+    assert len(installer_calls(w)) == 1
+
+
+def test_caller_leaves_nothing_of_the_gpu_step_to_the_bash(make_world: MakeWorld) -> None:
+    """After the AgentBaker-style caller on an NVSwitch node, what ensureGPUDrivers and
+    cse_main.sh would still do is done: nvidia-modprobe -u -c0 ran (nvidia_uvm loaded,
+    /dev/nvidia-uvm and /dev/nvidiactl there; its unit's job), fabric manager's unit is
+    enabled and active, nvidia-persistenced (which the runfile installed) is enabled and
+    active, ldconfig and nvidia-smi ran: no line of the bash GPU step is left."""
+    w = make_world("h100-hgx")
+    p = run_caller(w, {"CSE_STARTTIME_SECONDS": str(int(time.time()))})
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    node = Node(w.root)
+    assert (w.root / "sys/module/nvidia_uvm").is_dir()
+    assert (w.root / "dev/nvidia-uvm").exists() and (w.root / "dev/nvidiactl").exists()
+    cmds = [(c["cmd"], c["argv"], c["rc"]) for c in w.calls()]
+    assert ("nvidia-modprobe", ["-u", "-c0"], 0) in cmds
+    assert any(c[0] == "ldconfig" and c[2] == 0 for c in cmds)
+    assert any(c[0] == "nvidia-smi" and c[2] == 0 for c in cmds)
+    for unit in ("nvidia-fabricmanager.service", "nvidia-persistenced.service"):
+        assert node.is_enabled(unit), unit
+        assert node.unit_state(unit) == "active", unit
+    assert (w.root / "usr/bin/nvidia-persistenced").exists()  # from the runfile install
+    assert node.unit_file("nvidia-persistenced.service") == (
+        "/etc/systemd/system/nvidia-persistenced.service"
+    )
+
+
+def test_persistenced_is_left_alone_when_switched_off(make_world: MakeWorld) -> None:
+    w = make_world("h100-pcie", config_overrides={"driver": {"persistenced": False}})
+    assert run_hook(w).returncode == 0
+    assert Node(w.root).unit_file("nvidia-persistenced.service") is None

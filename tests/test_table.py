@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -68,6 +70,15 @@ def facts(draw: st.DrawFn) -> NodeFacts:
 def test_driver_exit_guards_are_exclusive_and_exhaustive(f: NodeFacts) -> None:
     values = [GUARDS[g](f) for g in ("needs_fabric_manager", "needs_imex", "no_nvlink_fabric")]
     assert sum(values) == 1
+
+
+@given(facts(), st.sampled_from([None, "VM tag SkipGpuDriverInstall=true"]))
+def test_detect_exit_guards_are_exclusive_and_exhaustive(f: NodeFacts, skip: str | None) -> None:
+    g = replace(f, skip_gpu_install=skip)
+    values = [GUARDS[n](g) for n in ("installs_gpu_driver", "gpu_install_skipped")]
+    assert values == ([False, True] if skip else [True, False])
+    dests = {t.dest for t in TRANSITIONS if t.source == "detect" and t.trigger == "advance"}
+    assert dests == {"fetch", "done"}
 
 
 @given(facts())

@@ -27,7 +27,9 @@ def summary_line(result: RunResult, seconds: float, exit_codes: str = "bootfsm")
     o = result.outcome
     run = f" | run {result.run_id}" if result.run_id else ""
     if o.ok:
-        return f"bootfsm: OK code=0 OK state=done: node provisioned in {seconds:.1f} s{run}"
+        skipped = o.message.startswith("GPU driver install skipped")
+        what = o.message if skipped else "node provisioned"
+        return f"bootfsm: OK code=0 OK state=done: {what} in {seconds:.1f} s{run}"
     verdict = "INTERRUPTED" if o.code is Code.INTERRUPTED else "FAILED"
     cse = ""
     if exit_codes == "cse":

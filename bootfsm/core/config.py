@@ -48,6 +48,7 @@ class DetectSpec:
     imds: bool = True
     imds_url: str = "http://169.254.169.254/metadata/instance?api-version=2021-02-01"
     imds_timeout: float = 2.0
+    skip_tag: bool = True
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ class DriverSpec:
     dpkg_lock_timeout: float = 120.0
     command_timeout: float = 600.0
     smi_wait: float = 60.0
+    persistenced: bool = True
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,14 @@ class JoinSpec:
 
 
 @dataclass(frozen=True)
+class BakeSpec:
+    """[bake]: the prebake marker of the bash path (aks-gpu, /opt/azure/aks-gpu/dkms-marker)."""
+
+    read_peer_marker: bool = True
+    write_peer_marker: bool = False
+
+
+@dataclass(frozen=True)
 class Config:
     """The validated configuration of one run (frozen: the spec never changes mid-run)."""
 
@@ -149,6 +159,7 @@ class Config:
     fetch: FetchSpec = FetchSpec()
     verify: VerifySpec = VerifySpec()
     join: JoinSpec = JoinSpec()
+    bake: BakeSpec = BakeSpec()
 
     def digest(self) -> str:
         """sha256 of the canonical JSON of the config: names it in journals and markers."""

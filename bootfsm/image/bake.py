@@ -32,9 +32,8 @@ from bootfsm.install.marker import (
     Marker,
     check_marker,
     expected_marker,
-    marker_path,
     read_marker,
-    render_marker,
+    write_marker,
 )
 from bootfsm.machine.context import Context
 from bootfsm.machine.table import row
@@ -308,6 +307,6 @@ def _bake_steps(ctx: Context, opts: BakeOptions, changed: list[str]) -> Marker |
     ctx.event("bake.driver", built=why is not None, reason=why or "marker and module match")
     if isinstance(old, Marker) and replace(old, baked_at="") == replace(want, baked_at=""):
         return old
-    ctx.host.write_atomic(marker_path(cfg), render_marker(want), 0o600)
+    write_marker(ctx.host, cfg, want)
     changed.append("marker")
     return want

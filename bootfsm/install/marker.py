@@ -7,7 +7,7 @@ path's marker lines (kernel, driver_version, driver_kind, arch).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 from bootfsm.core.config import Config
 from bootfsm.host.host import Host
@@ -15,6 +15,8 @@ from bootfsm.node.facts import NodeFacts
 
 __all__ = [
     "MATCH_FIELDS",
+    "PEER_MARKER",
+    "PEER_SOURCE",
     "Marker",
     "Mismatch",
     "check_marker",
@@ -23,14 +25,25 @@ __all__ = [
     "module_type_of",
     "parse_marker",
     "parse_modinfo",
+    "parse_peer_marker",
     "read_marker",
     "render_marker",
+    "render_peer_marker",
+    "required_module_type",
+    "write_marker",
 ]
 
 MATCH_FIELDS = ("arch", "kernel", "driver_version", "driver_kind", "module_type", "runfile_sha256")
 """Marker fields that must match the node for a boot to skip the compile, in check order."""
 
 _REQUIRED = ("kernel", "driver_version", "driver_kind", "arch")  # the bash marker's four lines
+
+PEER_MARKER = "/opt/azure/aks-gpu/dkms-marker"
+"""The bash path's marker: aks-gpu's install.sh (``write_dkms_marker``, build-only mode)
+writes ``kernel=``, ``driver_version=``, ``driver_kind=``, ``arch=`` lines there, and
+AgentBaker's cse_config.sh reads its ``driver_kind=`` (``sed -n 's/^driver_kind=//p'``).
+Newer AgentBaker images add ``dkms_registration=parked-v1`` (ignored here)."""
+PEER_SOURCE = "aks-gpu"
 
 
 @dataclass(frozen=True)
@@ -88,15 +101,59 @@ def parse_marker(text: str) -> Marker:
     return Marker(**{k: v for k, v in values.items() if k in known})
 
 
+def parse_peer_marker(text: str) -> Marker:
+    """Parse the bash path's marker (PEER_MARKER): the same ``key=value`` lines without a
+    module type or runfile hash; ``source`` is ``aks-gpu``. As aks-gpu's ``sed -n
+    's/^key=//p' | head -n1`` does, the first line of a key wins. ValueError as
+    ``parse_marker``."""
+    first: list[str] = []
+    seen: set[str] = set()
+    for line in text.splitlines():
+        key = line.partition("=")[0].strip()
+        if "=" in line and key in seen:
+            continue
+        seen.add(key)
+        first.append(line)
+    m = parse_marker("\n".join(first))
+    return replace(m, source=PEER_SOURCE, module_type="", runfile_sha256="", config_digest="")
+
+
+def render_peer_marker(m: Marker) -> str:
+    """The bash path's marker for ``m``: its four lines, in aks-gpu's order."""
+    return "".join(f"{k}={getattr(m, k)}\n" for k in _REQUIRED)
+
+
 def read_marker(host: Host, cfg: Config) -> Marker | str | None:
-    """The node's marker; None when absent; the reason (a string) when unreadable."""
-    text = host.read_text(marker_path(cfg))
+    """The node's marker: bootfsm's own, else (``bake.read_peer_marker``) the bash path's
+    at PEER_MARKER; None when neither exists; the reason (a string) when unreadable."""
+    text, parse = host.read_text(marker_path(cfg)), parse_marker
+    if text is None and cfg.bake.read_peer_marker:
+        text, parse = host.read_text(PEER_MARKER), parse_peer_marker
     if text is None:
         return None
     try:
-        return parse_marker(text)
+        return parse(text)
     except ValueError as exc:
         return str(exc)
+
+
+def write_marker(host: Host, cfg: Config, m: Marker) -> list[str]:
+    """Write bootfsm's marker and, with ``bake.write_peer_marker``, the bash path's too
+    (atomically); return the node paths written."""
+    host.write_atomic(marker_path(cfg), render_marker(m), 0o600)
+    if not cfg.bake.write_peer_marker:
+        return [marker_path(cfg)]
+    host.makedirs(PEER_MARKER.rsplit("/", 1)[0], mode=0o755)
+    host.write_atomic(PEER_MARKER, render_peer_marker(m), 0o644)
+    return [marker_path(cfg), PEER_MARKER]
+
+
+def required_module_type(cfg_type: str, *, needs_open: bool) -> str:
+    """The module type a built module must have: ``open`` or ``proprietary``, or "" for
+    either (``auto`` on a node whose GPUs both modules drive)."""
+    if cfg_type == "auto":
+        return "open" if needs_open else ""
+    return cfg_type
 
 
 def expected_marker(cfg: Config, facts: NodeFacts) -> Marker:
@@ -116,12 +173,16 @@ def check_marker(m: Marker, want: Marker, *, needs_open: bool) -> list[Mismatch]
     """Every field of ``MATCH_FIELDS`` where marker ``m`` does not fit ``want`` (pure).
 
     ``module_type = auto`` accepts a baked open or proprietary module, except that a node
-    with a GPU only the open module drives (``needs_open``) accepts only open. A sha256
-    is compared only when both sides have one.
+    with a GPU only the open module drives (``needs_open``) accepts only open. A marker
+    without a module type (the bash path's) is not judged on it here: the caller checks
+    the built module's licence (``required_module_type``). A sha256 is compared only
+    when both sides have one.
     """
     out: list[Mismatch] = []
     for name in MATCH_FIELDS:
         have, need = getattr(m, name), getattr(want, name)
+        if name == "module_type" and not have:
+            continue  # a bash-path marker names no type: the built module's licence decides
         if name == "module_type" and need == "auto":
             allowed = ("open",) if needs_open else ("open", "proprietary")
             if have not in allowed:

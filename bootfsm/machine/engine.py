@@ -263,5 +263,7 @@ def drive(
         if on_transition is not None:
             on_transition(name, model.state, outcome)
     if outcome is None:
-        outcome = Outcome(Code.OK, "done", "node provisioned")
+        skipped = ctx.facts_.skip_gpu_install if ctx.facts_ is not None else None
+        message = f"GPU driver install skipped ({skipped})" if skipped else "node provisioned"
+        outcome = Outcome(Code.OK, "done", message)
     return outcome

@@ -118,7 +118,8 @@ STATES: tuple[StateRow, ...] = (
 _WORKING = tuple(s.name for s in STATES)
 
 TRANSITIONS: tuple[TransitionRow, ...] = (
-    TransitionRow("advance", "detect", "fetch"),
+    TransitionRow("advance", "detect", "fetch", ("installs_gpu_driver",)),
+    TransitionRow("advance", "detect", "done", ("gpu_install_skipped",)),
     TransitionRow("advance", "fetch", "driver"),
     TransitionRow("advance", "driver", "fabric", ("needs_fabric_manager",)),
     TransitionRow("advance", "driver", "imex", ("needs_imex",), ("disable_stale_fabric_manager",)),

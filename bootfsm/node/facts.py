@@ -41,6 +41,8 @@ class NodeFacts:
     nvlink5: bool
     loaded_driver: str | None
     vm_size: str | None = None
+    skip_gpu_install: str | None = None
+    """Why the GPU driver install is skipped (the SkipGpuDriverInstall VM tag), or None."""
 
     @property
     def gpu_model(self) -> str:
@@ -62,6 +64,7 @@ class NodeFacts:
             "nvlink5": self.nvlink5,
             "loaded_driver": self.loaded_driver,
             "vm_size": self.vm_size,
+            "skip_gpu_install": self.skip_gpu_install,
             "gpus": [{"bdf": g.bdf, **asdict(g.model)} for g in self.gpus],
         }
 

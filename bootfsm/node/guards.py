@@ -11,7 +11,14 @@ from collections.abc import Callable, Mapping
 from bootfsm.core.hardware import blackwell_or_later
 from bootfsm.node.facts import NodeFacts
 
-__all__ = ["GUARDS", "needs_fabric_manager", "needs_imex", "no_nvlink_fabric"]
+__all__ = [
+    "GUARDS",
+    "gpu_install_skipped",
+    "installs_gpu_driver",
+    "needs_fabric_manager",
+    "needs_imex",
+    "no_nvlink_fabric",
+]
 
 
 def _grace_blackwell(f: NodeFacts) -> bool:
@@ -35,7 +42,19 @@ def no_nvlink_fabric(f: NodeFacts) -> bool:
     return not needs_fabric_manager(f) and not needs_imex(f)
 
 
+def gpu_install_skipped(f: NodeFacts) -> bool:
+    """The VM carries the SkipGpuDriverInstall tag (detect.skip_tag): no GPU step at all."""
+    return f.skip_gpu_install is not None
+
+
+def installs_gpu_driver(f: NodeFacts) -> bool:
+    """The GPU step runs (no skip tag)."""
+    return f.skip_gpu_install is None
+
+
 GUARDS: Mapping[str, Callable[[NodeFacts], bool]] = {
+    "gpu_install_skipped": gpu_install_skipped,
+    "installs_gpu_driver": installs_gpu_driver,
     "needs_fabric_manager": needs_fabric_manager,
     "needs_imex": needs_imex,
     "no_nvlink_fabric": no_nvlink_fabric,

@@ -29,6 +29,7 @@ __all__ = [
     "BIN_DIR",
     "FAULTS",
     "SKUS",
+    "VM_TAGS",
     "DpkgLockHolder",
     "Sku",
     "build_node",
@@ -41,6 +42,8 @@ __all__ = [
 
 BIN_DIR = "opt/bootfsm-sim/bin"
 """Node path of the stand-in executables (returned by build_node)."""
+VM_TAGS = "opt/bootfsm-sim/vm-tags.json"
+"""Node path of the VM's extra IMDS tags (a JSON list of [name, value]; World.vm_tags)."""
 
 _OS_RELEASE = {
     "22.04": (
@@ -334,6 +337,10 @@ def imds_instance(root: Path) -> tuple[int, dict[str, str], bytes]:
     node = Node(Path(root))
     sku = node.sku
     plan = {"name": "", "product": "", "publisher": ""}
+    extra = root / VM_TAGS
+    tags = [("aks-managed-poolName", "gpu")]
+    if extra.exists():
+        tags += [(str(k), str(v)) for k, v in json.loads(extra.read_text())]
     compute: dict[str, Any] = {
         "azEnvironment": "AzurePublicCloud",
         "additionalCapabilities": {"hibernationEnabled": "false"},
@@ -382,7 +389,11 @@ def imds_instance(root: Path) -> tuple[int, dict[str, str], bytes]:
             "resourceDisk": {"size": "2969600"},
         },
         "subscriptionId": "00000000-0000-0000-0000-000000000000",
-        "tags": "aks-managed-poolName:gpu",
+        # IMDS gives the tags twice: "name:value;..." and, since api-version 2019-06-04,
+        # tagsList (Microsoft's IMDS reference; AgentBaker's should_skip_nvidia_drivers
+        # reads tagsList at api-version 2021-02-01)
+        "tags": ";".join(f"{k}:{v}" for k, v in tags),
+        "tagsList": [{"name": k, "value": v} for k, v in tags],
         "version": "",
         "vmId": node.gpu_uuid("vm").removeprefix("GPU-"),
         "vmScaleSetName": f"aks-gpu-{sku.name}-vmss",

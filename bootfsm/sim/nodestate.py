@@ -504,6 +504,8 @@ class Node:
             return self.fabric_manager_failure()
         if unit == NVLSM and not self.nvlink5():
             return "no NVLink5 switch-management port found"
+        if unit == "nvidia-persistenced.service":
+            return self.persistenced_failure()
         if unit == "nvidia-imex.service" and self.loaded_module() is None:
             return "IMEX failed to open the NVIDIA driver: driver not loaded"
         if unit == "nvidia-cdi-refresh.service" and (
@@ -516,6 +518,19 @@ class Node:
             and self.fault("containerd-restart-fails")
         ):
             return "failed to load TOML: /etc/containerd/config.toml: invalid plugin configuration"
+        return None
+
+    def persistenced_failure(self) -> str | None:
+        """Why nvidia-persistenced.service does not start, or None. References: systemd
+        exits 203/EXEC when ExecStart's binary is missing; NVIDIA/nvidia-persistenced's
+        nvidia-persistenced.c prints "nvidia-persistenced failed to initialize. Check
+        syslog for more details." when the daemon cannot open the devices (a real
+        journal shows it after "Please ensure that the NVIDIA device files (/dev/nvidia*)
+        exist")."""
+        if not self.p("usr/bin/nvidia-persistenced").exists():
+            return "Failed to execute /usr/bin/nvidia-persistenced: No such file or directory"
+        if self.loaded_module() is None or not self.p("dev/nvidiactl").exists():
+            return "nvidia-persistenced failed to initialize. Check syslog for more details."
         return None
 
     def fabric_manager_failure(self) -> str | None:

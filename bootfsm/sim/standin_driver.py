@@ -6,11 +6,13 @@ tool (messages copied from real output where the samples show it).
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import shutil
 import signal
 import sys
+import tarfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -188,6 +190,36 @@ def install_driver_files(node: Node, version: str, kernel: str, module_type: str
         # real ELF objects with their SONAME, so a real ldconfig caches them (sim/elf.py)
         node.write(f"{node.libdir}/{lib}.{version}", shared_object(f"{lib}.1", arch))
         node.symlink(f"{lib}.{version}", f"{node.libdir}/{lib}.1")
+    install_persistenced(node, version)
+
+
+PERSISTENCED_SAMPLE = "usr/share/doc/NVIDIA_GLX-1.0/samples/nvidia-persistenced-init.tar.bz2"
+_PERSISTENCED_INIT = (
+    "nvidia-persistenced-init/README",
+    "nvidia-persistenced-init/install.sh",
+    "nvidia-persistenced-init/systemd/nvidia-persistenced.service.template",
+    "nvidia-persistenced-init/upstart/nvidia-persistenced.conf.template",
+)
+
+
+def install_persistenced(node: Node, version: str) -> None:
+    """The daemon and its init sample, as the runfile installs them: the binary in
+    /usr/bin and, under the GLX doc samples, a tar.bz2 of NVIDIA/nvidia-persistenced's
+    init/ directory (README, install.sh, systemd and upstart templates); no unit."""
+    from bootfsm.sim.node import standin_script  # node imports this module
+
+    del version
+    node.write(
+        "usr/bin/nvidia-persistenced", standin_script("nvidia-persistenced", node.root), 0o755
+    )
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:bz2") as tar:
+        for name in _PERSISTENCED_INIT:
+            data = f"{name} (bootfsm simulator)\n".encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o755 if name.endswith(".sh") else 0o644
+            tar.addfile(info, io.BytesIO(data))
+    node.write(PERSISTENCED_SAMPLE, buf.getvalue())
 
 
 def _hang_until_killed(node: Node, argv: list[str]) -> int:
@@ -620,8 +652,62 @@ def nvidia_modprobe(node: Node, argv: list[str]) -> int:
     return 0
 
 
+_PD_PIDFILE = "var/run/nvidia-persistenced/nvidia-persistenced.pid"
+_PD_INVALID = "\nERROR: Invalid commandline, please run `{prog} --help` for usage information.\n"
+
+
+def nvidia_persistenced(node: Node, argv: list[str]) -> int:
+    """The daemon as its unit starts it (Type=forking): fork, the child keeps running
+    and writes its pid file, the parent exits 0.
+
+    Reference: NVIDIA/nvidia-persistenced options.c (-v/--version, -h/--help,
+    -V/--verbose, -u/--user NAME, --[no-]persistence-mode, --nvidia-cfg-path PATH; an
+    invalid command line prints "Invalid commandline, please run `... --help` for usage
+    information." as an error and exits EXIT_SUCCESS, as the source does) and
+    nvidia-persistenced.c (without usable devices the parent prints "nvidia-persistenced
+    failed to initialize. Check syslog for more details." and exits non-zero).
+    """
+    prog = "nvidia-persistenced"
+    rest = iter(argv)
+    for arg in rest:
+        if arg in ("-v", "--version"):
+            print(f"\n{prog}:  version (bootfsm simulator)\n\n  The NVIDIA Persistence Daemon.\n")
+            return 0
+        if arg in ("-h", "--help"):
+            print(f"\n{prog} [options]\n")
+            return 0
+        if arg in ("-u", "--user", "--nvidia-cfg-path"):
+            if next(rest, None) is None:
+                sys.stderr.write(_PD_INVALID.format(prog=prog))
+                return 0
+        elif arg.startswith(("--user=", "--nvidia-cfg-path=")) or arg in (
+            "-V",
+            "--verbose",
+            "--persistence-mode",
+            "--no-persistence-mode",
+        ):
+            continue
+        else:
+            sys.stderr.write(_PD_INVALID.format(prog=prog))
+            return 0
+    if node.loaded_module() is None or not node.p("dev/nvidiactl").exists():
+        sys.stderr.write(f"{prog} failed to initialize. Check syslog for more details.\n")
+        return 1
+    if os.fork() == 0:  # the daemon: detached, alive until systemd stops it
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):  # a daemon lets go of its parent's stdio
+            os.dup2(null, fd)
+        node.write(_PD_PIDFILE, f"{os.getpid()}\n")
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+        while True:
+            time.sleep(3600)
+    return 0
+
+
 COMMANDS: Mapping[str, Callable[[Node, list[str]], int]] = {
     "nvidia-installer": nvidia_installer,
+    "nvidia-persistenced": nvidia_persistenced,
     "dkms": dkms,
     "modprobe": modprobe,
     "nvidia-modprobe": nvidia_modprobe,

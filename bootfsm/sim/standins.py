@@ -208,7 +208,8 @@ _HERE: Mapping[str, _Command] = {
     "containerd": containerd,
     "nvidia-ctk": nvidia_ctk,
 }
-_DRIVER = ("nvidia-installer", "dkms", "modprobe", "nvidia-modprobe", "nvidia-smi", "modinfo")
+_DRIVER = ("nvidia-installer", "dkms", "modprobe", "nvidia-modprobe", "nvidia-smi", "modinfo",
+           "nvidia-persistenced")  # fmt: skip
 _UNITS = ("systemctl", "nvidia-fabricmanager-start.sh")
 _PACKAGES = ("dpkg", "dpkg-query")
 
@@ -234,8 +235,9 @@ def _handler(name: str) -> _Command | None:
     return _HERE.get(name)
 
 
-ARTIFACT_STANDINS = ("nvidia-installer", "nvidia-fabricmanager-start.sh")
-"""Stand-ins that live inside artifacts (runfile, fabric manager archive), not on PATH."""
+ARTIFACT_STANDINS = ("nvidia-installer", "nvidia-fabricmanager-start.sh", "nvidia-persistenced")
+"""Stand-ins that live inside artifacts (runfile, fabric manager archive) or that an
+artifact installs (the runfile's /usr/bin/nvidia-persistenced), not on PATH."""
 
 PATH_STANDINS = tuple(sorted({*_HERE, *_DRIVER, *_UNITS, *_PACKAGES} - set(ARTIFACT_STANDINS)))
 """Stand-ins written to the node's bin dir (put first on PATH)."""

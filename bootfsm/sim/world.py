@@ -9,6 +9,7 @@ dpkg-deb packages with their ``Packages`` indexes, a fabric manager tar.xz with 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess  # noqa: TID251 - the simulator runs the real CLI as a child
@@ -25,6 +26,7 @@ from bootfsm.sim.mirror import Corrupt, DropMidBody, Fault, Mirror, NotFound, St
 from bootfsm.sim.node import FAULTS as NODE_FAULTS
 from bootfsm.sim.node import (
     SKUS,
+    VM_TAGS,
     DpkgLockHolder,
     build_node,
     calls,
@@ -68,6 +70,7 @@ class World:
     compile_seconds: float = 0.05
     runfile_blob_bytes: int = 1 << 20
     config_overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    vm_tags: Mapping[str, str] = field(default_factory=dict)
     root: Path = field(init=False)
     docroot: Path = field(init=False)
     config_path: Path = field(init=False)
@@ -91,6 +94,8 @@ class World:
         sku = SKUS[self.sku_name]
         node_faults = [f for f in self.faults if f in NODE_FAULTS]
         self.bin_dir = build_node(self.root, sku, node_faults, compile_seconds=self.compile_seconds)
+        if self.vm_tags:
+            (self.root / VM_TAGS).write_text(json.dumps([list(t) for t in self.vm_tags.items()]))
         self._build_mirror()
         self.mirror = self._stack.enter_context(Mirror(self.docroot))
         self.mirror.add_route("/metadata/instance", lambda: imds_instance(self.root))

@@ -1,0 +1,89 @@
+"""nvidia-persistenced: started when the installed driver provides it.
+
+The runfile installs the daemon (/usr/bin/nvidia-persistenced) but no unit: it leaves
+a sample (/usr/share/doc/NVIDIA_GLX-1.0/samples/nvidia-persistenced-init.tar.bz2) for
+the distribution to install. AgentBaker starts the daemon on its Azure Linux and ACL
+paths (``enableNvidiaPersistenceMode``: a unit written to /etc/systemd/system, then
+``systemctl enable`` and ``restart``); its Ubuntu path and aks-gpu's install.sh do not.
+bootfsm starts it on every node whose driver provides it (``driver.persistenced``):
+persistence keeps the GPUs initialized between clients, so nvidia-smi and the first
+CUDA context of each pod do not pay the driver's device init.
+
+A unit already on the node (a distribution's packaged driver ships one) is used as it
+is; otherwise bootfsm writes UNIT_TEXT, which runs the daemon as root as AgentBaker's
+does (NVIDIA's sample template adds ``--user`` and a dedicated account).
+"""
+
+from __future__ import annotations
+
+from bootfsm.core.codes import Code
+from bootfsm.core.errors import BootError
+from bootfsm.install.units import enabled_state, is_active, systemctl
+from bootfsm.machine.context import Context
+
+__all__ = ["BIN", "UNIT", "UNIT_PATH", "UNIT_TEXT", "ensure", "provided", "ready"]
+
+BIN = "/usr/bin/nvidia-persistenced"
+UNIT = "nvidia-persistenced.service"
+UNIT_PATH = f"/etc/systemd/system/{UNIT}"
+UNIT_DIRS = ("/etc/systemd/system", "/run/systemd/system", "/lib/systemd/system",
+             "/usr/lib/systemd/system")  # fmt: skip
+UNIT_TEXT = """\
+# Written by bootfsm (docs/node-contract.md): the runfile ships nvidia-persistenced, no unit.
+[Unit]
+Description=NVIDIA Persistence Daemon
+Wants=syslog.target
+
+[Service]
+Type=forking
+PIDFile=/var/run/nvidia-persistenced/nvidia-persistenced.pid
+ExecStart=/usr/bin/nvidia-persistenced --verbose
+ExecStopPost=/bin/rm -rf /var/run/nvidia-persistenced
+Restart=always
+TimeoutSec=300
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def provided(ctx: Context) -> bool:
+    """The installed driver ships the daemon."""
+    return ctx.host.exists(BIN)
+
+
+def _wanted(ctx: Context) -> bool:
+    return ctx.config.driver.persistenced and provided(ctx)
+
+
+def _unit_on_node(ctx: Context) -> str | None:
+    return next((f"{d}/{UNIT}" for d in UNIT_DIRS if ctx.host.exists(f"{d}/{UNIT}")), None)
+
+
+def ready(ctx: Context) -> bool:
+    """Nothing to do (off, or the driver has no daemon), or the unit enabled and active."""
+    if not _wanted(ctx):
+        return True
+    return enabled_state(ctx, UNIT) == "enabled" and is_active(ctx, UNIT)
+
+
+def ensure(ctx: Context) -> None:
+    """Write the unit when the node has none, enable and start it, require it active
+    (DRIVER_NOT_STARTED otherwise: the daemon could not open the GPUs)."""
+    if not _wanted(ctx):
+        if ctx.config.driver.persistenced:
+            ctx.event("persistenced.skipped", reason=f"{BIN} is not installed by this driver")
+        return
+    code = Code.DRIVER_NOT_STARTED
+    unit = _unit_on_node(ctx)
+    if unit is None:
+        ctx.host.write_atomic(UNIT_PATH, UNIT_TEXT)
+        systemctl(ctx, "daemon-reload", code=code)
+        unit = UNIT_PATH
+    if enabled_state(ctx, UNIT) != "enabled":
+        systemctl(ctx, "enable", UNIT, code=code)
+    if not is_active(ctx, UNIT):
+        systemctl(ctx, "start", UNIT, code=code, timeout=120, what=f"systemctl start {UNIT} failed")
+    if not is_active(ctx, UNIT):
+        raise BootError(code, f"{UNIT} is not active after start")
+    ctx.event("persistenced.active", unit=unit)

@@ -1,0 +1,82 @@
+"""Parse the VM's tags out of an Azure IMDS instance (or compute) document, and decide
+the ``SkipGpuDriverInstall`` switch the way AgentBaker's CSE does.
+
+IMDS carries the tags twice: ``compute.tags``, one string ``"name1:value1;name2:value2"``
+(every api-version), and ``compute.tagsList``, a list of ``{"name", "value"}`` objects
+(api-version 2019-06-04 and later). AgentBaker's ``should_skip_nvidia_drivers``
+(parts/linux/cloud-init/artifacts/cse_helpers.sh) reads ``tagsList`` with jq: the first
+tag whose name matches ``SkipGpuDriverInstall`` case-insensitively (a regex ``test``, so
+a substring), and skip when its value matches ``true`` case-insensitively.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from bootfsm.parsers import ParseError
+
+__all__ = ["SKIP_TAG", "parse_imds_tags", "skip_gpu_install"]
+
+SKIP_TAG = "SkipGpuDriverInstall"
+_SKIP_NAME = re.compile(SKIP_TAG, re.IGNORECASE)
+_TRUE = re.compile("true", re.IGNORECASE)
+
+
+def _compute(text: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise ParseError(f"IMDS document: not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ParseError(f"IMDS document: top level must be an object, got {type(doc).__name__}")
+    compute = doc.get("compute", doc)
+    if not isinstance(compute, dict):
+        raise ParseError(f"IMDS document: 'compute' must be an object, got {compute!r:.80}")
+    return compute
+
+
+def parse_imds_tags(text: str) -> list[tuple[str, str]]:
+    """The VM's tags as (name, value) pairs, in document order.
+
+    ``compute.tagsList`` wins when present (names and values exactly as IMDS gives
+    them); otherwise ``compute.tags`` is split on ``;`` and each tag on its first ``:``
+    (a tag without ``:`` has an empty value). No tags at all gives ``[]``. ParseError on
+    a document that is not JSON or whose tags have the wrong types.
+    """
+    compute = _compute(text)
+    tags_list = compute.get("tagsList")
+    if tags_list is not None:
+        if not isinstance(tags_list, list):
+            raise ParseError(f"IMDS document: compute.tagsList must be a list: {tags_list!r:.80}")
+        out: list[tuple[str, str]] = []
+        for item in tags_list:
+            if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+                raise ParseError(f"IMDS document: bad compute.tagsList entry {item!r:.80}")
+            value = item.get("value", "")
+            if not isinstance(value, str):
+                raise ParseError(f"IMDS document: tag {item['name']!r:.60} value is not a string")
+            out.append((item["name"], value))
+        return out
+    tags = compute.get("tags", "")
+    if not isinstance(tags, str):
+        raise ParseError(f"IMDS document: compute.tags must be a string: {tags!r:.80}")
+    pairs = []
+    for part in tags.split(";"):
+        if part:
+            name, _, value = part.partition(":")
+            pairs.append((name, value))
+    return pairs
+
+
+def skip_gpu_install(tags: list[tuple[str, str]]) -> str | None:
+    """The reason to skip the GPU driver install, or None: the first tag whose name
+    matches ``SkipGpuDriverInstall`` (case-insensitive, anywhere in the name) and whose
+    value contains ``true`` (case-insensitive), as AgentBaker decides it."""
+    for name, value in tags:
+        if _SKIP_NAME.search(name):
+            if _TRUE.search(value):
+                return f"VM tag {name}={value}"
+            return None
+    return None
