@@ -33,7 +33,6 @@ WRITES = {
     "bootfsm/observe/journal.py": "appends to its own journal file (fsync on transitions)",
     "bootfsm/run/runner.py": "prunes old journals (keep_journals)",
     "bootfsm/fetch/fetcher.py": "discards a failed download's .part and .part.meta",
-    "bootfsm/install/driver_steps.py": "makes the verified runfile executable (0700)",
     "bootfsm/commands/trace.py": "writes the --html page the user asked for",
     "bootfsm/commands/unit.py": "removes the unit's empty drop-in directory",
     "bootfsm/commands/demo.py": "makes the simulated node's directory",

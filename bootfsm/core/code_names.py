@@ -10,9 +10,10 @@ timeout, 87 infoROM corrupted. What each code means is the table in
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import IntEnum
 
-__all__ = ["Code"]
+__all__ = ["Code", "CodeInfo"]
 
 
 class Code(IntEnum):
@@ -73,3 +74,34 @@ class Code(IntEnum):
     UNSAFE_STATE_FILE = 106
     EXEC_FAILED = 107
     INTERNAL_ERROR = 110
+
+
+@dataclass(frozen=True)
+class CodeInfo:
+    """One row of the table: what a code means and what to do about it."""
+
+    code: Code
+    summary: str
+    hint: str
+    transient: bool = False
+    cse: int | None = None
+    """The CSE exit code of the same meaning (``--exit-codes cse``); None: not mapped yet."""
+    cse_in_state: tuple[tuple[str, int], ...] = ()
+    """Where the state that failed says more: (state, CSE code) pairs that win over ``cse``."""
+
+    @property
+    def name(self) -> str:
+        """The stable upper-case name, e.g. ``CHECKSUM_MISMATCH``."""
+        return self.code.name
+
+
+def _row(
+    code: Code,
+    summary: str,
+    hint: str,
+    transient: bool = False,
+    *,
+    cse: int | None = None,
+    cse_in_state: dict[str, int] | None = None,
+) -> CodeInfo:
+    return CodeInfo(code, summary, hint, transient, cse, tuple((cse_in_state or {}).items()))

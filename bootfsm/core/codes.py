@@ -1,48 +1,16 @@
 """The exit-code table: what every code means, what to do about it, its CSE code.
 
-One row per ``Code`` (``bootfsm.core.code_names``): summary, hint, whether it is
-transient (retried, the unit restarts) and the CSE exit code of the same meaning
-(``bootfsm.core.cse``). ``bootfsm codes`` prints it; docs/codes.md is generated from it.
+One row per ``Code`` (numbers, names and the row type live in
+``bootfsm.core.code_names``): summary, hint, whether it is transient (retried, the unit
+restarts) and the CSE exit code of the same meaning (``bootfsm.core.cse``).
+``bootfsm codes`` prints it; docs/codes.md is generated from it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from bootfsm.core.code_names import Code
+from bootfsm.core.code_names import Code, CodeInfo, _row
 
 __all__ = ["CODES", "Code", "CodeInfo", "info"]
-
-
-@dataclass(frozen=True)
-class CodeInfo:
-    """One row of the table: what a code means and what to do about it."""
-
-    code: Code
-    summary: str
-    hint: str
-    transient: bool = False
-    cse: int | None = None
-    """The CSE exit code of the same meaning (``--exit-codes cse``); None: not mapped yet."""
-    cse_in_state: tuple[tuple[str, int], ...] = ()
-    """Where the state that failed says more: (state, CSE code) pairs that win over ``cse``."""
-
-    @property
-    def name(self) -> str:
-        """The stable upper-case name, e.g. ``CHECKSUM_MISMATCH``."""
-        return self.code.name
-
-
-def _row(
-    code: Code,
-    summary: str,
-    hint: str,
-    transient: bool = False,
-    *,
-    cse: int | None = None,
-    cse_in_state: dict[str, int] | None = None,
-) -> CodeInfo:
-    return CodeInfo(code, summary, hint, transient, cse, tuple((cse_in_state or {}).items()))
 
 
 CODES: dict[Code, CodeInfo] = {

@@ -25,6 +25,7 @@ from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError
 from bootfsm.host import archive as archive_rules
 from bootfsm.host.archive import check_members
+from bootfsm.host.owndir import check_chain, check_dir
 from bootfsm.host.process import OUTPUT_LIMIT_BYTES, OUTPUT_TAIL_BYTES, CommandResult, Commands
 
 __all__ = ["OUTPUT_LIMIT_BYTES", "OUTPUT_TAIL_BYTES", "CommandResult", "Host", "fsync_dir"]
@@ -145,7 +146,7 @@ class Host(Commands):
         try:
             if not os.path.lexists(parent):
                 os.makedirs(parent, mode=0o755)
-            _check_chain(self.root, Path(os.path.realpath(parent)), node_path)
+            check_chain(self.root, Path(os.path.realpath(parent)), node_path)
             try:
                 os.mkdir(p, mode)
                 os.chmod(p, mode, follow_symlinks=False)
@@ -156,7 +157,7 @@ class Host(Commands):
             raise BootError(
                 Code.HOST_IO_ERROR, f"cannot create {node_path}: {exc.strerror or exc}"
             ) from exc
-        _check_dir(st, node_path, "")
+        check_dir(st, node_path, "")
         return p
 
     def own_file(self, node_path: str) -> Path | None:
@@ -333,49 +334,6 @@ class Host(Commands):
             return True
         finally:
             os.close(fd)
-
-
-_SYS_GID_MAX = 1000
-"""Above bootfsm's own directory, group write is allowed for a system group (gid below
-1000, login.defs' SYS_GID_MAX default): Ubuntu ships /var/log 0775 root:syslog. The own
-directory itself must never be group-writable."""
-
-
-def _trusted_uids() -> tuple[int, ...]:
-    return (0, os.geteuid())
-
-
-def _check_dir(st: os.stat_result, node_path: str, above: str) -> None:
-    where = f"{above} (above {node_path})" if above else node_path
-    if stat.S_ISLNK(st.st_mode):
-        problem = "is a symlink"
-    elif not stat.S_ISDIR(st.st_mode):
-        problem = "is not a directory"
-    elif st.st_uid not in _trusted_uids():
-        problem = f"is owned by uid {st.st_uid}, not root"
-    elif st.st_mode & 0o002 or (st.st_mode & 0o020 and not (above and st.st_gid < _SYS_GID_MAX)):
-        sticky = " (sticky, but its owner is not bootfsm)" if st.st_mode & stat.S_ISVTX else ""
-        problem = f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}){sticky}"
-    else:
-        return
-    raise BootError(
-        Code.UNSAFE_STATE_DIR,
-        f"{where} {problem}: another user could plant or swap what bootfsm runs as root",
-    )
-
-
-def _check_chain(root: Path, real_parent: Path, node_path: str) -> None:
-    """Every directory from the root down to ``real_parent`` is closed to other users
-    (the part above the root is the caller's, as is the root itself)."""
-    try:
-        rel = real_parent.relative_to(root)
-        base, parts = root, rel.parts
-    except ValueError:  # a root-owned link left the root: check the whole real chain
-        base, parts = Path("/"), real_parent.parts[1:]
-    cur = base
-    for part in parts:
-        cur = cur / part
-        _check_dir(os.stat(cur), node_path, "/" + os.path.relpath(cur, root))
 
 
 def _sweep(p: Path) -> None:

@@ -19,8 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import bootfsm
-from bootfsm.sim.nodestate import CALLS_LOG, SIM_STATE, Node
+from bootfsm.sim.nodestate import CALLS_LOG, SIM_STATE, Node, standin_script
 from bootfsm.sim.skus import FAULTS, SKUS, STALE_DRIVER_VERSION, Sku, pci_layout
 from bootfsm.sim.standin_driver import install_driver_files
 from bootfsm.sim.standins import PATH_STANDINS
@@ -179,27 +178,6 @@ def _vpd(sw_mng: bool) -> bytes:
     partial = head + b"\x90" + vpd_r_len.to_bytes(2, "little") + body + b"RV" + bytes([rv_len])
     checksum = (-sum(partial)) & 0xFF
     return partial + bytes([checksum]) + b"\x78"
-
-
-def standin_script(name: str, root: Path, python: str = sys.executable) -> str:
-    """Text of a stand-in executable: runs ``bootfsm.sim.standins.main(name, root, argv)``.
-
-    The node root and the directory holding the ``bootfsm`` package are baked in, so the
-    script works from any PATH or working directory. Raises ValueError when the
-    interpreter path cannot go on a shebang line.
-    """
-    shebang = f"#!{python}"
-    if any(c.isspace() for c in python) or len(shebang) > _SHEBANG_MAX:
-        raise ValueError(f"interpreter path unusable on a shebang line: {python!r}")
-    package_parent = Path(bootfsm.__file__).resolve().parent.parent
-    return (
-        f"{shebang}\n"
-        f'"""bootfsm simulator stand-in for {name}."""\n'
-        "import sys\n\n"
-        f"sys.path.insert(0, {str(package_parent)!r})\n"
-        "from bootfsm.sim.standins import main\n\n"
-        f"sys.exit(main({name!r}, {str(Path(root).absolute())!r}, sys.argv[1:]))\n"
-    )
 
 
 def _layout(node: Node, sku: Sku, faults: Collection[str]) -> None:

@@ -12,12 +12,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import bootfsm
 from bootfsm.core.hardware import Family, model_for
 from bootfsm.sim.skus import SKUS, Sku, smi_product_name
 
@@ -594,3 +596,27 @@ class Node:
         for unit in self.enabled_units():
             if not self.is_masked(unit):
                 self.start_unit(unit)
+
+
+_SHEBANG_MAX = 255
+
+
+def standin_script(name: str, root: Path, python: str = sys.executable) -> str:
+    """Text of a stand-in executable: runs ``bootfsm.sim.standins.main(name, root, argv)``.
+
+    The node root and the directory holding the ``bootfsm`` package are baked in, so the
+    script works from any PATH or working directory. Raises ValueError when the
+    interpreter path cannot go on a shebang line.
+    """
+    shebang = f"#!{python}"
+    if any(c.isspace() for c in python) or len(shebang) > _SHEBANG_MAX:
+        raise ValueError(f"interpreter path unusable on a shebang line: {python!r}")
+    package_parent = Path(bootfsm.__file__).resolve().parent.parent
+    return (
+        f"{shebang}\n"
+        f'"""bootfsm simulator stand-in for {name}."""\n'
+        "import sys\n\n"
+        f"sys.path.insert(0, {str(package_parent)!r})\n"
+        "from bootfsm.sim.standins import main\n\n"
+        f"sys.exit(main({name!r}, {str(Path(root).absolute())!r}, sys.argv[1:]))\n"
+    )

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bootfsm.sim.elf import shared_object
-from bootfsm.sim.nodestate import Node, log_call
+from bootfsm.sim.nodestate import Node, log_call, standin_script
 from bootfsm.sim.skus import STALE_DRIVER_VERSION
 
 __all__ = ["COMMANDS", "cuda_version_for", "install_driver_files", "runfile_identity"]
@@ -206,7 +206,6 @@ def install_persistenced(node: Node, version: str) -> None:
     """The daemon and its init sample, as the runfile installs them: the binary in
     /usr/bin and, under the GLX doc samples, a tar.bz2 of NVIDIA/nvidia-persistenced's
     init/ directory (README, install.sh, systemd and upstart templates); no unit."""
-    from bootfsm.sim.node import standin_script  # node imports this module
 
     del version
     node.write(
