@@ -81,7 +81,14 @@ def _extract(ctx: Context, role: str, suffix: str, code: Code) -> tuple[str, str
     [(art, archive)] = verified(ctx, role)
     dest = f"{ctx.config.run.state_dir}/extract/{art.filename.removesuffix(suffix)}"
     ctx.host.rmtree(dest)
-    names = ctx.host.extract_tar(archive, dest)
+    limit = max(64 << 20, 32 * art.size) if art.size else None  # the manifest's size
+    names = ctx.host.extract_tar(
+        archive,
+        dest,
+        max_bytes=limit,
+        deadline=ctx.host.monotonic() + ctx.remaining(),
+        on_timeout=ctx.time_error,
+    )
     tops = {n.split("/", 1)[0] for n in names}
     if len(tops) != 1:
         raise BootError(code, f"{art.filename}: expected one top directory")

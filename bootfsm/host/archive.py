@@ -5,13 +5,19 @@ from __future__ import annotations
 import copy
 import posixpath
 import tarfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from bootfsm.core.codes import Code
+from bootfsm.core.errors import BootError
 
 __all__ = [
     "FILTER_ERRORS",
     "HAS_EXTRACTION_FILTER",
+    "archive_bounds",
     "check_member",
     "check_members",
+    "extract_bounded",
     "extract_members",
 ]
 
@@ -71,13 +77,17 @@ def check_members(members: Iterable[tuple[str, bytes, str]]) -> str | None:
 
     ``check_member`` for each, and no name, hard link or symlink target may pass through
     a symlink the archive itself creates: such a path is inside lexically but can land
-    anywhere on disk (``d/up -> ..`` then ``d/up/../x``).
+    anywhere on disk (``d/up -> ..`` then ``d/up/../x``). Every symlink of the archive
+    counts, wherever it comes in the archive: a link added after a member that goes
+    through its name (``p/q -> ../r`` and then ``p -> .``) chains just as well.
     """
-    links: set[str] = set()
-    for name, type_, linkname in members:
+    rows = list(members)
+    for name, type_, linkname in rows:
         problem = check_member(name, type_, linkname)
         if problem:
             return problem
+    links = {posixpath.normpath(n) for n, t, _ in rows if t == tarfile.SYMTYPE}
+    for name, type_, linkname in rows:
         paths = [name]
         if type_ == tarfile.SYMTYPE:
             paths.append(posixpath.join(posixpath.dirname(name), linkname))
@@ -87,8 +97,15 @@ def check_members(members: Iterable[tuple[str, bytes, str]]) -> str | None:
             via = _through(path, links)
             if via is not None:
                 return f"member {name!r} goes through the archive's own symlink {via!r}"
-        if type_ == tarfile.SYMTYPE:
-            links.add(posixpath.normpath(name))
+    return None
+
+
+def archive_bounds(members: int, total: int, *, max_members: int, max_bytes: int) -> str | None:
+    """Why an archive listing is too large to extract, or None."""
+    if members > max_members:
+        return f"more than {max_members} members"
+    if total > max_bytes:
+        return f"more than {max_bytes} bytes uncompressed (its size with a margin)"
     return None
 
 
@@ -106,16 +123,77 @@ def _sanitized(member: tarfile.TarInfo) -> tarfile.TarInfo:
 
 
 def extract_members(
-    tf: tarfile.TarFile, target: str, members: list[tarfile.TarInfo], *, use_filter: bool
+    tf: tarfile.TarFile,
+    target: str,
+    members: list[tarfile.TarInfo],
+    *,
+    use_filter: bool,
+    check_time: Callable[[], None] = lambda: None,
 ) -> None:
     """Extract members that ``check_members`` accepted (the caller's duty) into ``target``.
 
     With ``use_filter`` (``HAS_EXTRACTION_FILTER``) Python's ``data`` filter applies as
     well; without it bootfsm's own rules (already applied by the caller) are the only
     gate and the members' modes and owners are cleaned as the filter would.
+    ``check_time`` runs before each member (it raises when the time is up).
     """
-    if use_filter:
-        tf.extractall(target, members=members, filter="data")
-        return
-    # members were checked by check_members (absolute, "..", links, devices refused)
-    tf.extractall(target, members=[_sanitized(m) for m in members])  # noqa: S202
+    for m in members:
+        check_time()
+        if use_filter:
+            tf.extractall(target, members=[m], filter="data")
+        else:  # checked by check_members (absolute, "..", links, devices refused)
+            tf.extractall(target, members=[_sanitized(m)])  # noqa: S202
+
+
+def extract_bounded(
+    archive: Path,
+    target: Path,
+    *,
+    make_dest: Callable[[], object],
+    max_members: int,
+    max_bytes: int,
+    deadline: float | None,
+    monotonic: Callable[[], float],
+    on_timeout: Callable[[], BootError] | None,
+) -> list[str]:
+    """List, check and extract ``archive`` into ``target`` (``Host.extract_tar``'s body).
+
+    The listing is read one member at a time, so a member-count or size bomb is refused
+    before it is read further; ``make_dest`` creates the target only once every member
+    passed; ``deadline`` bounds listing and extraction.
+    """
+
+    def check_time() -> None:
+        if deadline is not None and monotonic() > deadline:
+            raise (on_timeout() if on_timeout else BootError(
+                Code.DEADLINE_EXCEEDED, f"no time left to extract {archive.name}"
+            ))  # fmt: skip
+
+    def refuse(problem: str) -> BootError:
+        return BootError(Code.UNSAFE_ARCHIVE, f"refusing archive {archive.name}: {problem}")
+
+    try:
+        with tarfile.open(archive, "r:*") as tf:
+            members: list[tarfile.TarInfo] = []
+            total = 0
+            for m in tf:
+                check_time()
+                members.append(m)
+                total += m.size if m.isreg() else 0
+                big = archive_bounds(
+                    len(members), total, max_members=max_members, max_bytes=max_bytes
+                )
+                if big:
+                    raise refuse(big)
+            problem = check_members((m.name, m.type, m.linkname) for m in members)
+            if problem:
+                raise refuse(problem)
+            make_dest()
+            extract_members(
+                tf, str(target), members, use_filter=HAS_EXTRACTION_FILTER, check_time=check_time
+            )
+    except FILTER_ERRORS as exc:
+        raise refuse(str(exc)) from exc
+    except (tarfile.TarError, OSError) as exc:
+        raise BootError(Code.HOST_IO_ERROR, f"cannot extract {archive.name}: {exc}") from exc
+    return [m.name for m in members]

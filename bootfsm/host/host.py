@@ -14,7 +14,6 @@ import hashlib
 import os
 import shutil
 import stat
-import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -24,7 +23,6 @@ from typing import IO
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError
 from bootfsm.host import archive as archive_rules
-from bootfsm.host.archive import check_members
 from bootfsm.host.owndir import check_chain, check_dir
 from bootfsm.host.process import OUTPUT_LIMIT_BYTES, OUTPUT_TAIL_BYTES, CommandResult, Commands
 
@@ -290,34 +288,40 @@ class Host(Commands):
         except OSError as exc:
             raise BootError(Code.HOST_IO_ERROR, f"cannot install {dst}: {exc}") from exc
 
-    def extract_tar(self, archive: Path, dest: str) -> list[str]:
+    def extract_tar(
+        self,
+        archive: Path,
+        dest: str,
+        *,
+        max_members: int = 10_000,
+        max_bytes: int | None = None,
+        deadline: float | None = None,
+        on_timeout: Callable[[], BootError] | None = None,
+    ) -> list[str]:
         """Extract a verified tar archive under node dir ``dest``, refusing unsafe members.
 
         Absolute names, ``..``, links that leave ``dest``, paths through the archive's own
         symlinks, devices and FIFOs are refused before anything is written (``BootError``
-        UNSAFE_ARCHIVE); Python's ``data`` filter applies too, with the same code.
+        UNSAFE_ARCHIVE); Python's ``data`` filter applies too, with the same code. So are
+        archives with more than ``max_members`` members or more than ``max_bytes``
+        uncompressed (default: 32 times the archive's size, at least 64 MiB), counted
+        while the listing is read; ``deadline`` (monotonic) bounds listing and extraction
+        (``on_timeout()`` is raised, else DEADLINE_EXCEEDED).
         """
         parent = dest.rsplit("/", 1)[0]
         if parent:  # bootfsm's extract dir: never a planted link (the root is the caller's)
             self.own_dir(parent)
-        target = self.path(dest)
-        try:
-            with tarfile.open(archive, "r:*") as tf:
-                members = tf.getmembers()
-                problem = check_members((m.name, m.type, m.linkname) for m in members)
-                if problem:
-                    raise BootError(
-                        Code.UNSAFE_ARCHIVE, f"refusing archive {archive.name}: {problem}"
-                    )
-                self.own_dir(dest)
-                archive_rules.extract_members(
-                    tf, str(target), members, use_filter=archive_rules.HAS_EXTRACTION_FILTER
-                )
-        except archive_rules.FILTER_ERRORS as exc:
-            raise BootError(Code.UNSAFE_ARCHIVE, f"refusing archive {archive.name}: {exc}") from exc
-        except (tarfile.TarError, OSError) as exc:
-            raise BootError(Code.HOST_IO_ERROR, f"cannot extract {archive.name}: {exc}") from exc
-        return [m.name for m in members]
+        limit = max_bytes if max_bytes is not None else max(64 << 20, 32 * archive.stat().st_size)
+        return archive_rules.extract_bounded(
+            archive,
+            self.path(dest),
+            make_dest=lambda: self.own_dir(dest),
+            max_members=max_members,
+            max_bytes=limit,
+            deadline=deadline,
+            monotonic=self.monotonic,
+            on_timeout=on_timeout,
+        )
 
     def lock_is_free(self, node_path: str) -> bool:
         """Probe a POSIX (fcntl) lock, as dpkg takes it, without waiting for it."""
