@@ -52,9 +52,7 @@ def host(tmp_path: Path) -> Host:
 DEST = "/var/lib/bootfsm/extract/fm"
 
 
-def test_too_many_members_is_refused_before_anything_is_written(
-    host: Host, tmp_path: Path
-) -> None:
+def test_too_many_members_is_refused_before_anything_is_written(host: Host, tmp_path: Path) -> None:
     archive = _txz(tmp_path / "many.tar.xz", [_file(f"top/f{i}") for i in range(1200)])
     with pytest.raises(BootError) as err:
         host.extract_tar(archive, DEST, max_members=1000)
