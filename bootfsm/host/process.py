@@ -19,6 +19,7 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError
@@ -138,29 +139,10 @@ class Commands:
             raise BootError(Code.COMMAND_MISSING, f"command not found on PATH: {argv[0]}")
         full_env = {**self.env, "LC_ALL": "C.UTF-8", **(env or {})}
         start = self.monotonic()
-        timed_out = False
         with tempfile.TemporaryFile() as out:
-            try:
-                proc = subprocess.Popen(
-                    [exe, *argv[1:]],
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    env=full_env,
-                    cwd=cwd,
-                    start_new_session=True,
-                    preexec_fn=_die_with(os.getpid()),
-                )
-            except OSError as exc:
-                raise _exec_error(exe, exc) from exc
-            self._child = proc
-            try:
-                proc.wait(timeout=max(timeout, 0.01))
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                self._kill_group(proc)
-            finally:
-                self._child = None
+            proc, timed_out = self._spawn_wait(
+                exe, argv, out, subprocess.STDOUT, full_env, cwd, timeout
+            )
             size = out.seek(0, os.SEEK_END)
             out.seek(size - OUTPUT_TAIL_BYTES if size > OUTPUT_LIMIT_BYTES else 0)
             captured = out.read().decode("utf-8", errors="replace")
@@ -192,27 +174,9 @@ class Commands:
         if exe is None:
             raise BootError(Code.COMMAND_MISSING, f"command not found on PATH: {argv[0]}")
         start = self.monotonic()
-        timed_out = False
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            try:
-                proc = subprocess.Popen(
-                    [exe, *argv[1:]],
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=err,
-                    env={**self.env, "LC_ALL": "C.UTF-8"},
-                    start_new_session=True,
-                )
-            except OSError as exc:
-                raise _exec_error(exe, exc) from exc
-            self._child = proc
-            try:
-                proc.wait(timeout=max(timeout, 0.01))
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                self._kill_group(proc)
-            finally:
-                self._child = None
+            env = {**self.env, "LC_ALL": "C.UTF-8"}
+            proc, timed_out = self._spawn_wait(exe, argv, out, err, env, None, timeout)
             out.seek(0)
             data = out.read(max_bytes).decode("utf-8", errors="replace")
             size = err.seek(0, os.SEEK_END)
@@ -228,6 +192,41 @@ class Commands:
         if self.on_command is not None:
             self.on_command(result)
         return result, data
+
+    def _spawn_wait(
+        self,
+        exe: str,
+        argv: Sequence[str],
+        stdout: IO[bytes],
+        stderr: IO[bytes] | int,
+        env: Mapping[str, str],
+        cwd: Path | None,
+        timeout: float,
+    ) -> tuple[subprocess.Popen[bytes], bool]:
+        """Start argv in its own session (stdin closed, SIGKILL if bootfsm dies) and wait
+        at most ``timeout``; past it the whole group is killed. (process, timed out)."""
+        try:
+            proc = subprocess.Popen(
+                [exe, *argv[1:]],
+                stdin=subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=stderr,
+                env=env,
+                cwd=cwd,
+                start_new_session=True,
+                preexec_fn=_die_with(os.getpid()),
+            )
+        except OSError as exc:
+            raise _exec_error(exe, exc) from exc
+        self._child = proc
+        try:
+            proc.wait(timeout=max(timeout, 0.01))
+            return proc, False
+        except subprocess.TimeoutExpired:
+            self._kill_group(proc)
+            return proc, True
+        finally:
+            self._child = None
 
     def stop_child(self) -> list[str] | None:
         """Stop the command in flight and its whole process group.
