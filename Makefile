@@ -10,7 +10,7 @@ SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PKGS := makeself dpkg xz-utils systemd chromium
 SKU     ?= gb300
 
-.PHONY: all demo test test-booted lint fmt docs bench fuzz deps deps-sim mermaid _apt clean
+.PHONY: all demo test test-py310 test-booted lint fmt docs bench fuzz deps deps-sim mermaid _apt clean
 
 all: test
 
@@ -51,6 +51,11 @@ demo: deps-sim $(STAMP)
 
 test: deps $(STAMP)
 	$(PY) -m pytest -n 2 --dist loadfile
+
+# the whole suite again under Ubuntu 22.04's own python3.10 (its jammy .debs, pinned by
+# sha256, unpacked with dpkg-deb into ~/.cache/bootfsm-py310; tests/py310/lane.py)
+test-py310: deps $(STAMP)
+	$(PY) tests/py310/lane.py
 
 # the shipped unit under a real systemd: Debian 12 and 13 images (mmdebstrap, cached under
 # /var/cache/bootfsm-booted), booted with systemd-nspawn; needs root (docs/testing.md)

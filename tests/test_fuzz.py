@@ -19,7 +19,6 @@ import json
 import os
 import tempfile
 import time
-import tomllib
 from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
@@ -29,6 +28,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from bootfsm.core.compat import tomllib
 from bootfsm.core.config import DEFAULTS, Config, ConfigError, load_config, parse_config
 from bootfsm.observe.trace import parse_events, render, to_json
 from bootfsm.parsers import ParseError

@@ -192,7 +192,7 @@ def test_unknown_ca_is_its_own_permanent_code(https: HTTPServer) -> None:
 
 
 def test_certificate_not_yet_valid_points_at_the_clock(ca: trustme.CA, ca_file: str) -> None:
-    later = datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=2)
+    later = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=2)
     server = _https(
         ca.issue_cert("127.0.0.1", not_before=later, not_after=later + datetime.timedelta(1))
     )

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import tomllib
 from pathlib import Path
 
 import pytest
 
 from bootfsm.core.codes import Code
+from bootfsm.core.compat import tomllib
 from bootfsm.install import containerd as c
 from tests.conftest import MakeWorld, run_in_process
 

@@ -88,12 +88,12 @@ def other_key() -> Iterator[Key]:
 
 
 def _date(when: dt.datetime) -> str:
-    return email.utils.format_datetime(when.astimezone(dt.UTC))
+    return email.utils.format_datetime(when.astimezone(dt.timezone.utc))
 
 
 def release_text(packages: bytes, *, valid_until: dt.datetime | None = None) -> str:
     """A flat repository's Release, written by hand (the fields apt reads)."""
-    now = dt.datetime.now(dt.UTC)
+    now = dt.datetime.now(dt.timezone.utc)
     lines = ["Origin: test", "Label: test", "Architecture: amd64", f"Date: {_date(now)}"]
     if valid_until is not None:
         lines.append(f"Valid-Until: {_date(valid_until)}")
@@ -253,14 +253,14 @@ def test_expired_signature_is_refused(make_world: MakeWorld) -> None:
 
 def test_release_past_valid_until_is_refused(make_world: MakeWorld, key: Key) -> None:
     w = make_world("h100-pcie")
-    resign(w, key, valid_until=dt.datetime.now(dt.UTC) - dt.timedelta(hours=1))
+    resign(w, key, valid_until=dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=1))
     msg = refused(run_in_process(w), Code.REPO_INDEX_MISMATCH)
     assert "Valid-Until" in msg
 
 
 def test_release_within_valid_until_is_used(make_world: MakeWorld, key: Key) -> None:
     w = make_world("h100-pcie")
-    resign(w, key, valid_until=dt.datetime.now(dt.UTC) + dt.timedelta(days=7))
+    resign(w, key, valid_until=dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=7))
     result = run_in_process(w)
     assert result.outcome.ok, result.outcome.message
     [verified] = events(result, "index.verified")

@@ -10,12 +10,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import tomllib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from bootfsm.core.compat import tomllib
 from bootfsm.core.redact import redact_text
 
 __all__ = ["DEFAULTS", "DEFAULT_PATH", "Config", "ConfigError", "load_config", "parse_config"]

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from types import MappingProxyType
+
+from bootfsm.core.compat import StrEnum
 
 __all__ = [
     "BLACKWELL_FIRST_DEVICE_ID",

@@ -135,7 +135,7 @@ def _signed_release(
 def _check_against(
     ctx: Context, release: Release, where: str, packages_url: str, body: bytes
 ) -> None:
-    now = dt.datetime.fromtimestamp(ctx.host.wall(), dt.UTC)
+    now = dt.datetime.fromtimestamp(ctx.host.wall(), dt.timezone.utc)
     if release.valid_until is not None and release.valid_until < now:
         raise BootError(
             Code.REPO_INDEX_MISMATCH,

@@ -22,9 +22,10 @@ import fnmatch
 import json
 import math
 import posixpath
-import tomllib
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from bootfsm.core.compat import tomllib
 
 __all__ = [
     "CONFIG",

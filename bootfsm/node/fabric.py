@@ -10,9 +10,9 @@ Unhealthy is not ready. The verify state waits and journals; this module decides
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
+from bootfsm.core.compat import StrEnum
 from bootfsm.core.hardware import blackwell_or_later, has_fabric_probe, model_for
 from bootfsm.parsers.nvidia_smi import SmiGpu, SmiReport
 

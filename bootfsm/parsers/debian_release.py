@@ -105,7 +105,7 @@ def _date(name: str, value: str) -> dt.datetime:
         raise ParseError(f"{name}: not an RFC 2822 date: {value!r}") from exc
     if parsed.tzinfo is None:
         raise ParseError(f"{name}: date without a time zone: {value!r}")
-    return parsed.astimezone(dt.UTC)
+    return parsed.astimezone(dt.timezone.utc)
 
 
 def parse_release(text: str) -> Release:

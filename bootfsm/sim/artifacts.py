@@ -647,15 +647,16 @@ def write_release(
     """Write ``repo_dir/Release`` for a flat repository, in the field order
     ``apt-ftparchive release`` writes (Origin, Label, Architecture, Date, Valid-Until,
     then the MD5Sum/SHA1/SHA256/SHA512 lists of `` <hash> <size> <path>``)."""
-    when = date or datetime.datetime.now(datetime.UTC)
+    utc = datetime.timezone.utc
+    when = date or datetime.datetime.now(utc)
     lines = [
         "Origin: bootfsm simulator",
         "Label: bootfsm simulator",
         f"Architecture: {arch}",
-        f"Date: {email.utils.format_datetime(when.astimezone(datetime.UTC), usegmt=False)}",
+        f"Date: {email.utils.format_datetime(when.astimezone(utc), usegmt=False)}",
     ]
     if valid_until is not None:
-        until = valid_until.astimezone(datetime.UTC)
+        until = valid_until.astimezone(utc)
         lines.append(f"Valid-Until: {email.utils.format_datetime(until, usegmt=False)}")
     sums = {name: _digests(repo_dir / name, "md5", "sha1", "sha256", "sha512") for name in files}
     for field_name, algo in (("MD5Sum", "md5"), ("SHA1", "sha1"), ("SHA256", "sha256"),

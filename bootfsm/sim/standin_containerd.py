@@ -22,9 +22,9 @@ import glob
 import json
 import os
 import sys
-import tomllib
 from typing import Any
 
+from bootfsm.core.compat import tomllib
 from bootfsm.sim.nodestate import Node
 
 __all__ = ["containerd_config"]

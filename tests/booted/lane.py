@@ -32,10 +32,11 @@ import subprocess
 import sys
 import threading
 import time
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from bootfsm.core.compat import tomllib
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

@@ -34,8 +34,8 @@ SHA256:
 
 def test_release_fields_dates_and_sha256() -> None:
     r = parse_release(RELEASE)
-    assert r.date == dt.datetime(2025, 2, 1, 10, 20, 30, tzinfo=dt.UTC)
-    assert r.valid_until == dt.datetime(2025, 2, 8, 10, 20, 30, tzinfo=dt.UTC)
+    assert r.date == dt.datetime(2025, 2, 1, 10, 20, 30, tzinfo=dt.timezone.utc)
+    assert r.valid_until == dt.datetime(2025, 2, 8, 10, 20, 30, tzinfo=dt.timezone.utc)
     assert r.sha256["Packages"].sha256 == (
         "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
     )

@@ -7,12 +7,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bootfsm.core.compat import tomllib
 from bootfsm.sim.node import SKUS, build_node
 
 REAL = shutil.which("containerd", path="/usr/bin:/usr/sbin:/bin")
