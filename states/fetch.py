@@ -25,13 +25,13 @@ from bootfsm.fetch.artifacts import (
 )
 from bootfsm.fetch.fetcher import Fetched, Fetcher, Job
 from bootfsm.fetch.indexes import (
-    MEMO,
     cached_ok,
     fetch_indexes,
     from_cache,
     save_indexes,
     space_check,
 )
+from bootfsm.fetch.stamps import remember
 from bootfsm.fetch.store import resolved, resolved_path
 from bootfsm.host.http import check_url
 from bootfsm.host.progress import Progress
@@ -88,13 +88,8 @@ def _download(ctx: Context, missing: list[Artifact]) -> None:
         dest = cache_node_path(cfg, a)
         ctx.host.rename(dest + ".part", dest)
         ctx.host.remove(dest + ".part.meta")
-        st = ctx.host.path(dest).stat()
-        ctx.scratch.setdefault(MEMO, {})[str(ctx.host.path(dest))] = (
-            st.st_size,
-            st.st_mtime_ns,
-            st.st_ino,
-            res.sha256,
-        )
+        if a.sha256:  # the bytes just hashed on the way in: a rerun need not read them
+            remember(ctx, dest, ctx.host.path(dest).lstat(), res.sha256)
         took = max(f.duration_s, 1e-6)
         emit(
             "artifact.fetched",

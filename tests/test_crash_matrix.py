@@ -26,6 +26,7 @@ started, each in its own session) are killed by pid.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -33,7 +34,6 @@ import signal
 import subprocess
 import sys
 import time
-import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +42,7 @@ from typing import Any
 import pytest
 
 from bootfsm.cli import main as cli_main
+from bootfsm.core.compat import tomllib
 from bootfsm.fetch.artifacts import sha256_of
 from bootfsm.observe.trace import load_run
 from bootfsm.sim.mirror import Fault, Stall, Throttle
@@ -362,6 +363,15 @@ def check_cache_verified(root: Path) -> dict[str, str]:
     )
     for f in (root / CACHE_DIR).glob("*/*"):
         if f.name.endswith((".part", ".part.meta")):
+            continue
+        if f.name.endswith(".sha256"):  # a sidecar never vouches for other bytes
+            side = json.loads(f.read_text())
+            art = f.with_name(f.name.removesuffix(".sha256"))
+            if art.exists():
+                st = art.lstat()
+                now = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+                if now == (side["size"], side["mtime_ns"], side["ino"], side["ctime_ns"]):
+                    assert side["sha256"] == hashlib.sha256(art.read_bytes()).hexdigest(), f
             continue
         assert f.name in shas, f"{f} is in the cache but was never resolved"
         assert f.parent.name == shas[f.name][:16], f"{f} is not in its sha256 bucket"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -93,7 +94,71 @@ def test_corrupt_cache_entry_is_replaced_not_trusted(make_world: MakeWorld) -> N
     [fetched] = _events(second, "artifact.fetched")
     assert fetched["artifact"] == "runfile" and fetched["resumed_bytes"] == 0
     assert runfile.read_bytes() == good
-    assert [p.name for p in runfile.parent.iterdir()] == [runfile.name]
+    side = runfile.with_name(runfile.name + ".sha256")
+    assert sorted(p.name for p in runfile.parent.iterdir()) == [runfile.name, side.name]
+    assert json.loads(side.read_text())["sha256"] == hashlib.sha256(good).hexdigest()
+
+
+def _count_hashing(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every artifact bootfsm hashes from now on (what it reads of the cache)."""
+    from bootfsm.fetch import indexes, store
+    from bootfsm.host.host import Host
+
+    read: list[str] = []
+    real_sha, real_copy = indexes.sha256_of, Host.private_copy
+
+    def sha256_of(path: Path) -> str:
+        read.append(Path(path).name)
+        return real_sha(path)
+
+    def private_copy(self: Host, src: str, dst_dir: str, sha256: str) -> Path:
+        read.append(Path(src).name)
+        return real_copy(self, src, dst_dir, sha256)
+
+    monkeypatch.setattr(indexes, "sha256_of", sha256_of)
+    monkeypatch.setattr(store, "sha256_of", sha256_of)
+    monkeypatch.setattr(Host, "private_copy", private_copy)
+    return read
+
+
+def test_rerun_on_a_provisioned_node_reads_no_artifact(
+    make_world: MakeWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The downloads' own hashes are kept beside the files (stat stamp + sha256), so the
+    fetch postcondition of a rerun is one stat per artifact: not one byte is read."""
+    w = make_world("h100-hgx")
+    assert run_in_process(w).outcome.ok
+    arts = [p for p in (w.root / CACHE).glob("*/*") if p.suffix in (".run", ".deb")]
+    assert len(arts) == 5 and all(p.with_name(p.name + ".sha256").is_file() for p in arts)
+    read = _count_hashing(monkeypatch)
+    again = run_in_process(w)
+    assert again.outcome.ok
+    assert [e["state"] for e in _events(again, "state.skip")] == [
+        "fetch", "driver", "fabric", "verify", "join"
+    ]  # fmt: skip
+    assert read == []
+
+
+def test_bytes_changed_behind_a_sidecar_are_hashed_and_replaced(
+    make_world: MakeWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Same size, mtime put back: the inode's ctime still moved, so the sidecar no longer
+    vouches for the file; it is hashed, found wrong, and downloaded again."""
+    w = make_world("h100-pcie")
+    assert run_in_process(w).outcome.ok
+    [deb] = (w.root / CACHE).glob("*/libnvidia-container1_*.deb")
+    good, st = deb.read_bytes(), deb.stat()
+    bad = bytearray(good)
+    bad[-1] ^= 0xFF
+    with deb.open("r+b") as fh:  # in place: same inode, same size
+        fh.write(bytes(bad))
+    os.utime(deb, ns=(st.st_atime_ns, st.st_mtime_ns))
+    read = _count_hashing(monkeypatch)
+    again = run_in_process(w)
+    assert again.outcome.ok, again.outcome.message
+    assert deb.name in read
+    assert [e["artifact"] for e in _events(again, "artifact.fetched")] == ["libnvidia-container1"]
+    assert deb.read_bytes() == good
 
 
 def _point_sources_at(w: World, base: str) -> None:

@@ -22,11 +22,11 @@ from bootfsm.fetch.artifacts import (
     sha256_of,
 )
 from bootfsm.fetch.repo_trust import check_packages, check_pinned
+from bootfsm.fetch.stamps import known_sha256, remember
 from bootfsm.host.http import check_url
 from bootfsm.machine.context import Context
 
 __all__ = [
-    "MEMO",
     "NEXT_MIRROR",
     "cached_indexes",
     "cached_ok",
@@ -41,16 +41,15 @@ __all__ = [
 ]
 
 
-MEMO = "fetch.verified"  # ctx.scratch: real path -> (size, mtime_ns, inode, sha256)
-
-
 def cached_ok(ctx: Context, a: Artifact) -> bool:
     """The cached file exists, has the listed size and hashes to the sha256.
 
-    A hash is remembered for the same (size, mtime, inode) within one run, so the
-    postcondition after a download does not hash every file a second time.
+    A hash bootfsm already made of these exact bytes (this run's, or a past run's
+    sidecar while the file's stat stamp is unchanged: bootfsm.fetch.stamps) is not
+    made again, so a rerun reads no artifact; any other file is hashed and remembered.
     """
-    p = ctx.host.path(cache_node_path(ctx.config, a))
+    node = cache_node_path(ctx.config, a)
+    p = ctx.host.path(node)
     try:
         st = p.lstat()  # a planted symlink is never "cached": it is downloaded over
     except OSError:
@@ -59,13 +58,12 @@ def cached_ok(ctx: Context, a: Artifact) -> bool:
         return False
     if not a.sha256:
         return True
-    memo: dict[str, tuple[int, int, int, str]] = ctx.scratch.setdefault(MEMO, {})
-    stamp = (st.st_size, st.st_mtime_ns, st.st_ino)
-    seen = memo.get(str(p))
-    if seen is None or seen[:3] != stamp:
-        seen = (*stamp, sha256_of(p))
-        memo[str(p)] = seen
-    return seen[3] == a.sha256
+    sha = known_sha256(ctx, node, st)
+    if sha is None:
+        sha = sha256_of(p)
+        if sha == a.sha256:
+            remember(ctx, node, st, sha)
+    return sha == a.sha256
 
 
 def cached_indexes(ctx: Context) -> dict[str, str] | None:
@@ -121,6 +119,7 @@ def fetch_index(ctx: Context, key: str, urls: tuple[str, ...]) -> tuple[str, int
     allow = ctx.config.fetch.allow_http_hosts
     failures: list[BootError | TransientError] = []
     for i, url in enumerate(urls):
+        t0 = ctx.host.monotonic()
         try:
             r = ctx.http.get(url, timeout=ctx.remaining(), allow_http_hosts=allow)
             trust_index(ctx, key, url, r.body)
@@ -131,7 +130,14 @@ def fetch_index(ctx: Context, key: str, urls: tuple[str, ...]) -> tuple[str, int
                 raise
             failures.append(exc)
         else:
-            ctx.event("index.fetched", index=key, url=redact_url(url), mirror=i, size=len(r.body))
+            ctx.event(
+                "index.fetched",
+                index=key,
+                url=redact_url(url),
+                mirror=i,
+                size=len(r.body),
+                duration_s=round(ctx.host.monotonic() - t0, 4),
+            )
             return r.body.decode("utf-8", "replace"), i
         if len(urls) > 1:
             ctx.warn(f"index {key}: {failures[-1].message}", index=key, mirror=i)

@@ -14,6 +14,7 @@ from bootfsm.fetch.artifacts import (
     resolution_key,
     sha256_of,
 )
+from bootfsm.fetch.stamps import known_sha256
 from bootfsm.machine.context import Context
 
 __all__ = ["resolution_problem", "resolved", "resolved_path", "verified"]
@@ -78,7 +79,8 @@ def resolved(ctx: Context) -> list[Artifact] | None:
 
 
 def verified(ctx: Context, role: str) -> list[tuple[Artifact, Path]]:
-    """Cached artifacts of ``role``, each re-hashed now: nothing is used unverified."""
+    """Cached artifacts of ``role``, each hashed now (or by this very run, on its way
+    in: the same bytes, same stamp): nothing is used unverified."""
     arts = resolved(ctx)
     if arts is None:
         raise BootError(Code.INTERNAL_ERROR, "no resolved artifacts: fetch has not run")
@@ -94,7 +96,8 @@ def verified(ctx: Context, role: str) -> list[tuple[Artifact, Path]]:
                 Code.ARTIFACT_NOT_FOUND, f"{a.name} is missing from the cache at {node}"
             )
         p = found
-        if a.sha256 and sha256_of(p) != a.sha256:
+        sha = known_sha256(ctx, node, p.lstat(), sidecar=False) if a.sha256 else ""
+        if a.sha256 and (sha or sha256_of(p)) != a.sha256:
             raise BootError(
                 Code.CHECKSUM_MISMATCH, f"cached {a.name} no longer matches its sha256: {p}"
             )
