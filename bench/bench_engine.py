@@ -1,0 +1,138 @@
+"""Engine overhead on a happy boot, and the rerun on a provisioned node (issue 16).
+
+Each cell is a real ``bootfsm run`` child process on a fresh simulated node (the world
+is built outside the timing), timed from outside; h100-hgx and gb300 take turns, run
+after run (``BENCH_ENGINE_RUNS``, default 7). From the run's own journal:
+
+- children: the sum of every command's ``duration_s`` (stand-ins are Python scripts, so
+  this is most of the wall on a simulated node; on a real node it is the installer,
+  DKMS and nvidia-smi);
+- network: the union of the intervals of index and artifact downloads (they overlap);
+- overhead = wall - children - network: what bootfsm itself adds (interpreter start,
+  imports, config, the engine, journal, hashing, parsing).
+
+Side by side: the interpreter alone (``python3 -c pass``), and the same node's rerun
+(every state satisfied; nothing to download, run, or hash). The modules are
+byte-compiled first, as a wheel install on a node leaves them.
+"""
+
+from __future__ import annotations
+
+import compileall
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bootfsm.sim.world import World
+
+RUNS = int(os.environ.get("BENCH_ENGINE_RUNS", "7"))
+SKUS = ("h100-hgx", "gb300")
+GOAL_S = 0.150
+RERUN_GOAL_S = 0.5
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _journal(w: World) -> list[dict[str, object]]:
+    logs = sorted((w.root / "var/log/bootfsm").glob("run-*.jsonl"), key=os.path.getmtime)
+    return [json.loads(line) for line in logs[-1].read_text().splitlines() if line.strip()]
+
+
+def _union(spans: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def _split(events: list[dict[str, object]]) -> tuple[float, float, int]:
+    """(children s, network s, commands) of one run's journal."""
+    children = sum(float(e["duration_s"]) for e in events if e["event"] == "command")  # type: ignore[arg-type]
+    spans = [
+        (float(e["t"]) - float(e["duration_s"]), float(e["t"]))  # type: ignore[arg-type]
+        for e in events
+        if e["event"] in ("artifact.fetched", "index.fetched") and "duration_s" in e
+    ]
+    n = sum(1 for e in events if e["event"] == "command")
+    return children, _union(spans), n
+
+
+def _timed(w: World) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    p = subprocess.run(w.argv(), env=w.env(), capture_output=True, check=False)
+    return time.perf_counter() - t0, p.returncode
+
+
+def _spread(ts: list[float], unit: float = 1000.0, fmt: str = "{:.0f}") -> str:
+    med = fmt.format(statistics.median(ts) * unit)
+    return f"{med} ({fmt.format(min(ts) * unit)}-{fmt.format(max(ts) * unit)})"
+
+
+def main() -> str:
+    compileall.compile_dir(ROOT / "bootfsm", quiet=1)
+    compileall.compile_dir(ROOT / "states", quiet=1)
+    cells: dict[str, dict[str, list[float]]] = {
+        s: {"wall": [], "children": [], "network": [], "overhead": [], "rerun": [], "cmds": []}
+        for s in SKUS
+    }
+    bare: list[float] = []
+    with tempfile.TemporaryDirectory() as d:
+        for i in range(RUNS):
+            order = SKUS if i % 2 == 0 else tuple(reversed(SKUS))
+            for sku in order:
+                with World(Path(d) / f"{sku}-{i}", sku) as w:
+                    wall, rc = _timed(w)
+                    if rc != 0:
+                        raise SystemExit(f"bench_engine: {sku} boot exited {rc}")
+                    children, network, n = _split(_journal(w))
+                    rerun, rc2 = _timed(w)
+                    if rc2 != 0:
+                        raise SystemExit(f"bench_engine: {sku} rerun exited {rc2}")
+                c = cells[sku]
+                c["wall"].append(wall)
+                c["children"].append(children)
+                c["network"].append(network)
+                c["overhead"].append(wall - children - network)
+                c["rerun"].append(rerun)
+                c["cmds"].append(n)
+                t0 = time.perf_counter()
+                subprocess.run([sys.executable, "-c", "pass"], check=True)
+                bare.append(time.perf_counter() - t0)
+    load = os.getloadavg()
+    out = [
+        "## Engine overhead on a happy boot (bench/bench_engine.py)",
+        "",
+        f"{RUNS} interleaved runs per node; median (min-max) in ms. Overhead is wall minus",
+        "every command's own duration minus the time downloads were in flight (from the",
+        "run's journal); the goal is at most 150 ms. Load average at the end: "
+        f"{load[0]:.1f}, {load[1]:.1f}, {load[2]:.1f} on {os.cpu_count()} cores.",
+        "",
+        "| simulated node | commands | wall | children | network | **overhead** | goal | "
+        "rerun wall (goal < 500) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for sku in SKUS:
+        c = cells[sku]
+        ok = "met" if statistics.median(c["overhead"]) <= GOAL_S else "missed"
+        rok = "met" if statistics.median(c["rerun"]) < RERUN_GOAL_S else "missed"
+        out.append(
+            f"| {sku} | {statistics.median(c['cmds']):.0f} | {_spread(c['wall'])} | "
+            f"{_spread(c['children'])} | {_spread(c['network'])} | "
+            f"**{_spread(c['overhead'])}** | {ok} | {_spread(c['rerun'])} ({rok}) |"
+        )
+    out += [
+        f"| `python3 -c pass` (the interpreter alone, same runs) | - | {_spread(bare)} | "
+        "- | - | - | - | - |",
+    ]
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    print(main())
