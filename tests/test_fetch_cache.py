@@ -257,3 +257,25 @@ def test_segment_keys_default_and_bounds() -> None:
     edge = parse_config({"fetch": {"segments": 16, "segment_min_size": 1 << 20}}).fetch
     assert (edge.segments, edge.segment_min_size) == (16, 1 << 20)
     assert parse_config({"fetch": {"segments": 1}}).fetch.segments == 1  # 1: off
+
+
+def test_an_index_past_the_old_64_mib_cap_resolves(make_world: MakeWorld) -> None:
+    """A toolkit index of 70 MiB (the four packages among ~110,000 other stanzas, as a
+    CUDA repository grows) is fetched, verified through its signed Release and read in
+    one pass; the node boots. 64 MiB used to fail it with INDEX_INVALID (35)."""
+    w = make_world("h100-pcie")
+    repo = next((w.docroot / "toolkit").iterdir())
+    index = repo / "Packages"
+    filler = "".join(
+        f"\nPackage: cuda-filler-{i}\nVersion: 12.{i % 10}-1\nArchitecture: {repo.name}\n"
+        f"Filename: ./cuda-filler-{i}.deb\nSize: 1\nSHA256: {'b' * 64}\n"
+        "Description: a stanza no node here needs\n"
+        for i in range(520_000)
+    )
+    index.write_text(filler.lstrip("\n") + "\n" + index.read_text())
+    assert index.stat().st_size > 70 << 20
+    art.sign_repository(repo, art.shared_signer(), arch=repo.name)
+    result = run_in_process(w)
+    assert result.outcome.ok, result.outcome.message
+    [fetched] = [e for e in _events(result, "index.fetched") if e["index"] == "toolkit_packages"]
+    assert fetched["size"] == index.stat().st_size

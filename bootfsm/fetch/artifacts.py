@@ -27,7 +27,7 @@ from bootfsm.core.redact import redact_url
 from bootfsm.node.facts import NodeFacts
 from bootfsm.node.guards import needs_fabric_manager, needs_imex
 from bootfsm.parsers import ParseError
-from bootfsm.parsers.debian_packages import parse_packages, select_package
+from bootfsm.parsers.debian_packages import select_packages
 from bootfsm.parsers.redistrib import parse_redistrib
 
 __all__ = [
@@ -169,29 +169,39 @@ def _index(indexes: Mapping[str, str], key: str, urls: Mapping[str, str]) -> str
 
 
 def _from_packages(
-    text: str, bases: Sequence[str], names: Sequence[str], version: str, arch: str, role: str
-) -> Artifact:
+    text: str,
+    bases: Sequence[str],
+    wants: Mapping[str, tuple[Sequence[str], str, str]],
+    role: str,
+) -> list[Artifact]:
+    """The artifacts ``wants`` (key -> names, version, arch) name, from one pass over
+    one index; each listed key must be found."""
     where = redact_url(join_url(bases[0], "Packages"))
     try:
-        entries = parse_packages(text)
+        picked = select_packages(text, wants)
     except ParseError as exc:
         raise BootError(Code.INDEX_INVALID, f"{where}: {exc}") from exc
-    entry = select_package(entries, names, version, arch)
-    if entry is None:
-        raise BootError(
-            Code.ARTIFACT_NOT_FOUND,
-            f"{' or '.join(names)} {version} ({arch}) is not listed in {where}",
+    out = []
+    for key, (names, version, arch) in wants.items():
+        entry = picked[key]
+        if entry is None:
+            raise BootError(
+                Code.ARTIFACT_NOT_FOUND,
+                f"{' or '.join(names)} {version} ({arch}) is not listed in {where}",
+            )
+        urls = [join_url(b, entry.filename) for b in bases]
+        out.append(
+            Artifact(
+                entry.package,
+                role,
+                urls[0],
+                entry.sha256.lower(),
+                entry.size,
+                entry.filename.rsplit("/", 1)[-1],
+                tuple(urls[1:]),
+            )
         )
-    urls = [join_url(b, entry.filename) for b in bases]
-    return Artifact(
-        entry.package,
-        role,
-        urls[0],
-        entry.sha256.lower(),
-        entry.size,
-        entry.filename.rsplit("/", 1)[-1],
-        tuple(urls[1:]),
-    )
+    return out
 
 
 def resolve(
@@ -215,18 +225,13 @@ def resolve(
     out: list[Artifact] = []
     if cfg.driver.install:
         out.append(_runfile(cfg, facts))
-    tk_text = _index(indexes, "toolkit_packages", urls)
-    for name in cfg.sources.toolkit_packages:
-        out.append(
-            _from_packages(
-                tk_text,
-                bases("toolkit_packages"),
-                [name],
-                cfg.sources.toolkit_version,
-                facts.arch.debian,
-                "toolkit",
-            )
-        )
+    tk = {
+        n: ([n], cfg.sources.toolkit_version, facts.arch.debian)
+        for n in cfg.sources.toolkit_packages
+    }
+    out += _from_packages(
+        _index(indexes, "toolkit_packages", urls), bases("toolkit_packages"), tk, "toolkit"
+    )
     if "redistrib" in urls:
         text = _index(indexes, "redistrib", urls)
         out.append(_component(facts, bases("redistrib"), urls["redistrib"], text, FM_COMPONENT))
@@ -236,15 +241,15 @@ def resolve(
             )
     if "cuda_packages" in urls:
         branch = cfg.driver.version.split(".", 1)[0]
-        out.append(
-            _from_packages(
-                _index(indexes, "cuda_packages", urls),
-                bases("cuda_packages"),
+        imex = {
+            "imex": (
                 ["nvidia-imex", f"nvidia-imex-{branch}"],
                 cfg.driver.version,
                 facts.arch.debian,
-                "imex",
             )
+        }
+        out += _from_packages(
+            _index(indexes, "cuda_packages", urls), bases("cuda_packages"), imex, "imex"
         )
     for a in out:
         if not a.sha256 and not cfg.sources.allow_unverified:

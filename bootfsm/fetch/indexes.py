@@ -27,6 +27,7 @@ from bootfsm.host.http import check_url
 from bootfsm.machine.context import Context
 
 __all__ = [
+    "INDEX_MAX_BYTES",
     "NEXT_MIRROR",
     "cached_indexes",
     "cached_ok",
@@ -101,6 +102,11 @@ def from_cache(ctx: Context) -> list[Artifact] | None:
     return arts
 
 
+INDEX_MAX_BYTES = 256 << 20
+"""The largest index bootfsm reads (256 MiB). A CUDA repository's Packages grows with
+every release (tens of MB today); the index is held once as bytes and once as text,
+and only the stanzas a node needs are parsed (bootfsm.parsers.debian_packages)."""
+
 # a mirror that lacks the index, or serves one that fails its signature or its Release,
 # hands over to the next mirror; when none serves a trusted one, the first failure stands
 NEXT_MIRROR = (Code.ARTIFACT_NOT_FOUND, Code.REPO_SIGNATURE_INVALID, Code.REPO_INDEX_MISMATCH)
@@ -121,7 +127,9 @@ def fetch_index(ctx: Context, key: str, urls: tuple[str, ...]) -> tuple[str, int
     for i, url in enumerate(urls):
         t0 = ctx.host.monotonic()
         try:
-            r = ctx.http.get(url, timeout=ctx.remaining(), allow_http_hosts=allow)
+            r = ctx.http.get(
+                url, timeout=ctx.remaining(), allow_http_hosts=allow, max_bytes=INDEX_MAX_BYTES
+            )
             trust_index(ctx, key, url, r.body)
         except TransientError as exc:
             failures.append(exc)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cmp_to_key
 
@@ -12,9 +12,11 @@ from bootfsm.parsers import ParseError
 __all__ = [
     "PackageEntry",
     "compare_debian_versions",
+    "iter_entries",
     "parse_packages",
     "safe_filename",
     "select_package",
+    "select_packages",
 ]
 
 _FIELD = re.compile(r"([^\s:#-][^\s:]*):(.*)")
@@ -122,12 +124,12 @@ def compare_debian_versions(a: str, b: str) -> int:
     return (result > 0) - (result < 0)
 
 
-def _stanzas(text: str) -> Iterable[tuple[int, dict[str, str]]]:
-    """Yield (stanza number, lower-cased field -> value) for each paragraph."""
+def _stanzas(text: str, line1: int = 1, number: int = 1) -> Iterable[tuple[int, dict[str, str]]]:
+    """Yield (stanza number, lower-cased field -> value) for each paragraph; ``text``
+    starts at line ``line1`` of the index, with stanza ``number``."""
     fields: dict[str, str] = {}
     last = ""
-    number = 1
-    for lineno, line in enumerate(text.split("\n"), start=1):
+    for lineno, line in enumerate(text.split("\n"), start=line1):
         line = line.removesuffix("\r")
         if not line.strip():
             if fields:
@@ -178,9 +180,58 @@ def _entry(number: int, fields: dict[str, str]) -> PackageEntry:
     )
 
 
+# a paragraph ends at a line that is empty or only blanks (deb822)
+_SEPARATOR = re.compile(r"\n(?:[ \t\r]*\n)+")
+_PACKAGE_LINE = re.compile(r"^package:[ \t]*([^\s]+)", re.IGNORECASE | re.MULTILINE)
+
+
+def iter_entries(text: str, names: Collection[str] | None = None) -> Iterator[PackageEntry]:
+    """The entries of a `Packages` index, one paragraph at a time; with ``names``, only
+    the stanzas of those packages are read (and validated) at all.
+
+    A real CUDA repository's index has tens of thousands of stanzas of which a node
+    needs a handful: each paragraph is found by its separator and its ``Package`` line
+    (C-speed searches), and only a wanted one is split into fields. A paragraph without
+    a ``Package`` field is always parsed, so garbage (a page that is not an index) still
+    fails with ParseError, as do the wanted stanzas' own defects.
+    """
+    line, number, pos = 1, 1, 0
+    lead = re.match(r"(?:[ \t\r]*\n)+", text)
+    if lead:
+        line, pos = 1 + lead.group().count("\n"), lead.end()
+    end = len(text)
+    while pos < end:
+        sep = _SEPARATOR.search(text, pos)
+        stop = sep.start() if sep else end
+        para = text[pos:stop] if names is None else None
+        found = _PACKAGE_LINE.search(text, pos, stop)
+        if found is not None and names is not None and found[1] not in names:
+            number += 1  # a stanza of another package: counted, not read
+        else:
+            if para is None:
+                para = text[pos:stop]
+            for n, fields in _stanzas(para, line, number):
+                number = n + 1
+                yield _entry(n, fields)
+        if sep is None:
+            break
+        line += text.count("\n", pos, sep.end())
+        pos = sep.end()
+
+
 def parse_packages(text: str) -> list[PackageEntry]:
     """Parse a `Packages` index; a stanza lacking Package/Version/Filename/Size/SHA256 fails."""
-    return [_entry(number, fields) for number, fields in _stanzas(text)]
+    return list(iter_entries(text))
+
+
+def select_packages(
+    text: str, wants: Mapping[str, tuple[Sequence[str], str, str | None]]
+) -> dict[str, PackageEntry | None]:
+    """Every want of one index in one pass: ``key -> (names, version, arch)`` gives
+    ``key -> select_package(...)`` of the entries of those names (None: not listed)."""
+    names = {n for ns, _, _ in wants.values() for n in ([ns] if isinstance(ns, str) else ns)}
+    entries = list(iter_entries(text, names))
+    return {k: select_package(entries, ns, ver, arch) for k, (ns, ver, arch) in wants.items()}
 
 
 def _version_matches(entry_version: str, wanted: str) -> bool:

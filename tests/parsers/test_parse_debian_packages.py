@@ -19,6 +19,7 @@ from bootfsm.parsers.debian_packages import (
     parse_packages,
     safe_filename,
     select_package,
+    select_packages,
 )
 from tests.samples import sample
 
@@ -246,3 +247,88 @@ def test_safe_filename_result_is_always_relative_and_contained(name: str) -> Non
         return
     assert not result.startswith("/")
     assert ".." not in result.split("/") and "\\" not in result and "\0" not in result
+
+
+# -- one pass, only the wanted stanzas (issue 16: big indexes) ---------------------------
+
+TEMPLATE = """\
+Package: {name}
+Version: {version}
+Architecture: {arch}
+Filename: pool/{name}_{version}_{arch}.deb
+Size: 100
+SHA256: {sha}
+"""
+
+
+def stanza(name: str, version: str, sha: str = SHA, arch: str = "arm64") -> str:
+    return TEMPLATE.format(name=name, version=version, arch=arch, sha=sha)
+
+
+def test_select_packages_on_the_real_index() -> None:
+    """Values read from the capture: the 1.17.2-1 amd64 stanzas of two packages."""
+    picked = select_packages(
+        sample(PACKAGES),
+        {
+            "lib": (["libnvidia-container1"], "1.17.2", "amd64"),
+            "tk": (["nvidia-container-toolkit"], "1.17.2", "amd64"),
+            "absent": (["nvidia-imex"], "1.17.2", "amd64"),
+            "other-arch": (["nvidia-container-toolkit"], "1.17.2", "arm64"),
+        },
+    )
+    lib, tk = picked["lib"], picked["tk"]
+    assert lib is not None and tk is not None
+    assert (lib.filename, lib.size) == ("libnvidia-container1_1.17.2-1_amd64.deb", 923636)
+    assert lib.sha256 == "cff84b1045fb79a7378d096bd142d23233fb1179ca595bcc023a41130a836556"
+    assert (tk.version, tk.size) == ("1.17.2-1", 1184584)
+    assert picked["absent"] is None and picked["other-arch"] is None
+
+
+def test_only_wanted_stanzas_are_read_but_garbage_still_fails() -> None:
+    wanted = stanza("nvidia-imex", "580.95.05-1")
+    # another package's stanza with a broken SHA256 is never read ...
+    other = stanza("cuda-toolkit", "12.8-1", sha="zz")
+    want = {"imex": (["nvidia-imex"], "580.95.05", "arm64")}
+    assert select_packages(other + "\n" + wanted, want)["imex"] is not None
+    with pytest.raises(ParseError, match="SHA256"):
+        parse_packages(other + "\n" + wanted)  # ... the full parse reads it
+    # a wanted stanza's defect fails, with its line number in the whole index
+    broken = stanza("nvidia-imex", "580.95.05-1", sha="zz")
+    with pytest.raises(ParseError, match=r"stanza 2 \(nvidia-imex\)"):
+        select_packages(other + "\n" + broken, want)
+    # a page that is not an index at all (no Package field anywhere) fails
+    with pytest.raises(ParseError, match="not a field"):
+        select_packages("<html>\n<body>503</body>\n</html>\n", want)
+    with pytest.raises(ParseError, match="line 10 "):  # 6 stanza lines, 3 blank ones
+        select_packages(other + "\n\n \t\nnot a field\n", want)
+
+
+_NAMES = ["nvidia-imex", "nvidia-imex-580", "cuda-toolkit", "libnvidia-container1"]
+_VERSIONS = ["580.95.05-1", "580.95.05-2", "1:580.95.05-1", "580.95.050-1", "12.8-1"]
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(_NAMES),
+            st.sampled_from(_VERSIONS),
+            st.sampled_from(["arm64", "amd64", "all"]),
+        ),
+        max_size=12,
+    ),
+    st.sampled_from(["\n", "\n\n", "\n \t\n", "\r\n\r\n"]),
+)
+@settings(max_examples=200, deadline=None)
+def test_one_pass_equals_a_full_parse_per_want(
+    stanzas: list[tuple[str, str, str]], gap: str
+) -> None:
+    text = gap.join(stanza(n, v, arch=a) for n, v, a in stanzas)
+    wants = {
+        "imex": (["nvidia-imex", "nvidia-imex-580"], "580.95.05", "arm64"),
+        "cuda": (["cuda-toolkit"], "12.8", None),
+        "lib": (["libnvidia-container1"], "580.95.05", "amd64"),
+    }
+    full = parse_packages(text)
+    assert select_packages(text, wants) == {
+        k: select_package(full, ns, v, a) for k, (ns, v, a) in wants.items()
+    }
