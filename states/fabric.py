@@ -16,7 +16,7 @@ from __future__ import annotations
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError
 from bootfsm.fetch.store import resolved, verified
-from bootfsm.install.units import enabled_state, is_active, systemctl
+from bootfsm.install.units import enabled_state, is_active, systemctl, unit_state
 from bootfsm.machine.context import Context
 
 NAME = "fabric"
@@ -69,11 +69,10 @@ def satisfied(ctx: Context) -> bool:
     installed = (ctx.host.read_text(_marker(ctx)) or "").strip()
     if ctx.facts.nvlink5 and not (_ib_umad_loaded(ctx) and _nvlsm_ok(ctx)):
         return False
-    return (
-        installed == ctx.config.driver.version
-        and enabled_state(ctx, UNIT) == "enabled"
-        and is_active(ctx, UNIT)
-    )
+    if installed != ctx.config.driver.version:
+        return False
+    state = unit_state(ctx, UNIT)
+    return state.enabled == "enabled" and state.active
 
 
 def _extract(ctx: Context, role: str, suffix: str, code: Code) -> tuple[str, str]:

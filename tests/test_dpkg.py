@@ -20,6 +20,7 @@ from bootfsm.core.config import parse_config
 from bootfsm.core.errors import BootError
 from bootfsm.host.host import Host
 from bootfsm.install import dpkg
+from bootfsm.install.dpkg import parse_query
 from bootfsm.machine.context import Context
 from bootfsm.observe.journal import Journal
 from tests.conftest import MakeWorld, run_in_process
@@ -262,3 +263,37 @@ def test_node_with_the_database_lock_held_waits_the_timeout(make_world: MakeWorl
     assert "/var/lib/dpkg/lock still held after 2 s" in result.outcome.message
     assert took >= 2.0
     assert not [c for c in w.calls() if c["cmd"] == "dpkg" and "-i" in c["argv"]]
+
+
+# -- one dpkg-query for every package a postcondition asks about -------------------------
+
+
+def test_installed_versions_from_the_real_dpkg_query() -> None:
+    """This machine's own dpkg-query and database: what is installed answers with its
+    version, what is unknown (dpkg-query prints to stderr and exits 1) answers None."""
+    exe = shutil.which("dpkg-query")
+    if exe is None:
+        pytest.skip("no dpkg-query")
+    fmt = "-f=${Package}|${db:Status-Abbrev}|${Version}\\n"
+    names = ["dpkg", "bootfsm-no-such-package", "libc6"]
+    real = subprocess.run([exe, "-W", fmt, *names], capture_output=True, text=True, check=False)
+    assert (
+        real.returncode == 1 and "no packages found matching bootfsm-no-such-package" in real.stderr
+    )
+    own = {
+        n: subprocess.run(
+            [exe, "-W", "-f=${Version}", n], capture_output=True, text=True, check=True
+        ).stdout
+        for n in ("dpkg", "libc6")
+    }
+    combined = real.stdout + real.stderr  # Host.run hands over both, interleaved
+    assert parse_query(combined, names) == {
+        "dpkg": own["dpkg"], "bootfsm-no-such-package": None, "libc6": own["libc6"]
+    }  # fmt: skip
+
+
+def test_parse_query_only_ii_is_installed() -> None:
+    out = "a|ii |1.0-1\nb|iU |2.0-1\nc|rc |3.0\nd|iF |4\n"
+    assert parse_query(out, ["a", "b", "c", "d", "e"]) == {
+        "a": "1.0-1", "b": None, "c": None, "d": None, "e": None
+    }  # fmt: skip

@@ -25,8 +25,10 @@ __all__ = [
     "UPDATES_DIR",
     "install_debs",
     "installed_version",
+    "installed_versions",
     "interrupted",
     "parse_audit",
+    "parse_query",
     "repair",
     "wait_for_lock",
 ]
@@ -126,12 +128,28 @@ def installed_version(ctx: Context, package: str) -> str | None:
 
     A package dpkg only unpacked (failed configure, unmet dependencies) is not installed.
     """
-    argv = ["dpkg-query", "-W", "-f=${db:Status-Abbrev}|${Version}", package]
-    r = ctx.run(argv, timeout=30, probe=True)  # exits 1 for a package not yet installed
-    if not r.ok:
-        return None
-    status, _, version = r.output.strip().partition("|")
-    return version.strip() or None if status.strip() == "ii" else None
+    return installed_versions(ctx, [package])[package]
+
+
+def installed_versions(ctx: Context, packages: Sequence[str]) -> dict[str, str | None]:
+    """``installed_version`` of each package, from one `dpkg-query -W` for all of them."""
+    argv = ["dpkg-query", "-W", "-f=${Package}|${db:Status-Abbrev}|${Version}\\n", *packages]
+    # exits 1 when one is not known yet; it still prints the others (dpkg-query(1))
+    r = ctx.run(argv, timeout=30, probe=True)
+    return parse_query(r.output, packages)
+
+
+def parse_query(output: str, packages: Sequence[str]) -> dict[str, str | None]:
+    """Pure: the lines ``name|status|version`` of `dpkg-query -W` (its stderr lines,
+    such as "no packages found matching", have no such shape) -> name -> version when
+    the status is ``ii`` (installed, no error), else None."""
+    found: dict[str, str | None] = dict.fromkeys(packages)
+    for line in output.splitlines():
+        name, sep, rest = line.partition("|")
+        status, sep2, version = rest.partition("|")
+        if sep and sep2 and name in found and status.strip() == "ii" and version.strip():
+            found[name] = version.strip()
+    return found
 
 
 def install_debs(ctx: Context, debs: Sequence[Path], *, force: Sequence[str], code: Code) -> None:

@@ -53,7 +53,8 @@ PROGRESS_EVERY_S = 10.0
 def toolkit_ok(ctx: Context) -> bool:
     """Every toolkit package is installed at the configured version."""
     want = ctx.config.sources.toolkit_version
-    return all(dpkg.installed_version(ctx, p) == want for p in ctx.config.sources.toolkit_packages)
+    found = dpkg.installed_versions(ctx, ctx.config.sources.toolkit_packages)
+    return all(v == want for v in found.values())
 
 
 def loaded_version(ctx: Context) -> str | None:

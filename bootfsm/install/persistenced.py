@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError
-from bootfsm.install.units import enabled_state, is_active, systemctl
+from bootfsm.install.units import enabled_state, is_active, systemctl, unit_state
 from bootfsm.machine.context import Context
 
 __all__ = ["BIN", "UNIT", "UNIT_PATH", "UNIT_TEXT", "ensure", "provided", "ready"]
@@ -64,7 +64,8 @@ def ready(ctx: Context) -> bool:
     """Nothing to do (off, or the driver has no daemon), or the unit enabled and active."""
     if not _wanted(ctx):
         return True
-    return enabled_state(ctx, UNIT) == "enabled" and is_active(ctx, UNIT)
+    state = unit_state(ctx, UNIT)
+    return state.enabled == "enabled" and state.active
 
 
 def ensure(ctx: Context) -> None:

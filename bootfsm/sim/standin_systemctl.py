@@ -21,6 +21,7 @@ class _Opts:
     now: bool = False
     quiet: bool = False
     words: list[str] = field(default_factory=list)
+    properties: list[str] = field(default_factory=list)  # show -p/--property
 
 
 def _parse(argv: list[str]) -> _Opts | str:
@@ -36,6 +37,15 @@ def _parse(argv: list[str]) -> _Opts | str:
                 return "systemctl: option '--root' requires an argument"
         elif arg.startswith("--root="):
             pass
+        elif arg in ("-p", "--property"):
+            skip = True
+            if i + 1 >= len(argv):
+                return f"systemctl: option requires an argument -- '{arg.lstrip('-')[0]}'"
+            opts.properties += argv[i + 1].split(",")
+        elif arg.startswith("--property="):
+            opts.properties += arg.split("=", 1)[1].split(",")
+        elif arg.startswith("-p") and len(arg) > 2:
+            opts.properties += arg[2:].split(",")
         elif arg == "--now":
             opts.now = True
         elif arg in ("--quiet", "-q"):
@@ -195,6 +205,41 @@ def _status(node: Node, units: list[str], opts: _Opts) -> int:
     return rc
 
 
+# The Unit interface's properties in the order systemd's bus vtable lists them, which
+# is the order `systemctl show` prints them (systemd src/core/dbus-unit.c:
+# LoadState, ActiveState, FreezerState, SubState, ..., UnitFileState); a property
+# named with -p prints even when empty, one unknown to systemd prints nothing, and
+# several units are separated by an empty line.
+_SHOW_ORDER = ("Id", "LoadState", "ActiveState", "SubState", "UnitFileState")
+
+
+def _show(node: Node, units: list[str], opts: _Opts) -> int:
+    for n, unit in enumerate(units):
+        masked, present = node.is_masked(unit), node.unit_file(unit) is not None
+        state = node.unit_state(unit)
+        if masked:
+            enabled = "masked"
+        elif not present:
+            enabled = ""
+        elif node.is_enabled(unit):
+            enabled = "enabled"
+        else:
+            enabled = "static" if not node.wanted_by(unit) else "disabled"
+        props = {
+            "Id": unit,
+            "LoadState": "masked" if masked else ("loaded" if present else "not-found"),
+            "ActiveState": state if state in ("active", "failed") else "inactive",
+            "SubState": {"active": "running", "failed": "failed"}.get(state, "dead"),
+            "UnitFileState": enabled,
+        }
+        if n:
+            print()
+        for key in _SHOW_ORDER:
+            if not opts.properties or key in opts.properties:
+                print(f"{key}={props[key]}")
+    return 0
+
+
 _Verb = Callable[[Node, list[str], _Opts], int]
 _VERBS: Mapping[str, _Verb] = {
     "enable": _enable,
@@ -212,6 +257,7 @@ _VERBS: Mapping[str, _Verb] = {
     "is-failed": _is_failed,
     "is-enabled": _is_enabled,
     "status": _status,
+    "show": _show,
 }
 
 

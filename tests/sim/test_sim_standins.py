@@ -341,6 +341,29 @@ def test_fabric_in_progress_forever(make_node: MakeNode) -> None:
 # ------------------------------------------------------------------------- systemctl
 
 
+def test_systemctl_show_prints_units_properties_in_systemds_order(make_node: MakeNode) -> None:
+    """`systemctl show -p` as systemd 252/257 print it: the requested properties in the
+    Unit interface's order (dbus-unit.c), empty ones too, units apart by a blank line."""
+    node = make_node("h100-pcie")
+    run = node.run
+    assert run("systemctl", "enable", "kubelet").returncode == 0
+    assert run("systemctl", "start", "kubelet").returncode == 0
+    shown = run("systemctl", "show", "-p", "UnitFileState", "-p", "ActiveState", "kubelet",
+                "nvidia-imex")  # fmt: skip
+    assert (shown.returncode, shown.stdout) == (
+        0,
+        "ActiveState=active\nUnitFileState=enabled\n\nActiveState=inactive\nUnitFileState=\n",
+    )
+    both = run("systemctl", "show", "--property=LoadState,UnitFileState", "nvidia-imex")
+    assert both.stdout == "LoadState=not-found\nUnitFileState=\n"
+    bad = run("systemctl", "show", "-p")
+    assert (bad.returncode, bad.stderr) == (1, "systemctl: option requires an argument -- 'p'\n")
+    bogus = run("systemctl", "show", "--no-such-option", "kubelet")
+    assert (bogus.returncode, bogus.stderr) == (
+        1, "systemctl: unrecognized option '--no-such-option'\n"
+    )  # fmt: skip
+
+
 def test_systemctl_enable_mask_start_semantics(make_node: MakeNode) -> None:
     node = make_node("h100-pcie")
     run = node.run
