@@ -149,11 +149,11 @@ def _enable(ctx: Context, gpus: tuple[SmiGpu, ...]) -> tuple[SmiGpu, ...]:
     gpus = _gpus(ctx)
     pending = [g for g in gpus if g.mig_current != "Enabled"]
     if pending:
+        shown = ", ".join(g.bus_id for g in pending[:3]) + (" ..." if len(pending) > 3 else "")
         raise BootError(
             Code.MIG_RESET_REQUIRED,
-            "MIG mode pending (Current "
-            + ", ".join(f"{g.bus_id} {g.mig_current}/{g.mig_pending}" for g in pending)
-            + "): reset or reboot required",
+            f"MIG mode pending on {len(pending)} GPU(s) ({shown}; Current/Pending"
+            f" {pending[0].mig_current}/{pending[0].mig_pending}): reset or reboot required",
         )
     return gpus
 

@@ -89,6 +89,25 @@ def test_pending_mode_ends_with_reset_required_then_the_reboot_finishes(
     assert gi_profiles(w) == ["19"]
 
 
+def test_a100_in_a_vm_needs_the_reboot_agentbaker_does(make_world: MakeWorld) -> None:
+    """8x A100: `-mig 1` stays pending (the VM cannot reset the GPU): 26, as cse_main.sh's
+    REBOOTREQUIRED; after the reboot the run creates AgentBaker's MIG1g layout on all 8."""
+    w = make_world("a100-ndv4", config_overrides={"mig": {"profile": "MIG1g"}})
+    r = run_in_process(w)
+    assert (r.outcome.code, r.outcome.state) == (Code.MIG_RESET_REQUIRED, "mig")
+    assert "pending on 8 GPU(s)" in r.outcome.message
+    enables = events(r.journal, "mig.enable")  # type: ignore[arg-type]
+    assert len(enables) == 8 and all(":Not Supported" in e["output"] for e in enables)
+    simulate_reboot(w.root)
+    r = run_in_process(w)
+    assert r.outcome.code is Code.OK, r.outcome.message
+    lgi = smi(w, "mig", "-lgi").stdout
+    assert lgi.count("MIG 1g.5gb          19") == 56  # 7 per GPU, A100 40GB profile 19
+    assert [c for c in smi_calls(w) if "-cgi" in c] == [
+        ["mig", "-i", str(i), "-cgi", "19,19,19,19,19,19,19", "-C"] for i in range(8)
+    ]
+
+
 def test_profile_from_the_vm_tag_and_config_wins(make_world: MakeWorld) -> None:
     w = make_world("h100-pcie", vm_tags={"GpuInstanceProfile": "MIG7g"})
     r = run_in_process(w)
@@ -230,6 +249,6 @@ def test_standin_create_errors_and_messages(make_world: MakeWorld) -> None:
     assert smi(w, "mig", "-dci").returncode == 0
     p = smi(w, "mig", "-dgi")
     assert p.stdout.splitlines() == [
-        "Successfully destroyed GPU instance ID  1 from GPU  0",
         "Successfully destroyed GPU instance ID  2 from GPU  0",
+        "Successfully destroyed GPU instance ID  1 from GPU  0",
     ]

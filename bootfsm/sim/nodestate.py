@@ -607,9 +607,10 @@ class Node:
         self.write(MIG_MODES, json.dumps(modes, sort_keys=True))
 
     def mig_instances(self, address: str) -> list[dict[str, Any]]:
-        """The GPU instances on a GPU (each with its compute instance ids), by GI id."""
+        """The GPU instances on a GPU (each with its compute instance ids), in placement
+        order (as `nvidia-smi mig -lgi` lists them)."""
         every = json.loads(self.read(MIG_INSTANCES) or "{}")
-        return sorted(every.get(address, []), key=lambda gi: int(gi["gi"]))
+        return sorted(every.get(address, []), key=lambda gi: int(gi["start"]))
 
     def set_mig_instances(self, address: str, instances: list[dict[str, Any]]) -> None:
         """Replace a GPU's GPU instances."""

@@ -593,6 +593,10 @@ class _Board:
 
 
 _BOARDS: Mapping[int, _Board] = {
+    # A100 SXM4 40GB: the values of k8s-test-infra_hardware_xml/qx-a100.xml (570.148.08)
+    0x20B0: _Board("NVIDIA", "Ampere", "92.00.45.00.03", "692-2G506-0200-003", "20B0-884-A1",
+                   "G506.0200.00.04", "134F10DE", 40960, 518, 65536, 400, 100, 1410, 1215, 1290,
+                   4, 640),
     0x2330: _Board("NVIDIA", "Hopper", "96.00.99.00.01", "692-2G520-0200-000", "2330-885-A1",
                    "G520.0200.00.05", "16C110DE", 81559, 551, 131072, 700, 200, 1980, 2619, 1755,
                    5, 2560),
@@ -610,13 +614,16 @@ _BOARDS: Mapping[int, _Board] = {
                    6, 5952, module_limit=2900),
 }  # fmt: skip
 _DEFAULT_BOARD = _BOARDS[0x2330]
+# Ampere reports no GPU fabric state even with NVSwitches and fabric manager running
+# (qx-a100.xml: <fabric><state>N/A; fabric_state_excerpts.txt, A100 p4d).
+_NO_FABRIC_PROBE = frozenset({0x20B0})
 
 
 def _fabric(node: Node) -> tuple[str, str]:
     """(State, Status) of every GPU's Fabric block right now; counts the query."""
     arm_grace = node.arch == "aarch64"
     switched = bool(node.nvswitches()) or node.nvlink5()
-    if not arm_grace and not switched:
+    if (not arm_grace and not switched) or node.sku.gpu_device_id in _NO_FABRIC_PROBE:
         return "N/A", "N/A"
     if node.fault("fabric-in-progress-forever"):
         return "In Progress", "N/A"

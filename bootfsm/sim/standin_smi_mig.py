@@ -122,8 +122,6 @@ def set_mig_mode_command(node: Node, gpus: list[tuple[int, str, int]], enable: b
             return 3
         ampere = device in _RESET_NEEDS_REBOOT
         held = node.fault("mig-gpu-in-use")
-        if enable and node.mig_instances(address):
-            continue
         current, _ = node.mig_mode(address)
         if current == enable:
             print(f"{word.capitalize()}d MIG Mode for GPU {bus}")
