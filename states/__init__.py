@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from bootfsm.machine.context import Context
-from bootfsm.states import detect, driver, fabric, fetch, imex, join, verify
+from bootfsm.states import detect, driver, fabric, fetch, imex, join, mig, verify
 
 __all__ = ["CALLBACKS", "EXPLAINS_SKIP", "REGISTRY", "ExplainsSkip", "StateModule"]
 
@@ -41,7 +41,7 @@ EXPLAINS_SKIP: tuple[ExplainsSkip, ...] = (driver,)
 """States that explain a skip (listed so mypy checks their ``skip_reason``)."""
 
 REGISTRY: Mapping[str, StateModule] = {
-    m.NAME: m for m in (detect, fetch, driver, fabric, imex, verify, join)
+    m.NAME: m for m in (detect, fetch, driver, fabric, imex, verify, mig, join)
 }
 
 CALLBACKS: Mapping[str, Callable[[Context], None]] = {

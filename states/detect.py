@@ -11,7 +11,7 @@ from bootfsm.install.marker import Marker, check_marker, expected_marker, read_m
 from bootfsm.machine.context import Context
 from bootfsm.node.facts import NodeFacts, gather_facts
 from bootfsm.parsers import ParseError
-from bootfsm.parsers.imds_tags import parse_imds_tags, skip_gpu_install
+from bootfsm.parsers.imds_tags import parse_imds_tags, skip_gpu_install, tag_value
 from bootfsm.parsers.vmsize import parse_imds_vm_size
 
 NAME = "detect"
@@ -99,6 +99,20 @@ def _skip_reason(ctx: Context, doc: str | None) -> str | None:
         return None
 
 
+def _mig_profile(ctx: Context, doc: str | None) -> tuple[str | None, str | None]:
+    """(layout, where it came from): mig.profile wins, else the VM tag mig.tag names."""
+    cfg = ctx.config.mig
+    if cfg.profile:
+        return cfg.profile, "config mig.profile"
+    if doc is None or not cfg.tag:
+        return None, None
+    try:
+        found = tag_value(parse_imds_tags(doc), cfg.tag)
+    except ParseError:
+        return None, None  # journaled by _skip_reason as imds.tags_unreadable
+    return (found[1], f"VM tag {found[0]}") if found else (None, None)
+
+
 def must_build(ctx: Context, f: NodeFacts) -> str | None:
     """Why this boot will compile the driver (a reason), or None when it will not: the
     image ships the driver (driver.install = false), the configured version is already
@@ -149,7 +163,14 @@ def run(ctx: Context) -> None:
     facts = gather_facts(ctx.host)
     if facts.arch is not None:
         doc = _imds(ctx)
-        facts = replace(facts, vm_size=_vm_size(ctx, doc), skip_gpu_install=_skip_reason(ctx, doc))
+        mig, mig_source = _mig_profile(ctx, doc)
+        facts = replace(
+            facts,
+            vm_size=_vm_size(ctx, doc),
+            skip_gpu_install=_skip_reason(ctx, doc),
+            mig_profile=mig,
+            mig_profile_source=mig_source,
+        )
     ctx.journal.event("node.facts", durable=True, **facts.summary())
     if facts.skip_gpu_install is not None:
         ctx.journal.event(

@@ -25,6 +25,8 @@ def test_plan_json_has_no_side_effects(
     assert plan["guards"] == {
         "gpu_install_skipped": False,  # plan does not ask IMDS for the VM tags
         "installs_gpu_driver": True,
+        "mig_configured": False,  # no mig.profile (and no VM tags asked)
+        "mig_not_configured": True,
         "needs_fabric_manager": True,
         "needs_imex": False,
         "no_nvlink_fabric": False,
@@ -50,6 +52,17 @@ def test_plan_json_has_no_side_effects(
         and not {"is-active", "is-enabled"} & set(c["argv"])
     ]
     assert installs == []
+
+
+def test_plan_shows_the_mig_state_when_a_profile_is_configured(
+    make_world: MakeWorld, capsys: pytest.CaptureFixture[str]
+) -> None:
+    w = make_world("h100-pcie", config_overrides={"mig": {"profile": "MIG1g"}})
+    assert main(["plan", "--root", str(w.root), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["guards"]["mig_configured"] is True
+    assert [s["state"] for s in plan["states"]][-2:] == ["mig", "join"]
+    assert [c for c in w.calls() if "-cgi" in c["argv"] or "-mig" in c["argv"]] == []
 
 
 def test_plan_reports_fail_fast_code(

@@ -42,6 +42,7 @@ def test_graph_json_is_the_table(capsys: pytest.CaptureFixture[str]) -> None:
         "fabric",
         "imex",
         "verify",
+        "mig",
         "join",
     ]
     assert data["terminal"] == ["done", "failed"]

@@ -217,6 +217,8 @@ EVERY_FAULT = [
     ("dpkg-db-lock-held", "gb300", Code.DPKG_LOCK_TIMEOUT, "driver", 85),
     ("dpkg-interrupted", "gb300", Code.OK, "done", 0),
     ("ib-umad-missing", "b200-hgx", Code.IB_UMAD_NOT_LOADED, "fabric", 84),
+    # a MIG node (mig.profile set) whose GPU a client holds: MIG mode stays pending
+    ("mig-gpu-in-use", "h100-pcie", Code.MIG_RESET_REQUIRED, "mig", 84),
 ]
 
 
@@ -226,6 +228,8 @@ def test_every_simulator_fault_is_covered() -> None:
 
 def _overrides(fault: str) -> dict[str, dict[str, object]]:
     # a hung installer is cut by driver.command_timeout (the state's own limit), quickly
+    if fault == "mig-gpu-in-use":
+        return {"mig": {"profile": "MIG1g"}}
     return {"driver": {"command_timeout": 2.0}} if fault == "installer-hangs" else {}
 
 
@@ -390,3 +394,12 @@ def test_persistenced_is_left_alone_when_switched_off(make_world: MakeWorld) -> 
     w = make_world("h100-pcie", config_overrides={"driver": {"persistenced": False}})
     assert run_hook(w).returncode == 0
     assert Node(w.root).unit_file("nvidia-persistenced.service") is None
+
+
+def test_hook_doc_says_mig_is_handled() -> None:
+    """The replaced-lines table gives ensureMigPartition to the mig state (26/27/28)."""
+    text = DOC.read_text()
+    assert "left to cse_main.sh (MIG" not in text
+    row = next(line for line in text.splitlines() if line.startswith("| `ensureMigPartition`"))
+    for words in ("`mig`", "26 MIG_RESET_REQUIRED", "27 MIG_PROFILE_INVALID", "28 MIG_CONFIG"):
+        assert words in row

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,8 @@ def make_plan(ctx: Context, offline: bool) -> dict[str, Any]:
     from bootfsm.states import REGISTRY, detect
 
     facts = gather_facts(ctx.host)
+    if ctx.config.mig.profile:  # plan asks no IMDS: the VM tag is not seen here
+        facts = replace(facts, mig_profile=ctx.config.mig.profile, mig_profile_source="config")
     plan: dict[str, Any] = {
         "facts": facts.summary(),
         "fail_fast": None,

@@ -74,6 +74,27 @@ CODES: dict[Code, CodeInfo] = {
             cse=84,
         ),
         _row(
+            Code.MIG_RESET_REQUIRED,
+            "MIG mode pending: a GPU reset or reboot is required",
+            "reboot the node (an Azure VM needs a reboot; AgentBaker's CSE reboots a MIG node);"
+            " the next run finds MIG mode current and creates the instances",
+            cse=84,
+        ),
+        _row(
+            Code.MIG_PROFILE_INVALID,
+            "the MIG profile is not one these GPUs offer, or the GPUs do not support MIG",
+            "`nvidia-smi mig -lgip` lists this GPU's profiles; fix mig.profile or the VM tag"
+            " (never retried)",
+            cse=84,
+        ),
+        _row(
+            Code.MIG_CONFIG_FAILED,
+            "enabling MIG mode or creating the GPU/compute instances failed",
+            "the message has nvidia-smi's words; 'In use by another client' means a process"
+            " holds the GPU (nvidia-smi --query-compute-apps=pid,name --format=csv)",
+            cse=84,
+        ),
+        _row(
             Code.REPO_INDEX_MISMATCH,
             "a Packages index differs from the SHA256/size its signed Release lists, the"
             " Release has expired (Valid-Until), or the redist manifest differs from its pin",

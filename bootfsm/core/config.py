@@ -10,12 +10,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from bootfsm.core.compat import tomllib
+from bootfsm.core.migspec import parse_mig_layout
 from bootfsm.core.redact import redact_text
 
 __all__ = ["DEFAULTS", "DEFAULT_PATH", "Config", "ConfigError", "load_config", "parse_config"]
@@ -129,6 +131,14 @@ class VerifySpec:
 
 
 @dataclass(frozen=True)
+class MigSpec:
+    """[mig]: MIG partitioning after verify (off unless a profile is configured or tagged)."""
+
+    profile: str = ""
+    tag: str = "GpuInstanceProfile"
+
+
+@dataclass(frozen=True)
 class JoinSpec:
     """[join]: container runtime wiring and kubelet start-up."""
 
@@ -158,6 +168,7 @@ class Config:
     sources: SourcesSpec = SourcesSpec()
     fetch: FetchSpec = FetchSpec()
     verify: VerifySpec = VerifySpec()
+    mig: MigSpec = MigSpec()
     join: JoinSpec = JoinSpec()
     bake: BakeSpec = BakeSpec()
 
@@ -252,6 +263,13 @@ def _check_path(where: str, value: str) -> None:
 
 
 def _check(cfg: Config) -> None:
+    if cfg.mig.profile:
+        try:
+            parse_mig_layout(cfg.mig.profile)
+        except ValueError as exc:
+            raise ConfigError(f"mig.profile: {exc}") from None
+    if cfg.mig.tag and not re.fullmatch(r"[A-Za-z0-9_.-]{1,128}", cfg.mig.tag):
+        raise ConfigError(f"mig.tag: not a VM tag name: {cfg.mig.tag!r:.80}")
     for key in ("cuda_repo_keyring", "toolkit_repo_keyring"):
         if not getattr(cfg.sources, key).startswith("/"):
             raise ConfigError(f"sources.{key}: must be an absolute node path")

@@ -106,6 +106,13 @@ STATES: tuple[StateRow, ...] = (
         RetryPolicy(attempts=3, initial_wait=2.0, max_wait=10.0),
     ),
     StateRow(
+        "mig",
+        "MIG mode current on every GPU, the configured GPU and compute instances",
+        180,
+        Code.MIG_CONFIG_FAILED,
+        Code.MIG_CONFIG_FAILED,
+    ),
+    StateRow(
         "join",
         "containerd runtime, device symlinks, kubelet healthy, ready marker",
         240,
@@ -128,7 +135,9 @@ TRANSITIONS: tuple[TransitionRow, ...] = (
     ),
     TransitionRow("advance", "fabric", "verify"),
     TransitionRow("advance", "imex", "verify"),
-    TransitionRow("advance", "verify", "join"),
+    TransitionRow("advance", "verify", "mig", ("mig_configured",)),
+    TransitionRow("advance", "verify", "join", ("mig_not_configured",)),
+    TransitionRow("advance", "mig", "join"),
     TransitionRow("advance", "join", "done"),
     *(TransitionRow("fail", s, "failed") for s in _WORKING),
 )

@@ -43,6 +43,10 @@ class NodeFacts:
     vm_size: str | None = None
     skip_gpu_install: str | None = None
     """Why the GPU driver install is skipped (the SkipGpuDriverInstall VM tag), or None."""
+    mig_profile: str | None = None
+    """The MIG layout asked for (mig.profile, else the VM tag named by mig.tag), or None."""
+    mig_profile_source: str | None = None
+    """Where ``mig_profile`` came from: "config mig.profile" or "VM tag NAME"."""
 
     @property
     def gpu_model(self) -> str:
@@ -65,6 +69,8 @@ class NodeFacts:
             "loaded_driver": self.loaded_driver,
             "vm_size": self.vm_size,
             "skip_gpu_install": self.skip_gpu_install,
+            "mig_profile": self.mig_profile,
+            "mig_profile_source": self.mig_profile_source,
             "gpus": [{"bdf": g.bdf, **asdict(g.model)} for g in self.gpus],
         }
 

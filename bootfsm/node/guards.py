@@ -15,6 +15,8 @@ __all__ = [
     "GUARDS",
     "gpu_install_skipped",
     "installs_gpu_driver",
+    "mig_configured",
+    "mig_not_configured",
     "needs_fabric_manager",
     "needs_imex",
     "no_nvlink_fabric",
@@ -52,10 +54,22 @@ def installs_gpu_driver(f: NodeFacts) -> bool:
     return f.skip_gpu_install is None
 
 
+def mig_configured(f: NodeFacts) -> bool:
+    """A MIG layout is asked for (mig.profile or the VM tag): verify -> mig."""
+    return f.mig_profile is not None
+
+
+def mig_not_configured(f: NodeFacts) -> bool:
+    """No MIG layout: verify -> join."""
+    return f.mig_profile is None
+
+
 GUARDS: Mapping[str, Callable[[NodeFacts], bool]] = {
     "gpu_install_skipped": gpu_install_skipped,
     "installs_gpu_driver": installs_gpu_driver,
     "needs_fabric_manager": needs_fabric_manager,
+    "mig_configured": mig_configured,
+    "mig_not_configured": mig_not_configured,
     "needs_imex": needs_imex,
     "no_nvlink_fabric": no_nvlink_fabric,
 }

@@ -17,7 +17,7 @@ from typing import Any
 
 from bootfsm.parsers import ParseError
 
-__all__ = ["SKIP_TAG", "parse_imds_tags", "skip_gpu_install"]
+__all__ = ["SKIP_TAG", "parse_imds_tags", "skip_gpu_install", "tag_value"]
 
 SKIP_TAG = "SkipGpuDriverInstall"
 _SKIP_NAME = re.compile(SKIP_TAG, re.IGNORECASE)
@@ -79,4 +79,13 @@ def skip_gpu_install(tags: list[tuple[str, str]]) -> str | None:
             if _TRUE.search(value):
                 return f"VM tag {name}={value}"
             return None
+    return None
+
+
+def tag_value(tags: list[tuple[str, str]], name: str) -> tuple[str, str] | None:
+    """(name as tagged, value) of the first tag named ``name`` (whole name, any case), or
+    None; a tag with an empty value counts as absent."""
+    for tag, value in tags:
+        if tag.casefold() == name.casefold() and value.strip():
+            return tag, value.strip()
     return None

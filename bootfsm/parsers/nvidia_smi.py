@@ -51,6 +51,10 @@ class SmiGpu:
     clique_id: str = ""
     cluster_uuid: str = ""
     health_summary: str = ""
+    mig_current: str = ""
+    """MIG Mode Current as printed ("Enabled", "Disabled", "N/A": no MIG); "" when absent."""
+    mig_pending: str = ""
+    """MIG Mode Pending: what the next GPU reset or reboot makes current."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,7 @@ class _GpuBuilder:
     fabric: list[str] | None = None  # State, Status, CliqueId, ClusterUUID, Health Summary
     section: str = ""
     subsection: str = ""
+    mig: tuple[str, str] = ("", "")
 
     def feed(self, indent: int, key: str, value: str | None) -> None:
         """Take one line of this GPU's block."""
@@ -128,6 +133,9 @@ class _GpuBuilder:
             self.subsection = key if value is None else ""
         if self.section == "PCI" and indent == 8 and key == "Device Id":
             self.device_id = device_id_of(value or "")
+        elif self.section == "MIG Mode" and indent == 8 and key in ("Current", "Pending"):
+            current, pending = self.mig
+            self.mig = (value or "", pending) if key == "Current" else (current, value or "")
         elif self.section == "Fabric" and self.fabric is not None:
             if indent == 8 and key in _FABRIC_KEYS:
                 self.fabric[_FABRIC_KEYS[key]] = value or ""
@@ -138,7 +146,15 @@ class _GpuBuilder:
         """Freeze the block."""
         state, status, clique, cluster, health = self.fabric or ["", "", "", "", ""]
         return SmiGpu(
-            self.bus_id, self.product_name, state, status, self.device_id, clique, cluster, health
+            self.bus_id,
+            self.product_name,
+            state,
+            status,
+            self.device_id,
+            clique,
+            cluster,
+            health,
+            *self.mig,
         )
 
 

@@ -13,7 +13,8 @@ it is not used.
 Elements read (names as in the 570-595 captures): ``driver_version`` (or
 ``kmd_version``, the name a 615 capture's comment announces as its replacement),
 ``cuda_version``, ``attached_gpus``, and per ``<gpu id=BUS>``: ``product_name``,
-``pci/pci_device_id``, ``fabric/{state,status,cliqueId,clusterUuid,health/summary}``.
+``pci/pci_device_id``, ``fabric/{state,status,cliqueId,clusterUuid,health/summary}``,
+``mig_mode/{current_mig,pending_mig}``.
 An absent element reads as "" (older drivers have no ``fabric``).
 """
 
@@ -95,6 +96,8 @@ def parse_smi_xml(text: str) -> SmiReport:
                 clique_id=_text(fabric, "cliqueId"),
                 cluster_uuid=_text(fabric, "clusterUuid"),
                 health_summary=_text(fabric, "health/summary"),
+                mig_current=_text(gpu, "mig_mode/current_mig"),
+                mig_pending=_text(gpu, "mig_mode/pending_mig"),
             )
         )
     if int(attached) != len(gpus):

@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import bootfsm
 from bootfsm.core.hardware import Family, model_for
@@ -40,6 +41,11 @@ SIM_DIR = "var/lib/bootfsm-sim"
 SIM_STATE = f"{SIM_DIR}/sim.json"
 CALLS_LOG = f"{SIM_DIR}/calls.jsonl"
 RUN_DIR = "run/bootfsm-sim"
+MIG_MODES = f"{SIM_DIR}/mig-mode.json"
+"""Each GPU's MIG mode, {address: [current, pending]}: the GPU keeps it across reboots."""
+MIG_INSTANCES = f"{RUN_DIR}/mig-instances.json"
+"""GPU and compute instances, {address: [{"gi", "profile", "start", "size", "cis"}]}: they
+live in the driver, so a reboot (or a driver reload) leaves none."""
 JOURNAL = "var/log/bootfsm-sim/journal.log"
 UNIT_DIRS = (
     "etc/systemd/system",
@@ -586,11 +592,41 @@ class Node:
             self.set_unit_state(NVLSM, "inactive")
         return 0, ""
 
+    # ------------------------------------------------------------------ MIG
+
+    def mig_mode(self, address: str) -> tuple[bool, bool]:
+        """(current, pending) MIG mode of a GPU; both off until something enables it."""
+        modes = json.loads(self.read(MIG_MODES) or "{}")
+        current, pending = modes.get(address, [False, False])
+        return bool(current), bool(pending)
+
+    def set_mig_mode(self, address: str, current: bool, pending: bool) -> None:
+        """Record a GPU's MIG mode."""
+        modes = json.loads(self.read(MIG_MODES) or "{}")
+        modes[address] = [current, pending]
+        self.write(MIG_MODES, json.dumps(modes, sort_keys=True))
+
+    def mig_instances(self, address: str) -> list[dict[str, Any]]:
+        """The GPU instances on a GPU (each with its compute instance ids), in placement
+        order (as `nvidia-smi mig -lgi` lists them)."""
+        every = json.loads(self.read(MIG_INSTANCES) or "{}")
+        return sorted(every.get(address, []), key=lambda gi: int(gi["start"]))
+
+    def set_mig_instances(self, address: str, instances: list[dict[str, Any]]) -> None:
+        """Replace a GPU's GPU instances."""
+        every = json.loads(self.read(MIG_INSTANCES) or "{}")
+        every[address] = instances
+        self.write(MIG_INSTANCES, json.dumps(every, sort_keys=True))
+
     # ------------------------------------------------------------------ boot
 
     def boot(self) -> None:
         """What systemd does at boot: load the driver if built, start enabled units."""
         self.p(f"{RUN_DIR}/active").mkdir(parents=True, exist_ok=True)
+        for address, _device in self.gpus():
+            current, pending = self.mig_mode(address)
+            if current != pending:  # a pending MIG mode takes effect at the GPU's reset
+                self.set_mig_mode(address, pending, pending)
         if self.built_module() is not None:
             self.load_module()
         for unit in self.enabled_units():

@@ -124,6 +124,22 @@ SKUS: Mapping[str, Sku] = _skus(
         vm_size="Standard_ND128isr_GB300_v6",
         clique_id=32766,
     ),
+    Sku(
+        # 8x A100 SXM4 40GB and 6 A100 NVSwitches (0x1af1, as in the ND96asr A100 lspci
+        # capture), the MIG node AgentBaker's cse_main.sh comment describes
+        name="a100-ndv4",
+        arch="x86_64",
+        gpu_device_id=0x20B0,
+        gpu_count=8,
+        nvswitch_device_id=0x1AF1,
+        nvswitch_count=6,
+        nvlink5=False,
+        os_id="ubuntu",
+        os_version="22.04",
+        kernel="5.15.0-1089-azure",
+        containerd_version="1.7.27",
+        vm_size="Standard_ND96asr_v4",
+    ),
 )
 
 FAULTS: Mapping[str, str] = MappingProxyType(
@@ -148,6 +164,10 @@ FAULTS: Mapping[str, str] = MappingProxyType(
         "ib-umad-missing": "the kernel has no ib_umad module (modprobe ib_umad fails)",
         "cdi-fails": "`nvidia-ctk cdi generate` fails",
         "kernel-headers-missing": "/lib/modules/<kernel>/build is absent (no DKMS build)",
+        "mig-gpu-in-use": (
+            "a client holds the GPUs: `nvidia-smi -mig 1` leaves MIG mode pending and MIG"
+            " instances cannot be created or destroyed ('In use by another client')"
+        ),
     }
 )
 
@@ -194,6 +214,7 @@ def pci_layout(sku: Sku) -> tuple[PciFunction, ...]:
 
 _SMI_NAMES: Mapping[int, str] = MappingProxyType(
     {
+        0x20B0: "NVIDIA A100-SXM4-40GB",
         0x2330: "NVIDIA H100 80GB HBM3",
         0x2331: "NVIDIA H100 PCIe",
         0x2321: "NVIDIA H100 NVL",

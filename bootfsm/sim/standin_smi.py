@@ -43,6 +43,7 @@ from xml.sax.saxutils import escape
 
 from bootfsm.sim.nodestate import FABRIC_MANAGER, RUN_DIR, Node, smi_bus_id
 from bootfsm.sim.standin_driver import cuda_version_for
+from bootfsm.sim.standin_smi_mig import mig_command, mig_mode_values, set_mig_mode_command
 
 __all__ = ["COMMANDS", "nvidia_smi"]
 
@@ -68,8 +69,8 @@ Display Active: Disabled
 Persistence Mode: Enabled
 Addressing Mode: {addressing_mode}
 MIG Mode
-  Current: N/A
-  Pending: N/A
+  Current: {mig_current}
+  Pending: {mig_pending}
 Accounting Mode: Disabled
 Accounting Mode Buffer Size: 4000
 Driver Model
@@ -301,8 +302,8 @@ display_active: Disabled
 persistence_mode: Enabled
 addressing_mode: {addressing_mode}
 mig_mode
-  current_mig: Disabled
-  pending_mig: Disabled
+  current_mig: {mig_current}
+  pending_mig: {mig_pending}
 mig_devices: None  #NL
 accounting_mode: Disabled
 accounting_mode_buffer_size: 4000
@@ -592,6 +593,10 @@ class _Board:
 
 
 _BOARDS: Mapping[int, _Board] = {
+    # A100 SXM4 40GB: the values of k8s-test-infra_hardware_xml/qx-a100.xml (570.148.08)
+    0x20B0: _Board("NVIDIA", "Ampere", "92.00.45.00.03", "692-2G506-0200-003", "20B0-884-A1",
+                   "G506.0200.00.04", "134F10DE", 40960, 518, 65536, 400, 100, 1410, 1215, 1290,
+                   4, 640),
     0x2330: _Board("NVIDIA", "Hopper", "96.00.99.00.01", "692-2G520-0200-000", "2330-885-A1",
                    "G520.0200.00.05", "16C110DE", 81559, 551, 131072, 700, 200, 1980, 2619, 1755,
                    5, 2560),
@@ -609,13 +614,16 @@ _BOARDS: Mapping[int, _Board] = {
                    6, 5952, module_limit=2900),
 }  # fmt: skip
 _DEFAULT_BOARD = _BOARDS[0x2330]
+# Ampere reports no GPU fabric state even with NVSwitches and fabric manager running
+# (qx-a100.xml: <fabric><state>N/A; fabric_state_excerpts.txt, A100 p4d).
+_NO_FABRIC_PROBE = frozenset({0x20B0})
 
 
 def _fabric(node: Node) -> tuple[str, str]:
     """(State, Status) of every GPU's Fabric block right now; counts the query."""
     arm_grace = node.arch == "aarch64"
     switched = bool(node.nvswitches()) or node.nvlink5()
-    if not arm_grace and not switched:
+    if (not arm_grace and not switched) or node.sku.gpu_device_id in _NO_FABRIC_PROBE:
         return "N/A", "N/A"
     if node.fault("fabric-in-progress-forever"):
         return "In Progress", "N/A"
@@ -662,7 +670,10 @@ def _values(
     completed = state == "Completed"
     fabric_gpu = state != "N/A"
     clique, cluster = _clique(node)
+    mig_current, mig_pending = mig_mode_values(node, address, device)
     return {
+        "mig_current": mig_current,
+        "mig_pending": mig_pending,
         "product_name": node.product_name(device),
         "brand": board.brand,
         "architecture": board.architecture,
@@ -874,7 +885,7 @@ _TABLE_HEAD = """\
 _TABLE_GPU = """\
 | {i:>3}  {name:<26}     On  |   {bus} Off |                    0 |
 | N/A   30C    P0             70W / {watts:>4}W |       1MiB / {mem:>6}MiB |      0%      Default |
-|                                         |                        |             Disabled |
+|                                         |                        |             {mig:>8} |
 +-----------------------------------------+------------------------+----------------------+
 """
 _TABLE_TAIL = """\
@@ -896,8 +907,14 @@ def _table(node: Node, version: str, gpus: list[tuple[int, str, int]]) -> str:
     for index, address, device in gpus:
         board = _BOARDS.get(device, _DEFAULT_BOARD)
         name = node.product_name(device)[:26]
+        mig = mig_mode_values(node, address, device)[0]
         text += _TABLE_GPU.format(
-            i=index, name=name, bus=smi_bus_id(address), watts=board.power_limit, mem=board.fb_total
+            i=index,
+            name=name,
+            bus=smi_bus_id(address),
+            watts=board.power_limit,
+            mem=board.fb_total,
+            mig="Disabled" if mig == "N/A" else mig,
         )
     return text + _TABLE_TAIL
 
@@ -906,24 +923,25 @@ def _table(node: Node, version: str, gpus: list[tuple[int, str, int]]) -> str:
 
 _FLAGS = {"-h": "help", "--help": "help", "-L": "list", "--list-gpus": "list",
           "-q": "query", "--query": "query", "-x": "xml", "--xml-format": "xml"}  # fmt: skip
-_VALUED = {"-i": "id", "--id": "id"}
+_VALUED = {"-i": "id", "--id": "id", "-mig": "mig", "--multi-instance-gpu": "mig"}
 # Real options this stand-in does not simulate (nvidia-smi -h): refused with their name.
 _REAL_UNSIMULATED = (
     *("-d", "--display", "-f", "--filename", "-l", "--loop", "-u", "--unit", "--query-gpu"),
     *("--format", "-pm", "--persistence-mode", "-r", "--gpu-reset", "-B"),
     *("--list-excluded-gpus", "--dtd", "--debug", "-lms", "--loop-ms"),
 )
-_SUBCOMMANDS = ("nvlink", "topo", "mig", "clocks", "vgpu", "drain", "conf-compute", "c2c")
+_SUBCOMMANDS = ("nvlink", "topo", "clocks", "vgpu", "drain", "conf-compute", "c2c")
 
 
 class _Usage(Exception):
     """A bad command line: nvidia-smi's message; exit 2."""
 
 
-def _parse_argv(argv: list[str]) -> tuple[set[str], str | None]:
-    """(flags given, -i value) by nvidia-smi's grammar; _Usage with the real wording."""
+def _parse_argv(argv: list[str]) -> tuple[set[str], str | None, str | None]:
+    """(flags given, -i value, -mig value) by nvidia-smi's grammar; _Usage with the real
+    wording."""
     flags: set[str] = set()
-    target: str | None = None
+    values: dict[str, str] = {}
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -931,13 +949,11 @@ def _parse_argv(argv: list[str]) -> tuple[set[str], str | None]:
         if arg in _FLAGS:
             flags.add(_FLAGS[arg])
         elif name in _VALUED:
-            if eq:
-                target = inline
-            elif i + 1 < len(argv):
-                i += 1
-                target = argv[i]
-            if not target:
+            value = inline if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+            i += 0 if eq or i + 1 >= len(argv) else 1
+            if not value:
                 raise _Usage(f"ERROR: Option {name} is missing its value. {_HELP}")
+            values[_VALUED[name]] = value
         elif name in _REAL_UNSIMULATED or (i == 0 and arg in _SUBCOMMANDS):
             raise _Usage(f"bootfsm simulator: nvidia-smi {name} is not simulated")
         elif arg.startswith("-"):
@@ -949,7 +965,10 @@ def _parse_argv(argv: list[str]) -> tuple[set[str], str | None]:
         raise _Usage(_INVALID)
     if "list" in flags and "query" in flags:
         raise _Usage(_INVALID)
-    return flags, target
+    mig = values.get("mig")
+    if mig is not None and (mig not in ("0", "1") or flags - {"help"}):
+        raise _Usage(_INVALID)
+    return flags, values.get("id"), mig
 
 
 def _select(gpus: list[tuple[int, str, int]], target: str | None) -> list[tuple[int, str, int]]:
@@ -961,8 +980,9 @@ def _select(gpus: list[tuple[int, str, int]], target: str | None) -> list[tuple[
 
 def nvidia_smi(node: Node, argv: list[str]) -> int:
     """`nvidia-smi`, `-L`, `-q`, `-q -x`, `-i N`, reading the node's driver state."""
+    subcommand = argv[:1] == ["mig"]
     try:
-        flags, target = _parse_argv(argv)
+        flags, target, mig = _parse_argv([]) if subcommand else _parse_argv(argv)
     except _Usage as exc:
         print(exc)
         print()
@@ -985,7 +1005,11 @@ def nvidia_smi(node: Node, argv: list[str]) -> int:
         # The proprietary module attaches to no Blackwell GPU: NVML finds no device.
         print(_NO_DEVICES)
         return 6
+    if subcommand:
+        return mig_command(node, every, argv[1:])
     gpus = _select(every, target)
+    if mig is not None and gpus:
+        return set_mig_mode_command(node, gpus, enable=mig == "1")
     if target is not None and not gpus:
         print(_NO_DEVICES)
         return 6

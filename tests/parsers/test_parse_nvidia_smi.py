@@ -169,7 +169,15 @@ def test_layout_without_fabric_block() -> None:
     lines = sample(A10).splitlines(keepends=True)
     start = lines.index("    Fabric\n")
     report = parse_smi_query("".join(lines[:start] + lines[start + 3 :]))
-    assert report.gpus[0] == SmiGpu("00000000:07:00.0", "NVIDIA A10", "", "", device_id=0x2236)
+    assert report.gpus[0] == SmiGpu(
+        "00000000:07:00.0",
+        "NVIDIA A10",
+        "",
+        "",
+        device_id=0x2236,
+        mig_current="N/A",  # "MIG Mode / Current : N/A" in the capture (no MIG on an A10)
+        mig_pending="N/A",
+    )
 
 
 def test_in_progress_fabric_state() -> None:

@@ -9,12 +9,13 @@ import re
 import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 from bootfsm.parsers.nvidia_smi import parse_smi_query
 from bootfsm.parsers.nvidia_smi_xml import parse_smi_xml
-from bootfsm.sim import standin_smi
+from bootfsm.sim import standin_smi, standin_smi_mig
 from bootfsm.sim.node import SKUS, build_node, standin_script
 from bootfsm.sim.nodestate import Node
 from tests.samples import sample
@@ -199,8 +200,9 @@ def test_proprietary_module_on_blackwell_finds_no_devices(tmp_path: Path) -> Non
         assert (r.returncode, r.stdout) == (6, "No devices were found\n")
 
 
-def test_the_stand_in_uses_no_product_code() -> None:
-    tree = ast.parse(Path(standin_smi.__file__).read_text())
+@pytest.mark.parametrize("module", [standin_smi, standin_smi_mig])
+def test_the_stand_in_uses_no_product_code(module: ModuleType) -> None:
+    tree = ast.parse(Path(str(module.__file__)).read_text())
     imported = {
         node.module
         for node in ast.walk(tree)
@@ -209,4 +211,5 @@ def test_the_stand_in_uses_no_product_code() -> None:
     assert {m for m in imported if m.startswith("bootfsm")} <= {
         "bootfsm.sim.nodestate",
         "bootfsm.sim.standin_driver",
+        "bootfsm.sim.standin_smi_mig",
     }

@@ -1,0 +1,63 @@
+"""The MIG layout a node asks for (``mig.profile`` or the VM tag): its grammar, pure.
+
+A layout is a comma-separated list, read the way ``nvidia-smi mig -cgi`` reads its
+argument: each item is one GPU instance on every GPU, named by its profile id (``19``)
+or its profile name (``1g.10gb`` or ``MIG 1g.10gb``, the form `nvidia-smi mig -lgip`
+prints, with any ``+me``-style suffix). AgentBaker's agent-pool names ``MIG1g`` ..
+``MIG7g`` (its mig-partition.sh, GPU_INSTANCE_PROFILE) mean the uniform layout: as many
+instances of the GPU's first n-slice profile as the GPU holds (19 x7, 14 x3, 9 x2, 5,
+0 on an A100 40GB, exactly as that script's table). Which ids exist is the GPU's to say
+(`-lgip`); this module checks only the form.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["MigItem", "parse_mig_layout"]
+
+_ID = re.compile(r"\d{1,2}")
+_NAME = re.compile(r"(?:MIG\s+)?(\d{1,2}g\.\d{1,4}gb(?:\+[a-z][a-z0-9.]*)?)")
+_SLICES = re.compile(r"MIG([1-8])g", re.IGNORECASE)
+MAX_ITEMS = 8  # no MIG GPU holds more than 7 GPU instances (8 memory slices)
+
+
+@dataclass(frozen=True)
+class MigItem:
+    """One item of a layout: a profile id, a profile name ("MIG 1g.10gb"), or n slices
+    (AgentBaker's MIGng, the uniform layout)."""
+
+    kind: Literal["id", "name", "slices"]
+    value: str
+
+    def __str__(self) -> str:
+        return f"MIG{self.value}g" if self.kind == "slices" else self.value
+
+
+def parse_mig_layout(text: str) -> tuple[MigItem, ...]:
+    """The items of a layout; ValueError naming the bad item on anything else."""
+    raw = [p.strip() for p in text.split(",")]
+    if not text.strip() or any(not p for p in raw):
+        raise ValueError(f"empty MIG profile item in {text!r:.80}")
+    if len(raw) > MAX_ITEMS:
+        raise ValueError(f"{len(raw)} MIG profile items; a GPU holds at most 7 GPU instances")
+    items: list[MigItem] = []
+    for part in raw:
+        slices = _SLICES.fullmatch(part)
+        name = _NAME.fullmatch(part)
+        if _ID.fullmatch(part):
+            items.append(MigItem("id", str(int(part))))
+        elif slices:
+            items.append(MigItem("slices", slices[1]))
+        elif name:
+            items.append(MigItem("name", f"MIG {name[1]}"))
+        else:
+            raise ValueError(
+                f"{part!r:.40} is not a MIG profile: expected a profile id (19), a profile"
+                " name (1g.10gb or 'MIG 1g.10gb') or MIG1g..MIG7g"
+            )
+    if len(items) > 1 and any(i.kind == "slices" for i in items):
+        raise ValueError("MIG1g..MIG7g name a whole uniform layout; do not list them with others")
+    return tuple(items)

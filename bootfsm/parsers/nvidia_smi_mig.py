@@ -1,0 +1,147 @@
+"""Parse `nvidia-smi mig -lgip`, `-lgi` and `-lci` tables (pure: text in, rows out).
+
+Layouts as real captures print them (NVIDIA's MIG user guide and public captures of
+510-580 drivers, A100 40GB and H100 80GB): a box of ``+---+`` rules, a title line
+("GPU instance profiles:", "GPU instances:", "Compute instances:"), one or two header
+lines, a ``|===|`` rule, then one row per profile / instance (``-lgip`` rows take two
+lines, the second with CE/JPEG/OFA). Without any, the tool prints one line instead:
+``No GPU instances found: Not Found`` / ``No compute instances found: Not Found``,
+which read as no rows. Anything else is a ParseError naming the line.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from bootfsm.parsers import ParseError
+
+__all__ = [
+    "ComputeInstance",
+    "GiProfile",
+    "GpuInstance",
+    "parse_lci",
+    "parse_lgi",
+    "parse_lgip",
+]
+
+
+@dataclass(frozen=True)
+class GiProfile:
+    """One row of `-lgip`: a GPU instance profile of one GPU."""
+
+    gpu: int
+    name: str  # "MIG 1g.10gb"
+    profile_id: int
+    free: int
+    total: int
+    memory_gib: float
+
+
+@dataclass(frozen=True)
+class GpuInstance:
+    """One row of `-lgi`."""
+
+    gpu: int
+    name: str
+    profile_id: int
+    instance_id: int
+    placement: str  # "start:size"
+
+
+@dataclass(frozen=True)
+class ComputeInstance:
+    """One row of `-lci`."""
+
+    gpu: int
+    gpu_instance_id: int
+    name: str
+    profile_id: int
+    instance_id: int
+    placement: str
+
+
+_RULE = re.compile(r"\+-+\+|\|=+\|")
+_NAME = r"(MIG [0-9][0-9a-z.+]*)"
+_LGIP_ROW = re.compile(
+    rf"\|\s+(\d+)\s+{_NAME}\s+(\d+)\s+(\d+)/(\d+)\s+(\d+(?:\.\d+)?)\s+(?:Yes|No)\s+\d+\s+\d+\s+\d+\s+\|"
+)
+_LGIP_SECOND = re.compile(r"\|\s+\d+\s+\d+\s+\d+\s+\|")
+_LGI_ROW = re.compile(rf"\|\s+(\d+)\s+{_NAME}\s+(\d+)\s+(\d+)\s+(\d+:\d+)\s+\|")
+_LCI_ROW = re.compile(rf"\|\s+(\d+)\s+(\d+)\s+{_NAME}\s+(\d+)\s+(\d+)\s+(\d+:\d+)\s+\|")
+_HEADER = re.compile(r"\|[A-Za-z0-9/:\s]*\|")
+
+
+def _body(text: str, what: str, title: str, none: str | None) -> list[str] | None:
+    """The row lines after the ``|===|`` rule, rules dropped; None for the "none" line."""
+    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
+    if none is not None and [ln.strip() for ln in lines] == [none]:
+        return None
+    if not lines:
+        raise ParseError(f"nvidia-smi mig {what}: empty output")
+    if len(lines) < 4 or not lines[1].startswith("|") or title not in lines[1]:
+        raise ParseError(f"nvidia-smi mig {what}: no {title!r} table: {lines[0][:80]!r}")
+    try:
+        start = next(i for i, ln in enumerate(lines) if ln.startswith("|==="))
+    except StopIteration:
+        raise ParseError(f"nvidia-smi mig {what}: no '|===|' rule under the header") from None
+    for ln in lines[2:start]:
+        if _HEADER.fullmatch(ln) is None:
+            raise ParseError(f"nvidia-smi mig {what}: unexpected header line {ln[:80]!r}")
+    if not lines[-1].startswith("+-"):
+        raise ParseError(f"nvidia-smi mig {what}: table not closed (truncated output?)")
+    return [ln for ln in lines[start + 1 :] if _RULE.fullmatch(ln) is None]
+
+
+def _bad(what: str, line: str) -> ParseError:
+    return ParseError(f"nvidia-smi mig {what}: unreadable row {line[:100]!r}")
+
+
+def parse_lgip(text: str) -> list[GiProfile]:
+    """The profiles `nvidia-smi mig -lgip` lists, in its order (every GPU's)."""
+    body = _body(text, "-lgip", "GPU instance profiles:", None)
+    assert body is not None
+    out: list[GiProfile] = []
+    expect_second = False
+    for line in body:
+        if expect_second:
+            if _LGIP_SECOND.fullmatch(line) is None:
+                raise _bad("-lgip", line)
+            expect_second = False
+            continue
+        m = _LGIP_ROW.fullmatch(line)
+        if m is None:
+            raise _bad("-lgip", line)
+        free, total = int(m[4]), int(m[5])
+        if free > total:
+            raise ParseError(f"nvidia-smi mig -lgip: {free}/{total} free of total in {line!r}")
+        out.append(GiProfile(int(m[1]), m[2], int(m[3]), free, total, float(m[6])))
+        expect_second = True
+    if expect_second:
+        raise ParseError("nvidia-smi mig -lgip: a profile row without its second line")
+    return out
+
+
+def parse_lgi(text: str) -> list[GpuInstance]:
+    """The GPU instances `nvidia-smi mig -lgi` lists; [] for "No GPU instances found"."""
+    body = _body(text, "-lgi", "GPU instances:", "No GPU instances found: Not Found")
+    out: list[GpuInstance] = []
+    for line in body or []:
+        m = _LGI_ROW.fullmatch(line)
+        if m is None:
+            raise _bad("-lgi", line)
+        out.append(GpuInstance(int(m[1]), m[2], int(m[3]), int(m[4]), m[5]))
+    return out
+
+
+def parse_lci(text: str) -> list[ComputeInstance]:
+    """The compute instances `nvidia-smi mig -lci` lists; [] for "No compute instances
+    found"."""
+    body = _body(text, "-lci", "Compute instances:", "No compute instances found: Not Found")
+    out: list[ComputeInstance] = []
+    for line in body or []:
+        m = _LCI_ROW.fullmatch(line)
+        if m is None:
+            raise _bad("-lci", line)
+        out.append(ComputeInstance(int(m[1]), int(m[2]), m[3], int(m[4]), int(m[5]), m[6]))
+    return out
