@@ -158,3 +158,55 @@ def test_torn_checkpoint_falls_back_to_the_journal(
     )
     rc, data = _status(capsys, tmp_path)
     assert rc == 91 and data["state"] == "join" and data["message"] == "kubelet not healthy"
+
+
+def test_a_run_that_ends_between_the_two_reads_is_not_called_killed(
+    make_world: MakeWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """status reads the record, then the lock. A run that writes its last record and
+    lets the lock go between those two reads leaves a "running" record and a free lock:
+    the record is read again, and the run is done, not killed."""
+    from bootfsm.commands import status as st_mod
+    from bootfsm.core.config import load_config
+    from bootfsm.host.host import Host
+
+    w = make_world("h100-pcie")
+    assert run_in_process(w).outcome.ok
+    cfg = load_config(w.config_path, required=True)
+    cp = w.root / cfg.run.state_dir.lstrip("/") / "checkpoint.json"
+    final = cp.read_text()
+    cp.write_text(json.dumps({**json.loads(final), "outcome": "running", "state": "join"}))
+    real = st_mod.lock_holders
+
+    def run_ends_now(lock: Path) -> set[int] | None:
+        cp.write_text(final)  # the run's last record, then it lets the lock go
+        return real(lock)
+
+    monkeypatch.setattr(st_mod, "lock_holders", run_ends_now)
+    st = st_mod.probe(Host(w.root), cfg)
+    assert (st.status, st.code) == ("done", DONE)
+
+
+def test_a_run_that_starts_between_the_two_reads_is_not_called_killed(
+    make_world: MakeWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other window (the flake this order fixes): the lock is seen free just before
+    a new run takes it and writes its first "running" record. Read in the other order,
+    that is a record without a lock holder: "killed" for a run that has just begun."""
+    from bootfsm.commands import status as st_mod
+    from bootfsm.core.config import load_config
+    from bootfsm.host.host import Host
+
+    w = make_world("h100-pcie")
+    assert run_in_process(w).outcome.ok
+    cfg = load_config(w.config_path, required=True)
+    cp = w.root / cfg.run.state_dir.lstrip("/") / "checkpoint.json"
+    first = {**json.loads(cp.read_text()), "run_id": "newrun01", "state": "detect"}
+
+    def run_starts_now(lock: Path) -> set[int] | None:
+        cp.write_text(json.dumps({**first, "outcome": "running"}))  # right after this read
+        return set()
+
+    monkeypatch.setattr(st_mod, "lock_holders", run_starts_now)
+    st = st_mod.probe(Host(w.root), cfg)
+    assert st.status != "killed", st

@@ -113,8 +113,13 @@ def _finished(cp: dict[str, Any]) -> Status:
 
 def probe(host: Host, cfg: Config) -> Status:
     """The status right now (no waiting)."""
-    holders = lock_holders(host.path(f"{cfg.run.state_dir}/lock"))
+    # the record first, the lock second: a run takes the lock before it writes its first
+    # record and writes its last before it lets the lock go, so a free lock seen after a
+    # "running" record means that run ended in between: read the record again
     cp = _checkpoint(host, cfg) or _from_journal(host, cfg)
+    holders = lock_holders(host.path(f"{cfg.run.state_dir}/lock"))
+    if not holders and cp is not None and cp.get("outcome") == "running":
+        cp = _checkpoint(host, cfg) or _from_journal(host, cfg)
     if holders:  # someone holds the node lock: a run is in progress (maybe just starting)
         st = Status("running", RUNNING)
         if cp and cp.get("outcome") == "running":
