@@ -9,7 +9,7 @@ from bootfsm.core.errors import BootError, TransientError
 from bootfsm.core.hardware import requires_open_module
 from bootfsm.install.marker import Marker, check_marker, expected_marker, read_marker
 from bootfsm.machine.context import Context
-from bootfsm.node.facts import NodeFacts, gather_facts
+from bootfsm.node.facts import NodeFacts, gather_facts, loaded_module_version
 from bootfsm.parsers import ParseError
 from bootfsm.parsers.imds_tags import parse_imds_tags, skip_gpu_install, tag_value
 from bootfsm.parsers.vmsize import parse_imds_vm_size
@@ -120,8 +120,7 @@ def must_build(ctx: Context, f: NodeFacts) -> str | None:
     cfg = ctx.config.driver
     if not cfg.install:
         return None
-    loaded = (ctx.host.read_text("/sys/module/nvidia/version") or "").strip()
-    if loaded == cfg.version:
+    if loaded_module_version(ctx.host) == cfg.version:
         return None
     m = read_marker(ctx.host, ctx.config)
     if m is None:

@@ -16,11 +16,12 @@ from __future__ import annotations
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError
 from bootfsm.fetch.store import resolved, verified
-from bootfsm.install.units import enabled_state, is_active, systemctl, unit_state
+from bootfsm.install.daemons import FABRIC_MANAGER
+from bootfsm.install.units import systemctl
 from bootfsm.machine.context import Context
 
 NAME = "fabric"
-UNIT = "nvidia-fabricmanager.service"
+UNIT = FABRIC_MANAGER.unit
 START_SCRIPT = "/usr/bin/nvidia-fabricmanager-start.sh"
 NVLSM_BIN = "/opt/nvidia/nvlsm/sbin/nvlsm"
 IB_UMAD_LOAD = "/etc/modules-load.d/ib_umad.conf"
@@ -69,10 +70,7 @@ def satisfied(ctx: Context) -> bool:
     installed = (ctx.host.read_text(_marker(ctx)) or "").strip()
     if ctx.facts.nvlink5 and not (_ib_umad_loaded(ctx) and _nvlsm_ok(ctx)):
         return False
-    if installed != ctx.config.driver.version:
-        return False
-    state = unit_state(ctx, UNIT)
-    return state.enabled == "enabled" and state.active
+    return installed == ctx.config.driver.version and FABRIC_MANAGER.ready(ctx)
 
 
 def _extract(ctx: Context, role: str, suffix: str, code: Code) -> tuple[str, str]:
@@ -153,19 +151,14 @@ def run(ctx: Context) -> None:
         if not _nvlsm_ok(ctx):
             install_nvlsm(ctx)
         load_ib_umad(ctx)
-    code = Code.FABRIC_MANAGER_FAILED
-    ctx.require(["ldconfig"], code=code, timeout=120)
-    systemctl(ctx, "daemon-reload", code=code)
-    systemctl(ctx, "enable", UNIT, code=code)
-    ctx.run(["systemctl", "reset-failed", UNIT], timeout=15)  # a failed earlier try
-    systemctl(ctx, "start", UNIT, code=code, timeout=180, what=f"systemctl start {UNIT} failed")
-    if not is_active(ctx, UNIT):
-        raise BootError(code, f"{UNIT} is not active after start")
+    ctx.require(["ldconfig"], code=FABRIC_MANAGER.code, timeout=120)
+    systemctl(ctx, "daemon-reload", code=FABRIC_MANAGER.code)
+    FABRIC_MANAGER.ensure_running(ctx, reset_failed=True)  # a failed earlier try
 
 
 def disable_stale_unit(ctx: Context) -> None:
     """Transition callback: no fabric manager here, so a unit left enabled is disabled."""
-    if enabled_state(ctx, UNIT) != "enabled":
+    if not FABRIC_MANAGER.configured(ctx):
         return
     ctx.warn(f"{UNIT} is enabled on a node without NVSwitch; disabling it")
-    systemctl(ctx, "disable", "--now", UNIT, code=Code.FABRIC_MANAGER_FAILED)
+    FABRIC_MANAGER.disable(ctx)

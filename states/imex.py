@@ -9,11 +9,11 @@ from __future__ import annotations
 from bootfsm.core.codes import Code
 from bootfsm.fetch.store import resolved, verified
 from bootfsm.install import dpkg
-from bootfsm.install.units import enabled_state, systemctl
+from bootfsm.install.daemons import IMEX
 from bootfsm.machine.context import Context
 
 NAME = "imex"
-UNIT = "nvidia-imex.service"
+UNIT = IMEX.unit
 
 
 def _package(ctx: Context) -> str:
@@ -25,7 +25,7 @@ def satisfied(ctx: Context) -> bool:
     """nvidia-imex of the driver version is installed and its unit is masked."""
     v = dpkg.installed_version(ctx, _package(ctx)) or ""
     want = ctx.config.driver.version
-    return (v == want or v.startswith(want + "-")) and enabled_state(ctx, UNIT) == "masked"
+    return (v == want or v.startswith(want + "-")) and IMEX.configured(ctx)
 
 
 def run(ctx: Context) -> None:
@@ -35,6 +35,4 @@ def run(ctx: Context) -> None:
     if not (v == want or v.startswith(want + "-")):
         [(_, deb)] = verified(ctx, "imex")
         dpkg.install_debs(ctx, [deb], force=["depends"], code=Code.IMEX_INSTALL_FAILED)
-    if enabled_state(ctx, UNIT) == "enabled":
-        systemctl(ctx, "disable", "--now", UNIT, code=Code.IMEX_INSTALL_FAILED)
-    systemctl(ctx, "mask", UNIT, code=Code.IMEX_INSTALL_FAILED)
+    IMEX.mask(ctx)

@@ -9,7 +9,8 @@ from bootfsm.core.errors import BootError, CommandError, TransientError
 from bootfsm.install import containerd
 from bootfsm.install.cdi import EMPTY_DEVICE_EDITS, mig_modes, tolerated_case
 from bootfsm.install.containerd import CONFIG, DROPIN, ContainerdConfigError
-from bootfsm.install.units import is_active, systemctl
+from bootfsm.install.daemons import CONTAINERD, KUBELET
+from bootfsm.install.units import systemctl
 from bootfsm.machine.context import Context
 from bootfsm.parsers import ParseError
 from bootfsm.parsers.driver_info import parse_containerd_version
@@ -163,17 +164,10 @@ def run(ctx: Context) -> None:
     )
     if cfg.cdi_refresh:
         refresh_cdi(ctx)
-    if changed or not is_active(ctx, "containerd.service"):
-        systemctl(
-            ctx,
-            "restart",
-            "containerd.service",
-            code=Code.CONTAINERD_RESTART_FAILED,
-            timeout=cfg.containerd_restart_timeout,
-        )
+    if changed or not CONTAINERD.running(ctx):
+        CONTAINERD.restart(ctx, timeout=cfg.containerd_restart_timeout)
     if cfg.start_kubelet:
-        systemctl(ctx, "enable", "kubelet.service", code=Code.KUBELET_NOT_HEALTHY)
-        systemctl(ctx, "start", "kubelet.service", code=Code.KUBELET_NOT_HEALTHY)
+        KUBELET.start(ctx)
         ctx.wait_until(
             lambda: _healthy(ctx),
             timeout=cfg.kubelet_timeout,

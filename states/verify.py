@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError, TransientError
-from bootfsm.install.units import is_active
+from bootfsm.install.daemons import FABRIC_MANAGER
 from bootfsm.machine.context import Context
 from bootfsm.node.fabric import (
     FabricJudgement,
@@ -37,7 +37,6 @@ from bootfsm.parsers.nvidia_smi_xml import parse_smi_xml
 __all__ = ["run", "satisfied"]
 
 NAME = "verify"
-FM_UNIT = "nvidia-fabricmanager.service"
 SMI_QUERY = ("nvidia-smi", "-q", "-x")
 PROC_VERSION = "/proc/driver/nvidia/version"
 
@@ -99,7 +98,7 @@ def satisfied(ctx: Context) -> bool:
         return False
     if not judge_fabric(report).ok:
         return False
-    return not needs_fabric_manager(ctx.facts) or is_active(ctx, FM_UNIT)
+    return not needs_fabric_manager(ctx.facts) or FABRIC_MANAGER.running(ctx)
 
 
 def _fail_final(judgement: FabricJudgement) -> BootError:
@@ -160,5 +159,5 @@ def run(ctx: Context) -> None:
         ctx.event("fabric.gpus", gpus=fabric_gpus(report))
     for warning in judgement.warnings:
         ctx.warn(warning)
-    if needs_fabric_manager(ctx.facts) and not is_active(ctx, FM_UNIT):
-        raise BootError(Code.FABRIC_MANAGER_FAILED, f"{FM_UNIT} is not active")
+    if needs_fabric_manager(ctx.facts):
+        FABRIC_MANAGER.require_running(ctx)

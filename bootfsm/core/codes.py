@@ -353,12 +353,6 @@ CODES: dict[Code, CodeInfo] = {
             cse_in_state={"fetch": 83},
         ),
         _row(
-            Code.POSTCONDITION_FAILED,
-            "a state's action finished but the node is still not in the expected state",
-            "the message names the check that failed",
-            cse=84,
-        ),
-        _row(
             Code.UNSAFE_STATE_DIR,
             "a bootfsm directory (state, cache, log, extract) is unsafe: a symlink, not a"
             " directory, not owned by root, or writable by group or others",

@@ -18,7 +18,3 @@ class Deadline:
     def remaining(self) -> float:
         """Seconds left, at least 0."""
         return max(0.0, self.end - self.clock())
-
-    def expired(self) -> bool:
-        """True once the deadline has passed."""
-        return self.clock() >= self.end

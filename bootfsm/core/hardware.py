@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -25,7 +24,6 @@ __all__ = [
     "has_fabric_probe",
     "model_for",
     "requires_open_module",
-    "sku_family",
 ]
 
 NVIDIA_VENDOR = 0x10DE
@@ -154,10 +152,3 @@ def has_fabric_probe(model: GpuModel) -> bool:
     reports Fabric N/A even with NVSwitch and fabric manager running (Hopper and newer
     report it). Unknown ids are judged by what they report."""
     return model.family is not Family.AMPERE
-
-
-def sku_family(models: Sequence[GpuModel]) -> str:
-    """Give the most common model name as a short node label ("" when there are no GPUs)."""
-    if not models:
-        return ""
-    return Counter(m.name for m in models).most_common(1)[0][0]

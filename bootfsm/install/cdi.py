@@ -12,19 +12,23 @@ when a GPU reports MIG mode Enabled. Everything else stays CDI_REFRESH_FAILED (9
 
 from __future__ import annotations
 
-import re
+from bootfsm.parsers import ParseError
+from bootfsm.parsers.nvidia_smi import parse_smi_query
 
 __all__ = ["EMPTY_DEVICE_EDITS", "MIG_NO_INSTANCES", "mig_modes", "tolerated_case"]
 
 EMPTY_DEVICE_EDITS = "invalid device, empty device edits"
 MIG_NO_INSTANCES = "mig-on-no-instances"
-_MIG_CURRENT = re.compile(r"^\s*MIG Mode\s*\n\s*Current\s*:\s*(\S.*?)\s*$", re.MULTILINE)
 
 
 def mig_modes(query_text: str) -> list[str]:
-    """Each GPU's current MIG mode from `nvidia-smi -q` text ("MIG Mode" then
-    "Current : Enabled|Disabled|N/A"), in order; empty when the text has none."""
-    return [m.group(1) for m in _MIG_CURRENT.finditer(query_text)]
+    """Each GPU's current MIG mode ("Enabled", "Disabled", "N/A") from `nvidia-smi -q`
+    text, read by bootfsm.parsers.nvidia_smi, in order; empty when the text is not a
+    whole report (then the failed `cdi generate` is not the tolerated case)."""
+    try:
+        return [g.mig_current for g in parse_smi_query(query_text).gpus]
+    except ParseError:
+        return []
 
 
 def tolerated_case(generate_output: str, modes: list[str]) -> str | None:

@@ -22,6 +22,7 @@ from bootfsm.host.progress import LogWatch
 from bootfsm.install import dpkg
 from bootfsm.install.marker import module_type_of, parse_modinfo
 from bootfsm.machine.context import Context
+from bootfsm.node.facts import loaded_module_version
 from bootfsm.parsers import ParseError
 from bootfsm.parsers.driver_info import parse_dkms_status
 
@@ -59,7 +60,7 @@ def toolkit_ok(ctx: Context) -> bool:
 
 def loaded_version(ctx: Context) -> str | None:
     """Version of the loaded ``nvidia`` module (/sys/module/nvidia/version), or None."""
-    return (ctx.host.read_text("/sys/module/nvidia/version") or "").strip() or None
+    return loaded_module_version(ctx.host)
 
 
 def built(ctx: Context) -> bool:

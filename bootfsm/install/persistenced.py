@@ -17,14 +17,14 @@ does (NVIDIA's sample template adds ``--user`` and a dedicated account).
 from __future__ import annotations
 
 from bootfsm.core.codes import Code
-from bootfsm.core.errors import BootError
-from bootfsm.install.units import enabled_state, is_active, systemctl, unit_state
+from bootfsm.install.daemons import PERSISTENCED
+from bootfsm.install.units import systemctl
 from bootfsm.machine.context import Context
 
 __all__ = ["BIN", "UNIT", "UNIT_PATH", "UNIT_TEXT", "ensure", "provided", "ready"]
 
 BIN = "/usr/bin/nvidia-persistenced"
-UNIT = "nvidia-persistenced.service"
+UNIT = PERSISTENCED.unit
 UNIT_PATH = f"/etc/systemd/system/{UNIT}"
 UNIT_DIRS = ("/etc/systemd/system", "/run/systemd/system", "/lib/systemd/system",
              "/usr/lib/systemd/system")  # fmt: skip
@@ -64,8 +64,7 @@ def ready(ctx: Context) -> bool:
     """Nothing to do (off, or the driver has no daemon), or the unit enabled and active."""
     if not _wanted(ctx):
         return True
-    state = unit_state(ctx, UNIT)
-    return state.enabled == "enabled" and state.active
+    return PERSISTENCED.ready(ctx)
 
 
 def ensure(ctx: Context) -> None:
@@ -81,10 +80,5 @@ def ensure(ctx: Context) -> None:
         ctx.host.write_atomic(UNIT_PATH, UNIT_TEXT)
         systemctl(ctx, "daemon-reload", code=code)
         unit = UNIT_PATH
-    if enabled_state(ctx, UNIT) != "enabled":
-        systemctl(ctx, "enable", UNIT, code=code)
-    if not is_active(ctx, UNIT):
-        systemctl(ctx, "start", UNIT, code=code, timeout=120, what=f"systemctl start {UNIT} failed")
-    if not is_active(ctx, UNIT):
-        raise BootError(code, f"{UNIT} is not active after start")
+    PERSISTENCED.ensure_running(ctx)
     ctx.event("persistenced.active", unit=unit)

@@ -12,10 +12,11 @@ from bootfsm.core.archnames import ArchNames, normalize_arch
 from bootfsm.core.hardware import DeviceRole, GpuModel, classify, model_for
 from bootfsm.host.host import Host
 from bootfsm.parsers import ParseError
+from bootfsm.parsers.driver_info import parse_module_version
 from bootfsm.parsers.osrelease import parse_os_release
 from bootfsm.parsers.pci import parse_sysfs_hex, vpd_has_sw_mng
 
-__all__ = ["NodeFacts", "PciGpu", "gather_facts"]
+__all__ = ["NodeFacts", "PciGpu", "gather_facts", "loaded_module_version"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,18 @@ class NodeFacts:
         }
 
 
+def loaded_module_version(host: Host) -> str | None:
+    """The loaded ``nvidia`` module's version (/sys/module/nvidia/version), or None when
+    no module is loaded or the file holds no driver version."""
+    text = host.read_text("/sys/module/nvidia/version")
+    if not (text or "").strip():
+        return None
+    try:
+        return parse_module_version(text or "")
+    except ParseError:
+        return None
+
+
 def _pci(host: Host) -> tuple[list[PciGpu], list[str]]:
     gpus: list[PciGpu] = []
     switches: list[str] = []
@@ -114,7 +127,7 @@ def gather_facts(host: Host) -> NodeFacts:
         vpd_has_sw_mng(host.read_bytes(p) or b"")
         for p in host.glob("/sys/class/infiniband/*/device/vpd")
     )
-    loaded = (host.read_text("/sys/module/nvidia/version") or "").strip() or None
+    loaded = loaded_module_version(host)
     return NodeFacts(
         raw_arch=raw_arch,
         arch=normalize_arch(raw_arch) if raw_arch else None,

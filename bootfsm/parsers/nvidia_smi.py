@@ -4,7 +4,7 @@ verify reads the structured `nvidia-smi -q -x` (:mod:`bootfsm.parsers.nvidia_smi
 the text reader stays because most real captures of older layouts (460-570: A100 HGX,
 H100 HGX/NVL, H200, GH200, RTX 5090, TITAN V, A10) exist only as `-q` text, and both
 readers give the same :class:`SmiReport`, so one judgement covers every capture.
-``parse_fabric_block`` reads a lone Fabric block as people paste it (any outer indent).
+A lone Fabric block as people paste it is read by tests/smi_excerpts.py (a test helper).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ __all__ = [
     "SmiReport",
     "classify_smi_failure",
     "device_id_of",
-    "parse_fabric_block",
     "parse_smi_query",
     "wrong_module_type",
 ]
@@ -217,32 +216,6 @@ def _report(header: dict[str, str], gpus: list[_GpuBuilder], warnings: list[str]
         gpus=tuple(g.build() for g in gpus),
         inforom_corrupted=tuple(warnings),
     )
-
-
-def parse_fabric_block(text: str) -> SmiGpu:
-    """Read one pasted Fabric block (as `nvidia-smi -q | grep -A N Fabric` shows it).
-
-    The outer indent may be missing; keys are State, Status, CliqueId, ClusterUUID and
-    Health/Summary. The GPU's bus id and product name are "" (a bare block has none).
-    ParseError when there is no "Fabric" heading followed by a State line.
-    """
-    lines = [raw.rstrip() for raw in text.splitlines() if raw.strip()]
-    heads = [i for i, line in enumerate(lines) if line.strip() == "Fabric"]
-    if not heads:
-        raise ParseError("fabric block: no 'Fabric' heading")
-    for head in heads:  # the first heading with a State under it (pastes repeat headings)
-        base = len(lines[head]) - len(lines[head].lstrip(" "))
-        gpu = _GpuBuilder("")
-        gpu.feed(4, "Fabric", None)
-        for line in lines[head + 1 :]:
-            indent, key, value = _split(line)
-            if indent <= base:
-                break
-            gpu.feed(indent - base + 4, key, value)
-        built = gpu.build()
-        if built.fabric_state:
-            return built
-    raise ParseError("fabric block: no State line under 'Fabric'")
 
 
 def wrong_module_type(smi_output: str, pci_device_ids: list[int], proc_version: str) -> str | None:

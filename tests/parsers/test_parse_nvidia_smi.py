@@ -14,10 +14,10 @@ from bootfsm.parsers.nvidia_smi import (
     SmiGpu,
     classify_smi_failure,
     device_id_of,
-    parse_fabric_block,
     parse_smi_query,
 )
 from tests.samples import sample
+from tests.smi_excerpts import parse_fabric_block
 
 H100 = "nvidia-smi/q_8xH100-HBM3_hgx_535.161.08_gpud.txt"
 A10 = "nvidia-smi/q_1xA10_535.129.03_gpud.txt"

@@ -11,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bootfsm.parsers import ParseError
-from bootfsm.parsers.pci import PciDevice, parse_lspci_nn, parse_sysfs_hex, vpd_has_sw_mng
+from bootfsm.parsers.pci import parse_sysfs_hex, vpd_has_sw_mng
+from tests.lspci import PciDevice, parse_lspci_nn
 from tests.samples import sample
 
 EXCERPTS = "lspci/lspci_hgx_gb200_excerpts.txt"

@@ -1,0 +1,117 @@
+"""The host daemons bootfsm owns, in one small shape (after EKS nodeadm's daemons):
+each is a systemd unit with a failure code, and three questions and answers:
+
+- ``configured``: the unit is enabled (or, for a daemon that must not run on the host,
+  masked): `systemctl show` once;
+- ``ensure_running``: enable, clear an earlier failure, start, and require it active;
+- ``healthy``: active, and whatever the daemon's own health check says (kubelet: its
+  healthz answers ``ok``).
+
+States say which daemon they need by name (``FABRIC_MANAGER``, ``KUBELET``...), so a
+unit name or its failure code is written down once, here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from bootfsm.core.codes import Code
+from bootfsm.core.errors import BootError
+from bootfsm.install.units import enabled_state, is_active, systemctl, unit_state
+from bootfsm.machine.context import Context
+
+__all__ = [
+    "CONTAINERD",
+    "FABRIC_MANAGER",
+    "IMEX",
+    "KUBELET",
+    "PERSISTENCED",
+    "Daemon",
+]
+
+
+@dataclass(frozen=True)
+class Daemon:
+    """One host daemon: its unit, the code its failures get, how long it may take to
+    start, and (optionally) a health check beyond "active"."""
+
+    name: str
+    unit: str
+    code: Code
+    start_timeout: float = 120.0
+    masked: bool = False  # it must not run on the host: configured means masked
+    check: Callable[[Context], bool] | None = None
+
+    def configured(self, ctx: Context) -> bool:
+        """Enabled (masked, for a host-masked daemon)."""
+        return enabled_state(ctx, self.unit) == ("masked" if self.masked else "enabled")
+
+    def running(self, ctx: Context) -> bool:
+        """`systemctl is-active` says active."""
+        return is_active(ctx, self.unit)
+
+    def ready(self, ctx: Context) -> bool:
+        """Enabled and active, from one `systemctl show` (a postcondition's question)."""
+        state = unit_state(ctx, self.unit)
+        return state.enabled == "enabled" and state.active
+
+    def healthy(self, ctx: Context) -> bool:
+        """Active, and its own health check (when it has one) passes."""
+        return self.running(ctx) and (self.check is None or self.check(ctx))
+
+    def start(self, ctx: Context, *, reset_failed: bool = False) -> None:
+        """Enable it unless enabled, and start it unless active (clearing an earlier
+        failed start first with ``reset_failed``); ``code`` when systemctl fails."""
+        state = unit_state(ctx, self.unit)
+        if state.enabled != "enabled":
+            systemctl(ctx, "enable", self.unit, code=self.code)
+        if state.active:
+            return
+        if reset_failed:
+            ctx.run(["systemctl", "reset-failed", self.unit], timeout=15)
+        what = f"systemctl start {self.unit} failed"
+        systemctl(ctx, "start", self.unit, code=self.code, timeout=self.start_timeout, what=what)
+
+    def ensure_running(self, ctx: Context, *, reset_failed: bool = False) -> None:
+        """``start``, then ``code`` unless it is active."""
+        self.start(ctx, reset_failed=reset_failed)
+        if not self.running(ctx):
+            raise BootError(self.code, f"{self.unit} is not active after start")
+
+    def restart(self, ctx: Context, *, timeout: float | None = None) -> None:
+        """Restart it (its configuration changed); ``code`` when systemctl fails."""
+        systemctl(ctx, "restart", self.unit, code=self.code, timeout=timeout or self.start_timeout)
+
+    def require_running(self, ctx: Context) -> None:
+        """``code`` unless active (a later state checking a daemon an earlier one started)."""
+        if not self.running(ctx):
+            raise BootError(self.code, f"{self.unit} is not active")
+
+    def disable(self, ctx: Context) -> None:
+        """Stop and disable it."""
+        systemctl(ctx, "disable", "--now", self.unit, code=self.code)
+
+    def mask(self, ctx: Context) -> None:
+        """Stop, disable (when enabled) and mask it: it must not run on this host."""
+        if enabled_state(ctx, self.unit) == "enabled":
+            self.disable(ctx)
+        systemctl(ctx, "mask", self.unit, code=self.code)
+
+
+FABRIC_MANAGER = Daemon(
+    "fabric manager", "nvidia-fabricmanager.service", Code.FABRIC_MANAGER_FAILED, 180.0
+)
+"""x86_64 NVSwitch and NVLink5 systems; its unit runs the start script (states/fabric.py)."""
+
+IMEX = Daemon("IMEX", "nvidia-imex.service", Code.IMEX_INSTALL_FAILED, masked=True)
+"""Grace-Blackwell: the DRA driver runs IMEX per ComputeDomain; the host unit stays masked."""
+
+PERSISTENCED = Daemon("persistence daemon", "nvidia-persistenced.service", Code.DRIVER_NOT_STARTED)
+"""Keeps the GPUs initialized between clients (bootfsm/install/persistenced.py)."""
+
+CONTAINERD = Daemon("containerd", "containerd.service", Code.CONTAINERD_RESTART_FAILED)
+"""Restarted when its NVIDIA runtime configuration changes (states/join.py)."""
+
+KUBELET = Daemon("kubelet", "kubelet.service", Code.KUBELET_NOT_HEALTHY)
+"""Started last; healthy when its healthz answers ``ok`` (states/join.py sets the wait)."""
