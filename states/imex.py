@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from bootfsm.core.codes import Code
 from bootfsm.fetch.store import resolved, verified
-from bootfsm.install import dpkg
+from bootfsm.install import dpkg, records
 from bootfsm.install.units import enabled_state, systemctl
 from bootfsm.machine.context import Context
 
@@ -34,7 +34,9 @@ def run(ctx: Context) -> None:
     want = ctx.config.driver.version
     if not (v == want or v.startswith(want + "-")):
         [(_, deb)] = verified(ctx, "imex")
-        dpkg.install_debs(ctx, [deb], force=["depends"], code=Code.IMEX_INSTALL_FAILED)
+        dpkg.install_debs(
+            ctx, [deb], force=["depends"], code=Code.IMEX_INSTALL_FAILED, names=[_package(ctx)]
+        )
     if enabled_state(ctx, UNIT) == "enabled":
         systemctl(ctx, "disable", "--now", UNIT, code=Code.IMEX_INSTALL_FAILED)
-    systemctl(ctx, "mask", UNIT, code=Code.IMEX_INSTALL_FAILED)
+    records.unit(ctx, "mask", UNIT, code=Code.IMEX_INSTALL_FAILED)

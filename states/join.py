@@ -6,7 +6,7 @@ import json
 
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError, CommandError, TransientError
-from bootfsm.install import containerd
+from bootfsm.install import containerd, records
 from bootfsm.install.cdi import EMPTY_DEVICE_EDITS, mig_modes, tolerated_case
 from bootfsm.install.containerd import CONFIG, DROPIN, ContainerdConfigError
 from bootfsm.install.units import is_active, systemctl
@@ -93,11 +93,11 @@ def wire_containerd(ctx: Context, major: int) -> bool:
         raise BootError(Code.CONTAINERD_CONFIG_INVALID, f"{CONFIG}: {exc}") from exc
     changed = ctx.host.read_text(DROPIN) != dropin
     if changed:
-        ctx.host.write_atomic(DROPIN, dropin)
+        records.write_file(ctx, DROPIN, dropin)
     if edited is not None:
         real = ctx.host.path(CONFIG)
         mode = real.stat().st_mode & 0o7777 if current is not None else 0o644
-        ctx.host.write_atomic(CONFIG, edited, mode)
+        records.write_file(ctx, CONFIG, edited, mode)  # uninstall restores the original
         ctx.event("containerd.import_added", config=CONFIG, entry=containerd.DROPIN_GLOB)
         changed = True
     argv = ["containerd", "--config", str(ctx.host.path(CONFIG)), "config", "dump"]
@@ -126,8 +126,10 @@ def refresh_cdi(ctx: Context) -> None:
         return
     ctx.host.makedirs(CDI_SPEC.rsplit("/", 1)[0])
     argv = ["nvidia-ctk", "cdi", "generate", f"--output={ctx.host.path(CDI_SPEC)}"]
+    before = records.snapshot(ctx.host, CDI_SPEC)
     r = ctx.run(argv, timeout=120)
     if r.ok:
+        records.track(ctx, CDI_SPEC, before)
         return
     smi = ctx.run(["nvidia-smi", "-q"], timeout=120) if EMPTY_DEVICE_EDITS in r.output else None
     case = tolerated_case(r.output, mig_modes(smi.output) if smi and smi.ok else [])
@@ -155,7 +157,8 @@ def run(ctx: Context) -> None:
     """
     cfg = ctx.config.join
     changed = wire_containerd(ctx, _containerd_major(ctx))
-    ctx.host.write_atomic(UDEV_RULE, UDEV_TEXT)
+    if ctx.host.read_text(UDEV_RULE) != UDEV_TEXT:
+        records.write_file(ctx, UDEV_RULE, UDEV_TEXT)
     ctx.require(
         ["nvidia-ctk", "system", "create-dev-char-symlinks", "--create-all"],
         code=Code.DRIVER_NOT_STARTED,
@@ -172,8 +175,8 @@ def run(ctx: Context) -> None:
             timeout=cfg.containerd_restart_timeout,
         )
     if cfg.start_kubelet:
-        systemctl(ctx, "enable", "kubelet.service", code=Code.KUBELET_NOT_HEALTHY)
-        systemctl(ctx, "start", "kubelet.service", code=Code.KUBELET_NOT_HEALTHY)
+        records.unit(ctx, "enable", "kubelet.service", code=Code.KUBELET_NOT_HEALTHY)
+        records.unit(ctx, "start", "kubelet.service", code=Code.KUBELET_NOT_HEALTHY)
         ctx.wait_until(
             lambda: _healthy(ctx),
             timeout=cfg.kubelet_timeout,
@@ -189,4 +192,4 @@ def run(ctx: Context) -> None:
         "run_id": ctx.journal.run_id,
         "wall_time": ctx.host.wall(),
     }
-    ctx.host.write_atomic(_marker(ctx), json.dumps(marker) + "\n", 0o600)
+    records.write_file(ctx, _marker(ctx), json.dumps(marker) + "\n", 0o600)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError
+from bootfsm.install import records
 from bootfsm.install.units import enabled_state, is_active, systemctl
 from bootfsm.machine.context import Context
 
@@ -77,13 +78,11 @@ def ensure(ctx: Context) -> None:
     code = Code.DRIVER_NOT_STARTED
     unit = _unit_on_node(ctx)
     if unit is None:
-        ctx.host.write_atomic(UNIT_PATH, UNIT_TEXT)
+        records.write_file(ctx, UNIT_PATH, UNIT_TEXT)
         systemctl(ctx, "daemon-reload", code=code)
         unit = UNIT_PATH
-    if enabled_state(ctx, UNIT) != "enabled":
-        systemctl(ctx, "enable", UNIT, code=code)
-    if not is_active(ctx, UNIT):
-        systemctl(ctx, "start", UNIT, code=code, timeout=120, what=f"systemctl start {UNIT} failed")
+    records.unit(ctx, "enable", UNIT, code=code)
+    records.unit(ctx, "start", UNIT, code=code, timeout=120)
     if not is_active(ctx, UNIT):
         raise BootError(code, f"{UNIT} is not active after start")
     ctx.event("persistenced.active", unit=unit)
