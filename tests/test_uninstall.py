@@ -316,3 +316,163 @@ def test_a_failing_step_is_108_and_what_is_left_stays_recorded(make_world: MakeW
     assert any(e["kind"] == "dkms" for e in left)
     assert (w.root / "var/lib/bootfsm/bake.marker").exists()  # the marker goes last
     assert not any(e["kind"] == "package" for e in left)  # done before the failure
+
+
+# -- the stand-ins are as strict as dkms 3.0.10 and dpkg 1.21.23 -----------------------------
+
+
+def _standin(bin_dir: Path, name: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(bin_dir / name), *argv], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+@pytest.fixture
+def dkms_node(tmp_path: Path) -> tuple[Path, Path, str]:
+    """A node with nvidia/570.211.01 built and installed by DKMS: (root, bin dir, kernel)."""
+    from bootfsm.sim.node import SKUS, build_node
+    from bootfsm.sim.standin_driver import install_driver_files
+
+    root = tmp_path / "node"
+    bin_dir = build_node(root, SKUS["h100-hgx"])
+    node = Node(root)
+    install_driver_files(node, DRIVER_VERSION, node.kernel, "open")
+    return root, bin_dir, node.kernel
+
+
+def test_dkms_remove_as_dkms_3_words_it(dkms_node: tuple[Path, Path, str]) -> None:
+    """Expected text written from dkms 3.0.10's remove_module/do_uninstall (Debian 12)."""
+    root, bin_dir, kernel = dkms_node
+    r = _standin(bin_dir, "dkms", "remove", f"nvidia/{DRIVER_VERSION}", "--all")
+    assert r.returncode == 0, r.stderr
+    block = [
+        " - Uninstallation",
+        f"   - Deleting from: /lib/modules/{kernel}/updates/dkms/",
+        " - Original module",
+        "   - No original module was found for this module on this kernel.",
+        "   - Use the dkms install command to reinstall any previous module version.",
+    ]
+    assert r.stdout.splitlines() == [
+        f"Module nvidia-{DRIVER_VERSION} for kernel {kernel} (x86_64).",
+        "Before uninstall, this module version was ACTIVE on this kernel.",
+        *("", "nvidia.ko:", *block),
+        *("", "nvidia-uvm.ko:", *block),
+        *("", "nvidia-modeset.ko:", *block),
+        "depmod...",
+        f"Deleting module nvidia-{DRIVER_VERSION} completely from the DKMS tree.",
+    ]
+    assert not (root / "var/lib/dkms/nvidia").exists()
+    assert not list((root / f"lib/modules/{kernel}/updates/dkms").glob("*.ko"))
+    again = _standin(bin_dir, "dkms", "remove", "-m", "nvidia", "-v", DRIVER_VERSION, "--all")
+    assert again.returncode == 3
+    assert again.stderr == (
+        f"Error! The module/version combo: nvidia-{DRIVER_VERSION} is not located in the"
+        " DKMS tree.\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "rc", "stderr"),
+    [
+        (
+            ["remove", "-m", "nvidia", "-v", DRIVER_VERSION, "-k", "6.8.0-1", "--all"],
+            2,
+            "Error!  You cannot specify a kernel version and also specify\n"
+            "--all on the command line.\n",
+        ),
+        (
+            ["remove", "-m", "nvidia", "--all"],
+            1,
+            "Error! Arguments <module> and <module-version> are not specified.\n"
+            "Usage: remove <module>/<module-version> or\n"
+            "       remove -m <module>/<module-version> or\n"
+            "       remove -m <module> -v <module-version>\n",
+        ),
+        (["remove", "--bogus"], 2, "Error!  Unknown option: --bogus\n"),
+        (["remove", "status", "nvidia/1"], 4, "Error! Cannot specify more than one action.\n"),
+    ],
+)
+def test_dkms_remove_refuses_what_dkms_refuses(
+    dkms_node: tuple[Path, Path, str], argv: list[str], rc: int, stderr: str
+) -> None:
+    root, bin_dir, _ = dkms_node
+    r = _standin(bin_dir, "dkms", *argv)
+    assert (r.returncode, r.stderr) == (rc, stderr)
+    assert (root / f"var/lib/dkms/nvidia/{DRIVER_VERSION}/source").is_symlink()  # untouched
+
+
+@needs_dpkg
+def test_dpkg_purge_standin_matches_the_real_dpkg(tmp_path: Path) -> None:
+    """The same debs, the same purges: the stand-in's exit codes and words are dpkg's
+    (the "(Reading database ... N files" count aside: dpkg counts directories too)."""
+    from bootfsm.sim import artifacts as art
+    from bootfsm.sim.node import SKUS, build_node
+
+    debs = tmp_path / "debs"
+    foo = art.build_deb(
+        debs, package="foo", version="1.0-1", arch="all",
+        files={"/usr/share/doc/foo/copyright": b"foo\n"},
+    )  # fmt: skip
+    conf = "/etc/bar/bar.conf"
+    bar = art.build_deb(
+        debs, package="bar", version="2.0", arch="all", depends="foo",
+        files={conf: b"x = 1\n"}, conffiles=[conf],
+    )  # fmt: skip
+    real = tmp_path / "real"
+    for d in ("var/lib/dpkg/info", "var/lib/dpkg/updates"):
+        (real / d).mkdir(parents=True)
+    (real / "var/lib/dpkg/status").touch()
+    (real / "var/lib/dpkg/available").touch()
+    assert REAL_DPKG is not None
+    sim_bin = build_node(tmp_path / "sim", SKUS["h100-hgx"])
+
+    def both(*argv: str) -> tuple[tuple[int, list[str], str], tuple[int, list[str], str]]:
+        out = []
+        for cmd in ([REAL_DPKG, f"--root={real}", *argv], [str(sim_bin / "dpkg"), *argv]):
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+            lines = [x for x in r.stdout.splitlines() if not x.startswith("(Reading database")]
+            out.append((r.returncode, lines, r.stderr))
+        return out[0], out[1]
+
+    installed = both("-i", str(foo), str(bar))
+    assert installed[0][0] == installed[1][0] == 0
+    for argv in (
+        ["--purge", "foo"],  # bar depends on foo: refused, exit 1
+        ["-P"],  # no package: exit 2
+        ["--purge", "--bogus", "foo"],
+        ["--purge", "-i", "foo"],
+        ["--purge", "foo", "nothere", "bar"],  # bar first; nothere ignored with a warning
+        ["-P", "foo"],  # no longer installed: a warning, exit 0
+    ):
+        real_out, sim_out = both(*argv)
+        assert sim_out == real_out, argv
+    for root in (real, tmp_path / "sim"):
+        assert not (root / "usr/share/doc/foo/copyright").exists()
+        assert not (root / "etc/bar/bar.conf").exists()
+        assert "Package: bar" not in (root / "var/lib/dpkg/status").read_text()
+
+
+def test_an_image_baked_then_booted_without_a_gpu_is_cleaned(make_world: MakeWorld) -> None:
+    """The teardown the issue names: `bootfsm bake` built the module into the image (no
+    GPU on the build VM), the image boots on a VM without a GPU."""
+    from bootfsm.core.config import load_config
+    from bootfsm.image.bake import BakeOptions, bake
+
+    w = make_world("h100-hgx")
+    before = tree(w.root)
+    with no_gpus(w):
+        baked = bake(
+            load_config(w.config_path, required=True), BakeOptions(root=w.root, env=w.env())
+        )
+    assert baked.ok, baked.message
+    kinds = {e["kind"] for e in records(w)}
+    assert {"dkms", "package", "file"} <= kinds  # the build, the toolkit, blacklist + marker
+    assert (w.root / "var/lib/bootfsm/bake.marker").exists()
+    assert _hidden_gpus_run(w, cleanup=True) == 22
+    after = tree(w.root)
+    assert not (w.root / "var/lib/dkms/nvidia").exists()
+    assert not (w.root / "var/lib/bootfsm/bake.marker").exists()
+    assert "etc/modprobe.d/blacklist-nouveau.conf" not in after
+    kernel = Node(w.root).kernel
+    assert after[f"boot/initrd.img-{kernel}"] == before[f"boot/initrd.img-{kernel}"]
+    assert "Package: nvidia-container-toolkit" not in (w.root / "var/lib/dpkg/status").read_text()

@@ -408,6 +408,7 @@ def dkms(node: Node, argv: list[str]) -> int:
     return 0
 
 
+_BUILT_NAME = re.compile(r'^BUILT_MODULE_NAME\[(\d+)\]="?([^"\n]+)"?', re.MULTILINE)
 _DKMS_ACTIONS = frozenset({"remove", "install", "uninstall", "autoinstall", "match", "mktarball",
                            "build", "unbuild", "add", "status", "ldtarball"})  # fmt: skip
 
@@ -421,13 +422,14 @@ def _dkms_remove(node: Node, opts: dict[str, str], all_kernels: bool) -> int:
     module and version (its three usage lines); ``module_is_added_or_die`` dies 3 ("The
     module/version combo: M-V is not located in the DKMS tree.") unless
     /var/lib/dkms/M/V/source exists; ``--all`` takes every kernel/arch the module is
-    built for, else the running kernel. Per kernel ``do_uninstall`` prints "Module M-V
-    for kernel K (ARCH)." and deletes each installed module from
-    /lib/modules/K/updates/dkms/ (the "Before uninstall, this module version was ACTIVE
-    on this kernel." block; "This module version was INACTIVE for this kernel." when
-    another version is installed), "depmod..." (``invoke_command``), then the built tree
-    goes; last "Deleting module M-V completely from the DKMS tree." and the tree
-    /var/lib/dkms/M/V (and /var/lib/dkms/M once empty) is removed. Exit 0.
+    built for, else the running kernel. Per kernel, when M-V is the module installed for
+    it, ``do_uninstall`` prints "Module M-V for kernel K (ARCH).", "Before uninstall,
+    this module version was ACTIVE on this kernel." and a block per dkms.conf module
+    (BUILT_MODULE_NAME order) as it deletes it from /lib/modules/K/updates/dkms/, then
+    "depmod..." (``invoke_command``); when not, "Module M V is not installed for kernel
+    K (ARCH). Skipping..." (``maybe_uninstall_module``); then the built tree goes; last
+    "Deleting module M-V completely from the DKMS tree." and the tree /var/lib/dkms/M/V
+    (and /var/lib/dkms/M once empty) is removed. Exit 0.
     """
     module, _, version = opts.get("-m", "").partition("/")
     version = opts.get("-v", version)
@@ -453,22 +455,28 @@ def _dkms_remove(node: Node, opts: dict[str, str], all_kernels: bool) -> int:
         targets = sorted((m.parent.parent.name, m.parent.name) for m in tree.glob("*/*/module"))
     else:
         targets = [(opts.get("-k") or node.kernel, node.arch)]
+    conf = node.read(f"usr/src/{module}-{version}/dkms.conf") or ""  # what source links to
+    names = [n for _, n in sorted((int(i), n) for i, n in _BUILT_NAME.findall(conf))]
     for kernel, arch in targets:
-        print(f"Module {module}-{version} for kernel {kernel} ({arch}).")
         installed = node.built_module(kernel)
-        if installed is not None and installed.version == version:
+        if installed is None or installed.version != version:  # maybe_uninstall_module
+            print(f"Module {module} {version} is not installed for kernel {kernel} ({arch})."
+                  " Skipping...")  # fmt: skip
+        else:  # do_uninstall: each module of dkms.conf, in its BUILT_MODULE_NAME order
+            print(f"Module {module}-{version} for kernel {kernel} ({arch}).")
             print("Before uninstall, this module version was ACTIVE on this kernel.")
-            for ko in sorted((tree / kernel / arch / "module").glob("*.ko")):
-                print(f"\n{ko.name}:\n - Uninstallation\n"
+            for name in names:
+                print(f"\n{name}.ko:\n - Uninstallation\n"
                       f"   - Deleting from: /lib/modules/{kernel}/updates/dkms/\n"
                       " - Original module\n"
                       "   - No original module was found for this module on this kernel.\n"
                       "   - Use the dkms install command to reinstall any previous module"
                       " version.")  # fmt: skip
-                node.remove(f"lib/modules/{kernel}/updates/dkms/{ko.name}")
-        else:
-            print("This module version was INACTIVE for this kernel.")
-        print("depmod...")
+                node.remove(f"lib/modules/{kernel}/updates/dkms/{name}.ko")
+            print("depmod...")
+        if not (tree / kernel / arch / "module").is_dir():  # maybe_unbuild_module
+            print(f"Module {module} {version} is not built for kernel {kernel} ({arch})."
+                  " Skipping...")  # fmt: skip
         node.remove(f"var/lib/dkms/{module}/{version}/{kernel}/{arch}")
         kdir = tree / kernel
         if kdir.is_dir() and not any(kdir.iterdir()):
