@@ -8,6 +8,7 @@ with the real CLI. The expected states are read from the tree before the boot.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -18,6 +19,10 @@ from pathlib import Path
 import pytest
 
 from bootfsm.core.codes import Code
+from bootfsm.core.config import parse_config
+from bootfsm.host.host import Host
+from bootfsm.machine.context import Context
+from bootfsm.observe.journal import Journal
 from bootfsm.sim.nodestate import Node
 from bootfsm.sim.world import DRIVER_VERSION, World
 from tests.conftest import MakeWorld, no_gpus, run_in_process
@@ -476,3 +481,63 @@ def test_an_image_baked_then_booted_without_a_gpu_is_cleaned(make_world: MakeWor
     kernel = Node(w.root).kernel
     assert after[f"boot/initrd.img-{kernel}"] == before[f"boot/initrd.img-{kernel}"]
     assert "Package: nvidia-container-toolkit" not in (w.root / "var/lib/dpkg/status").read_text()
+
+
+def test_a_node_without_records_has_nothing_to_undo(make_world: MakeWorld) -> None:
+    w = make_world("gb300")
+    argv = [sys.executable, "-m", "bootfsm", "uninstall", "--root", str(w.root)]
+    plan = subprocess.run([*argv, "--plan"], env=w.env(), capture_output=True, text=True)
+    assert plan.returncode == 0 and "nothing to do" in plan.stdout
+    r = subprocess.run([*argv, "--json"], env=w.env(), capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert (doc["schema"], doc["kind"], doc["code"], doc["steps"]) == (1, "uninstall", 0, [])
+
+
+# -- the records themselves ------------------------------------------------------------------
+
+
+def _ctx(root: Path) -> Context:
+    return Context.create(parse_config({}), Host(root), Journal(None, run_id="t"))
+
+
+def test_a_rewritten_file_keeps_what_was_there_before_bootfsm(tmp_path: Path) -> None:
+    from bootfsm.install import records as rec
+
+    ctx = _ctx(tmp_path)
+    target = tmp_path / "etc/containerd/config.toml"
+    target.parent.mkdir(parents=True)
+    target.write_bytes(b"version = 2\n")
+    target.chmod(0o640)
+    rec.write_file(ctx, "/etc/containerd/config.toml", "version = 2\nimports = []\n")
+    rec.write_file(ctx, "/etc/containerd/config.toml", "version = 2\nimports = [1]\n")
+    [entry] = records_of(tmp_path)
+    assert entry["before"]["b64"] == "dmVyc2lvbiA9IDIK"  # base64 of b"version = 2\n"
+    assert entry["before"]["mode"] == 0o640
+    assert entry["sha256"] == hashlib.sha256(b"version = 2\nimports = [1]\n").hexdigest()
+    assert (tmp_path / "var/lib/bootfsm/installed.json").stat().st_mode & 0o777 == 0o600
+
+
+def records_of(root: Path) -> list[dict[str, object]]:
+    return json.loads((root / "var/lib/bootfsm/installed.json").read_text())["entries"]
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("not json", "not JSON"),
+        ('{"schema": 2, "entries": []}', "not a schema 1"),
+        ('{"schema": 1, "entries": {}}', "'entries' is not a list"),
+        ('{"schema": 1, "entries": [{"kind": "file", "path": "etc/x", "sha256": "a"}]}',
+         "is not absolute"),
+        ('{"schema": 1, "entries": [{"kind": "package", "name": "x"}]}',
+         "'version' is not a string"),
+        ('{"schema": 1, "entries": [{"kind": "unit", "unit": "u", "action": "reboot"}]}',
+         "unknown unit action"),
+    ],
+)  # fmt: skip
+def test_records_garbage_is_refused_with_the_reason(text: str, why: str) -> None:
+    from bootfsm.install.records import RecordsError, parse_records
+
+    with pytest.raises(RecordsError, match=why):
+        parse_records(text)

@@ -145,8 +145,9 @@ def install_debs(
 ) -> None:
     """`dpkg -i` the given verified files once both locks are free and any interrupted
     dpkg is repaired; a lock race is transient. Of the packages ``names`` (those the
-    debs hold), the ones not installed before are recorded (bootfsm/install/records.py):
-    `bootfsm uninstall` purges those and never one that was on the node before."""
+    debs hold), the ones not installed before are recorded (bootfsm/install/records.py),
+    and so is the new version of one bootfsm installed earlier: `bootfsm uninstall`
+    purges those and never one that was on the node before."""
     wait_for_lock(ctx)
     repair(ctx)
     before = {n: installed_version(ctx, n) for n in names}
@@ -159,7 +160,8 @@ def install_debs(
                 Code.DPKG_LOCK_TIMEOUT, "dpkg lock taken by another process"
             ) from exc
         raise
-    for name in names:
+    ours = {e["name"] for e in records.load(ctx.host, ctx.config) if e["kind"] == "package"}
+    for name in names:  # new here, or bootfsm's own upgraded: the record follows the version
         version = installed_version(ctx, name)
-        if before[name] is None and version is not None:
+        if (before[name] is None or name in ours) and version is not None:
             records.add(ctx, {"kind": "package", "name": name, "version": version})
