@@ -97,7 +97,8 @@ def wire_containerd(ctx: Context, major: int) -> bool:
     if edited is not None:
         real = ctx.host.path(CONFIG)
         mode = real.stat().st_mode & 0o7777 if current is not None else 0o644
-        records.write_file(ctx, CONFIG, edited, mode)  # uninstall restores the original
+        edit = containerd.import_edit(current, edited) if current is not None else None
+        records.write_file(ctx, CONFIG, edited, mode, edit=edit)  # uninstall undoes it
         ctx.event("containerd.import_added", config=CONFIG, entry=containerd.DROPIN_GLOB)
         changed = True
     argv = ["containerd", "--config", str(ctx.host.path(CONFIG)), "config", "dump"]

@@ -541,3 +541,46 @@ def test_records_garbage_is_refused_with_the_reason(text: str, why: str) -> None
 
     with pytest.raises(RecordsError, match=why):
         parse_records(text)
+
+
+@needs_dpkg
+def test_config_toml_edited_since_gets_only_the_imports_edit_undone(
+    booted: tuple[World, str, dict[str, bytes | str]],
+) -> None:
+    """The admin added a line to config.toml after bootfsm's imports edit: uninstall puts
+    the imports back as they were and keeps the admin's line."""
+    w, path, before = booted
+    config = w.root / "etc/containerd/config.toml"
+    admin = b'\n[plugins."io.containerd.internal.v1.opt"]\n  path = "/opt/containerd"\n'
+    config.write_bytes(config.read_bytes() + admin)
+    plan = cli(w, path, "uninstall", "--plan")
+    assert (
+        "unedit /etc/containerd/config.toml: edited since: only bootfsm's imports edit is undone"
+        in plan.stdout.splitlines()
+    )
+    r = cli(w, path, "uninstall")
+    assert r.returncode == 0, r.stderr
+    assert config.read_bytes() == before["etc/containerd/config.toml"] + admin
+
+
+@pytest.mark.parametrize(
+    "original",
+    [
+        'version = 2\n\n[plugins."io.containerd.grpc.v1.cri"]\n  sandbox_image = "x"\n',
+        'version = 2\nimports = ["/etc/containerd/other.toml"]\n[plugins.x]\n  a = 1\n',
+        "# comment\r\nversion = 3\r\n",
+    ],
+)
+def test_undo_import_puts_back_what_ensure_import_changed(original: str) -> None:
+    from bootfsm.install.containerd import ensure_import, import_edit, undo_import
+
+    edited = ensure_import(original, major=2)
+    assert edited is not None
+    edit = import_edit(original, edited)
+    assert undo_import(edited, edit) == original
+    later = edited + "# the admin's line\n"
+    assert undo_import(later, edit) == original + "# the admin's line\n"
+    spaced = undo_import(later.replace("imports = [", "imports = [ ", 1), edit)
+    assert spaced is None or "config.d" not in spaced  # undone right, or not at all
+    changed = later.replace("config.d/*.toml", "config.d/*.conf")  # bootfsm's entry edited
+    assert undo_import(changed, edit) is None

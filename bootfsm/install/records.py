@@ -6,7 +6,9 @@ holds one entry per thing installed, in the order it was installed:
 - ``file``: a file bootfsm wrote (``sha256`` of what it wrote; ``before``: what was
   there first, null when nothing was, else its sha256, mode and, up to 1 MiB, its bytes
   in base64 so that uninstall can put them back; ``then``: a command to run once it is
-  removed, e.g. ``update-initramfs -u`` after the nouveau blacklist);
+  removed, e.g. ``update-initramfs -u`` after the nouveau blacklist; ``edit``: for
+  config.toml, the imports text bootfsm changed, undone alone if the file was edited
+  since);
 - ``link``: a symbolic link bootfsm made (``target``);
 - ``package``: a Debian package bootfsm's ``dpkg -i`` installed that was not installed
   before (``name``, ``version``); a package that was there before is never recorded;
@@ -102,6 +104,8 @@ def parse_records(text: str) -> list[dict[str, Any]]:
         before = e.get("before")
         if kind == "file" and before is not None and not isinstance(before, dict):
             raise RecordsError(f"entry {i}: 'before' is not an object")
+        if not isinstance(e.get("edit", {}), dict):
+            raise RecordsError(f"entry {i}: 'edit' is not an object")
     return entries
 
 
@@ -151,7 +155,7 @@ def add(ctx: Context, entry: dict[str, Any]) -> None:
     key = _key(entry)
     for i, old in enumerate(entries):
         if _key(old) == key:
-            keep = {"before": old.get("before")} if "before" in old else {}
+            keep: dict[str, Any] = {k: old[k] for k in ("before", "edit") if k in old}
             entries[i] = {**entry, **keep}
             break
     else:
@@ -178,16 +182,26 @@ def _recorded(ctx: Context, kind: str, path: str) -> bool:
 
 
 def write_file(
-    ctx: Context, path: str, data: bytes | str, mode: int = 0o644, then: Sequence[str] = ()
+    ctx: Context,
+    path: str,
+    data: bytes | str,
+    mode: int = 0o644,
+    then: Sequence[str] = (),
+    edit: Mapping[str, Any] | None = None,
 ) -> None:
-    """``host.write_atomic`` and record it (``then``: run after its removal)."""
-    before = None if _recorded(ctx, "file", path) else snapshot(ctx.host, path)
+    """``host.write_atomic`` and record it (``then``: run after its removal; ``edit``:
+    the one change made to a file that was there, undone alone when the file was edited
+    since, e.g. ``containerd.import_edit``)."""
+    first = not _recorded(ctx, "file", path)
+    before = snapshot(ctx.host, path) if first else None
     ctx.host.write_atomic(path, data, mode)
     payload = data.encode() if isinstance(data, str) else data
     entry: dict[str, Any] = {"kind": "file", "path": path, "before": before, "by": ctx.state}
     entry["sha256"] = hashlib.sha256(payload).hexdigest()
     if then:
         entry["then"] = list(then)
+    if edit is not None and first:
+        entry["edit"] = dict(edit)
     add(ctx, entry)
 
 

@@ -13,10 +13,11 @@ in use stays, with a warning, as AgentBaker's teardown leaves it); the DKMS modu
 built is removed (`dkms remove -m M -v V --all`); the packages it installed are purged
 in one `dpkg --purge` (dpkg orders them by their dependencies); a file it wrote is
 removed, or given back the bytes and mode it had before bootfsm wrote it
-(config.toml's original imports line). Then: the commands files asked for once gone
-(`update-initramfs -u` after the nouveau blacklist), `systemctl daemon-reload` when a
-unit file went, `ldconfig` when a library went, a containerd restart when its
-configuration changed, and last the bake markers.
+(config.toml's original imports line; in a config.toml edited since, only the imports
+text bootfsm changed is put back, when what is left reads the same). Then: the
+commands files asked for once gone (`update-initramfs -u` after the nouveau
+blacklist), `systemctl daemon-reload` when a unit file went, `ldconfig` when a library
+went, a containerd restart when its configuration changed, and last the bake markers.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError
 from bootfsm.install import records
+from bootfsm.install.containerd import undo_import
 from bootfsm.install.dpkg import installed_version, wait_for_lock
 from bootfsm.install.marker import PEER_MARKER, marker_path
 from bootfsm.install.units import enabled_state, is_active
@@ -45,7 +47,8 @@ class Step:
     """One thing uninstall does (or decides not to do) and the records it settles."""
 
     action: str
-    """stop, disable, unmask, unload, dkms-remove, purge, remove, restore, keep, skip,
+    """stop, disable, unmask, unload, dkms-remove, purge, remove, restore, unedit (undo
+    only bootfsm's config.toml imports edit in a file edited since), keep, skip,
     run (a command a removed file asked for), daemon-reload, ldconfig, restart"""
     target: str
     argv: tuple[str, ...] = ()
@@ -91,6 +94,9 @@ def _content_step(ctx: Context, i: int, e: dict[str, Any]) -> Step:
         now_ours, gone = sha == e["sha256"], sha is None and not host.is_symlink(path)
     if gone:
         return Step("skip", path, reason="already gone", settles=(i,))
+    if not now_ours and e.get("edit") and _undone(ctx, path, e["edit"]) is not None:
+        why = "edited since: only bootfsm's imports edit is undone"
+        return Step("unedit", path, reason=why, settles=(i,))
     if not now_ours:
         return Step("keep", path, reason="changed since bootfsm wrote it", settles=(i,))
     if before is None:
@@ -101,6 +107,11 @@ def _content_step(ctx: Context, i: int, e: dict[str, Any]) -> Step:
         why = "it was there before bootfsm (over 1 MiB: its bytes were not kept)"
         return Step("keep", path, reason=why, settles=(i,))
     return Step("restore", path, reason="the bytes it had before bootfsm", settles=(i,))
+
+
+def _undone(ctx: Context, path: str, edit: dict[str, Any]) -> str | None:
+    text = ctx.host.read_text(path)
+    return undo_import(text, edit) if text is not None else None
 
 
 def _package_steps(ctx: Context, found: list[tuple[int, dict[str, Any]]]) -> list[Step]:
@@ -156,7 +167,7 @@ def plan(ctx: Context, entries: Sequence[dict[str, Any]]) -> list[Step]:
 def _after(ctx: Context, entries: Sequence[dict[str, Any]], steps: list[Step]) -> list[Step]:
     """The commands the removals call for, each once."""
     out: list[Step] = []
-    gone = [s for s in steps if s.action in ("remove", "restore")]
+    gone = [s for s in steps if s.action in ("remove", "restore", "unedit")]
     for s in gone:
         argv = tuple(entries[s.settles[0]].get("then") or ())
         if argv and all(o.argv != argv for o in out):
@@ -202,6 +213,14 @@ def execute(
             ctx.host.remove(step.target)
         elif step.action == "restore":
             _restore(ctx, step.target, entries[step.settles[0]]["before"])
+        elif step.action == "unedit":
+            undone = _undone(ctx, step.target, entries[step.settles[0]]["edit"])
+            if undone is None:  # edited again since the plan: keep it
+                kept.append(step)
+                ctx.warn(f"uninstall kept {step.target}: changed while uninstalling")
+            else:
+                mode = ctx.host.path(step.target).stat().st_mode & 0o7777
+                ctx.host.write_atomic(step.target, undone, mode)
         elif step.argv:
             if step.action == "purge":
                 wait_for_lock(ctx)
