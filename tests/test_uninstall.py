@@ -584,3 +584,28 @@ def test_undo_import_puts_back_what_ensure_import_changed(original: str) -> None
     assert spaced is None or "config.d" not in spaced  # undone right, or not at all
     changed = later.replace("config.d/*.toml", "config.d/*.conf")  # bootfsm's entry edited
     assert undo_import(changed, edit) is None
+
+
+def test_garbage_records_met_while_installing_are_set_aside(tmp_path: Path) -> None:
+    from bootfsm.install import records as rec
+
+    state = tmp_path / "var/lib/bootfsm"
+    state.mkdir(parents=True, mode=0o700)
+    (state / "installed.json").write_text("{torn")
+    ctx = _ctx(tmp_path)
+    rec.record_module(ctx, "ib_umad")
+    assert (state / "installed.json.bad").read_text() == "{torn"
+    assert [e["kind"] for e in records_of(tmp_path)] == ["module"]
+
+
+def test_a_link_planted_as_the_records_is_never_followed(tmp_path: Path) -> None:
+    from bootfsm.core.errors import BootError
+    from bootfsm.install import records as rec
+
+    state = tmp_path / "var/lib/bootfsm"
+    state.mkdir(parents=True, mode=0o700)
+    (tmp_path / "elsewhere.json").write_text('{"schema": 1, "entries": []}')
+    (state / "installed.json").symlink_to(tmp_path / "elsewhere.json")
+    with pytest.raises(BootError) as err:
+        rec.load(Host(tmp_path), parse_config({}))
+    assert err.value.code is Code.UNSAFE_STATE_FILE

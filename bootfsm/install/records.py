@@ -116,14 +116,11 @@ def render_records(entries: Sequence[Mapping[str, Any]]) -> str:
 
 
 def load(host: Host, cfg: Config) -> list[dict[str, Any]]:
-    """The node's records ([] when none); BootError(UNINSTALL_FAILED) when unreadable or
-    not a regular file (a link planted in bootfsm's state dir is never followed)."""
+    """The node's records ([] when none); BootError(UNINSTALL_FAILED) when unreadable,
+    UNSAFE_STATE_FILE when not a regular file (a link planted in bootfsm's state dir is
+    never followed)."""
     path = records_path(cfg)
-    try:
-        real = host.own_file(path)
-    except BootError as exc:
-        raise BootError(Code.UNINSTALL_FAILED, exc.message) from exc
-    if real is None:
+    if host.own_file(path) is None:  # UNSAFE_STATE_FILE for a link or a non-file
         return []
     try:
         return parse_records(host.read_text(path) or "")
@@ -151,7 +148,15 @@ def add(ctx: Context, entry: dict[str, Any]) -> None:
     """Record ``entry`` after what it describes was done. A file or link recorded before
     keeps its first ``before`` (what the node had before bootfsm) and takes the new
     content; a package recorded before takes the new version."""
-    entries = load(ctx.host, ctx.config)
+    try:
+        entries = load(ctx.host, ctx.config)
+    except BootError as exc:  # garbage: set aside (never lost), new records begin
+        if exc.code is not Code.UNINSTALL_FAILED:
+            raise
+        bad = records_path(ctx.config) + ".bad"
+        ctx.host.rename(records_path(ctx.config), bad)
+        ctx.warn(f"{exc.message}; moved to {bad}, new install records begin")
+        entries = []
     key = _key(entry)
     for i, old in enumerate(entries):
         if _key(old) == key:
