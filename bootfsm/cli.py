@@ -43,6 +43,10 @@ EXIT_CODES: dict[str, str] = {
     "bake": "  0       baked (or already baked)\n  10-110  the failure's code\n",
     "install-unit": "  0       installed\n  102     a file or systemctl step failed\n",
     "uninstall-unit": "  0       removed\n  102     a file or systemctl step failed\n",
+    "uninstall": "  0       everything the install records list is undone (or nothing was"
+    " listed; --plan: printed)\n  11      another run holds the node lock\n  40      dpkg's"
+    " lock stayed held\n  105-106 the state dir or the records file is unsafe\n  108     a"
+    " step failed (UNINSTALL_FAILED; the message names it)\n",
     "completion": "  0       printed\n",
     "manpage": "  0       printed\n",
 }
@@ -213,6 +217,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = _cmd(sub, "uninstall-unit", "disable and remove the bootfsm unit")
     p.add_argument("--root", default="/", help="image root")
 
+    p = _cmd(sub, "uninstall", "remove what bootfsm installed, as its install records list")
+    _common(p)
+    p.add_argument("--plan", action="store_true", help="print what would be done; change nothing")
+    p.add_argument("--json", action="store_true", help="one JSON document")
+    p.add_argument(
+        "--wait-lock",
+        type=_finite(0.0),
+        default=0.0,
+        metavar="SECONDS",
+        help="wait this long for another run's lock (default: exit at once)",
+    )
+
     p = _cmd(sub, "completion", "print a shell completion script generated from this parser")
     p.add_argument("shell", choices=("bash", "zsh"))
     _cmd(sub, "manpage", "print the bootfsm(1) man page (roff) generated from this parser")
@@ -233,6 +249,7 @@ _COMMANDS = {
     "bake": "bake",
     "install-unit": "unit",
     "uninstall-unit": "unit",
+    "uninstall": "uninstall",
     "completion": "completion",
     "manpage": "completion",
 }

@@ -23,7 +23,7 @@ from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError
 from bootfsm.core.hardware import requires_open_module
 from bootfsm.install import driver_steps as steps
-from bootfsm.install import persistenced
+from bootfsm.install import persistenced, records
 from bootfsm.install.driver_init import (
     init_missing,
     initialize,
@@ -38,7 +38,6 @@ from bootfsm.install.marker import (
     marker_path,
     read_marker,
     required_module_type,
-    write_marker,
 )
 from bootfsm.machine.context import Context
 
@@ -146,7 +145,7 @@ def _record_build(ctx: Context, module_type: str) -> None:
         bootfsm=__version__,
         baked_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ctx.host.wall())),
     )
-    write_marker(ctx.host, ctx.config, m)
+    records.write_markers(ctx, m)
 
 
 def run(ctx: Context) -> None:

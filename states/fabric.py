@@ -16,6 +16,7 @@ from __future__ import annotations
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError
 from bootfsm.fetch.store import resolved, verified
+from bootfsm.install import records
 from bootfsm.install.daemons import FABRIC_MANAGER
 from bootfsm.install.units import systemctl
 from bootfsm.machine.context import Context
@@ -97,12 +98,12 @@ def _install(ctx: Context) -> None:
     for src, dst in install_map(ctx.facts.raw_arch):
         if not ctx.host.exists(f"{top}/{src}") and not ctx.host.is_symlink(f"{top}/{src}"):
             raise BootError(Code.FABRIC_MANAGER_FAILED, f"{name} lacks {src}")
-        ctx.host.install_file(f"{top}/{src}", dst)
+        records.install_file(ctx, f"{top}/{src}", dst)
     for topo in ctx.host.listdir(f"{top}/share/nvidia/nvswitch"):
-        ctx.host.install_file(
-            f"{top}/share/nvidia/nvswitch/{topo}", f"/usr/share/nvidia/nvswitch/{topo}"
+        records.install_file(
+            ctx, f"{top}/share/nvidia/nvswitch/{topo}", f"/usr/share/nvidia/nvswitch/{topo}"
         )
-    ctx.host.write_atomic(_marker(ctx), ctx.config.driver.version + "\n", 0o600)
+    records.write_file(ctx, _marker(ctx), ctx.config.driver.version + "\n", 0o600)
     ctx.event("fabricmanager.installed", version=ctx.config.driver.version)
 
 
@@ -113,15 +114,15 @@ def install_nvlsm(ctx: Context) -> None:
     name, top = _extract(ctx, "nvlsm", ".tar.xz", code)
     if not ctx.host.exists(f"{top}/sbin/nvlsm"):
         raise BootError(code, f"{name} lacks sbin/nvlsm")
-    ctx.host.install_file(f"{top}/sbin/nvlsm", NVLSM_BIN, 0o755)
+    records.install_file(ctx, f"{top}/sbin/nvlsm", NVLSM_BIN, 0o755)
     for src, dst in NVLSM_DIRS:
         for entry in ctx.host.listdir(f"{top}/{src}"):
-            ctx.host.install_file(f"{top}/{src}/{entry}", f"{dst}/{entry}")
+            records.install_file(ctx, f"{top}/{src}/{entry}", f"{dst}/{entry}")
     if not ctx.host.exists("/usr/share/nvidia/nvlsm/nvlsm.conf"):
         raise BootError(code, f"{name} lacks share/nvidia/nvlsm/nvlsm.conf")
     if ctx.host.exists(f"{top}/LICENSE"):
-        ctx.host.install_file(f"{top}/LICENSE", "/usr/share/doc/nvlsm/LICENSE")
-    ctx.host.write_atomic(_marker(ctx, "nvlsm"), name + "\n", 0o600)
+        records.install_file(ctx, f"{top}/LICENSE", "/usr/share/doc/nvlsm/LICENSE")
+    records.write_file(ctx, _marker(ctx, "nvlsm"), name + "\n", 0o600)
     ctx.event("nvlsm.installed", archive=name)
 
 
@@ -129,7 +130,7 @@ def load_ib_umad(ctx: Context) -> None:
     """``modprobe ib_umad`` (the unit's precheck refuses to start without it) and
     /etc/modules-load.d/ib_umad.conf so it loads at every boot; IB_UMAD_NOT_LOADED."""
     if ctx.host.read_text(IB_UMAD_LOAD) != "ib_umad\n":
-        ctx.host.write_atomic(IB_UMAD_LOAD, "ib_umad\n")
+        records.write_file(ctx, IB_UMAD_LOAD, "ib_umad\n")
     if _ib_umad_loaded(ctx):
         return
     r = ctx.run(["modprobe", "ib_umad"], timeout=60)
@@ -139,6 +140,7 @@ def load_ib_umad(ctx: Context) -> None:
             'kernel module "ib_umad" did not load: fabric manager cannot start on NVLink5',
             output=r.output[-1000:],
         )
+    records.record_module(ctx, "ib_umad")
     ctx.event("module.loaded", module="ib_umad")
 
 

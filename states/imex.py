@@ -34,5 +34,7 @@ def run(ctx: Context) -> None:
     want = ctx.config.driver.version
     if not (v == want or v.startswith(want + "-")):
         [(_, deb)] = verified(ctx, "imex")
-        dpkg.install_debs(ctx, [deb], force=["depends"], code=Code.IMEX_INSTALL_FAILED)
+        dpkg.install_debs(
+            ctx, [deb], force=["depends"], code=Code.IMEX_INSTALL_FAILED, names=[_package(ctx)]
+        )
     IMEX.mask(ctx)

@@ -6,7 +6,7 @@ import json
 
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError, CommandError, TransientError
-from bootfsm.install import containerd
+from bootfsm.install import containerd, records
 from bootfsm.install.cdi import EMPTY_DEVICE_EDITS, mig_modes, tolerated_case
 from bootfsm.install.containerd import CONFIG, DROPIN, ContainerdConfigError
 from bootfsm.install.daemons import CONTAINERD, KUBELET
@@ -94,11 +94,12 @@ def wire_containerd(ctx: Context, major: int) -> bool:
         raise BootError(Code.CONTAINERD_CONFIG_INVALID, f"{CONFIG}: {exc}") from exc
     changed = ctx.host.read_text(DROPIN) != dropin
     if changed:
-        ctx.host.write_atomic(DROPIN, dropin)
+        records.write_file(ctx, DROPIN, dropin)
     if edited is not None:
         real = ctx.host.path(CONFIG)
         mode = real.stat().st_mode & 0o7777 if current is not None else 0o644
-        ctx.host.write_atomic(CONFIG, edited, mode)
+        edit = containerd.import_edit(current, edited) if current is not None else None
+        records.write_file(ctx, CONFIG, edited, mode, edit=edit)  # uninstall undoes it
         ctx.event("containerd.import_added", config=CONFIG, entry=containerd.DROPIN_GLOB)
         changed = True
     argv = ["containerd", "--config", str(ctx.host.path(CONFIG)), "config", "dump"]
@@ -127,8 +128,10 @@ def refresh_cdi(ctx: Context) -> None:
         return
     ctx.host.makedirs(CDI_SPEC.rsplit("/", 1)[0])
     argv = ["nvidia-ctk", "cdi", "generate", f"--output={ctx.host.path(CDI_SPEC)}"]
+    before = records.snapshot(ctx.host, CDI_SPEC)
     r = ctx.run(argv, timeout=120)
     if r.ok:
+        records.track(ctx, CDI_SPEC, before)
         return
     smi = ctx.run(["nvidia-smi", "-q"], timeout=120) if EMPTY_DEVICE_EDITS in r.output else None
     case = tolerated_case(r.output, mig_modes(smi.output) if smi and smi.ok else [])
@@ -156,7 +159,8 @@ def run(ctx: Context) -> None:
     """
     cfg = ctx.config.join
     changed = wire_containerd(ctx, _containerd_major(ctx))
-    ctx.host.write_atomic(UDEV_RULE, UDEV_TEXT)
+    if ctx.host.read_text(UDEV_RULE) != UDEV_TEXT:
+        records.write_file(ctx, UDEV_RULE, UDEV_TEXT)
     ctx.require(
         ["nvidia-ctk", "system", "create-dev-char-symlinks", "--create-all"],
         code=Code.DRIVER_NOT_STARTED,
@@ -183,4 +187,4 @@ def run(ctx: Context) -> None:
         "run_id": ctx.journal.run_id,
         "wall_time": ctx.host.wall(),
     }
-    ctx.host.write_atomic(_marker(ctx), json.dumps(marker) + "\n", 0o600)
+    records.write_file(ctx, _marker(ctx), json.dumps(marker) + "\n", 0o600)

@@ -375,6 +375,13 @@ CODES: dict[Code, CodeInfo] = {
             cse=84,
         ),
         _row(
+            Code.UNINSTALL_FAILED,
+            "`bootfsm uninstall` could not undo what its install records list",
+            "the message names the step (dkms remove, dpkg --purge, systemctl) and its output;"
+            " fix that and rerun `bootfsm uninstall` (done steps are not repeated)",
+            cse=84,
+        ),
+        _row(
             Code.INTERNAL_ERROR,
             "bootfsm hit an unexpected error (a bug)",
             "the journal holds the traceback; please report it",

@@ -84,6 +84,20 @@ class Host(Commands):
         except OSError as exc:
             raise BootError(Code.HOST_IO_ERROR, f"cannot read {node_path}: {exc}") from exc
 
+    def sha256(self, node_path: str) -> str | None:
+        """sha256 (hex) of a regular file, links not followed; None when there is none."""
+        h = hashlib.sha256()
+        try:
+            fd = os.open(self.path(node_path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as fh:
+                while block := fh.read(1 << 20):
+                    h.update(block)
+        except OSError as exc:  # absent, a directory, a link (ELOOP): not a file of ours
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.ELOOP):
+                return None
+            raise BootError(Code.HOST_IO_ERROR, f"cannot read {node_path}: {exc}") from exc
+        return h.hexdigest()
+
     def exists(self, node_path: str) -> bool:
         """True when the node path exists (links are followed)."""
         return self.path(node_path).exists()

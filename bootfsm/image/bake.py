@@ -28,12 +28,12 @@ from bootfsm.core.errors import BootError, TransientError
 from bootfsm.core.hardware import model_for
 from bootfsm.host.host import CommandResult, Host
 from bootfsm.host.lock import NodeLock, own_dirs
+from bootfsm.install import records
 from bootfsm.install.marker import (
     Marker,
     check_marker,
     expected_marker,
     read_marker,
-    write_marker,
 )
 from bootfsm.machine.context import Context
 from bootfsm.machine.table import row
@@ -307,6 +307,6 @@ def _bake_steps(ctx: Context, opts: BakeOptions, changed: list[str]) -> Marker |
     ctx.event("bake.driver", built=why is not None, reason=why or "marker and module match")
     if isinstance(old, Marker) and replace(old, baked_at="") == replace(want, baked_at=""):
         return old
-    write_marker(ctx.host, cfg, want)
+    records.write_markers(ctx, want)
     changed.append("marker")
     return want

@@ -35,10 +35,12 @@ __all__ = [
     "ContainerdConfigError",
     "dropin_text",
     "ensure_import",
+    "import_edit",
     "imports_cover",
     "plugin_for_version",
     "render_toml",
     "runtime_problem",
+    "undo_import",
 ]
 
 CONFIG = "/etc/containerd/config.toml"
@@ -249,6 +251,39 @@ def ensure_import(
     if _imports(after) != [*imports, entry] or {**after, "imports": 0} != {**before, "imports": 0}:
         raise ContainerdConfigError("config.toml: editing the imports line changed other keys")
     return new
+
+
+def import_edit(before: str, after: str) -> dict[str, Any]:
+    """What ``ensure_import`` changed in config.toml ``before`` to make ``after`` (pure):
+    the text it replaced (``from``), the text it put there (``to``) and the imports
+    before (``imports``), as the install record keeps it for ``undo_import``."""
+    head = 0
+    while head < min(len(before), len(after)) and before[head] == after[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(before), len(after)) - head and before[-1 - tail] == after[-1 - tail]:
+        tail += 1
+    return {
+        "from": before[head : len(before) - tail],
+        "to": after[head : len(after) - tail],
+        "imports": _imports(_load(before, "config.toml")),
+    }
+
+
+def undo_import(text: str, edit: Mapping[str, Any]) -> str | None:
+    """config.toml ``text`` (edited by someone since) with bootfsm's imports edit undone:
+    the one occurrence of ``edit["to"]`` put back to ``edit["from"]``; None unless the
+    result reads with exactly the imports from before and every other key unchanged."""
+    to, frm = edit.get("to"), edit.get("from")
+    if not isinstance(to, str) or not isinstance(frm, str) or not to or text.count(to) != 1:
+        return None
+    new = text.replace(to, frm, 1)
+    try:
+        now, undone = _load(text, "config.toml"), _load(new, "config.toml")
+        same = {**now, "imports": 0} == {**undone, "imports": 0}
+        return new if same and _imports(undone) == edit.get("imports") else None
+    except ContainerdConfigError:
+        return None
 
 
 # -- the merged view ---------------------------------------------------------------------

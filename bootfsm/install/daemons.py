@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError
+from bootfsm.install import records
 from bootfsm.install.units import enabled_state, is_active, systemctl, unit_state
 from bootfsm.machine.context import Context
 
@@ -66,12 +67,14 @@ class Daemon:
         state = unit_state(ctx, self.unit)
         if state.enabled != "enabled":
             systemctl(ctx, "enable", self.unit, code=self.code)
+            records.unit_done(ctx, "enable", self.unit)  # uninstall disables it again
         if state.active:
             return
         if reset_failed:
             ctx.run(["systemctl", "reset-failed", self.unit], timeout=15)
         what = f"systemctl start {self.unit} failed"
         systemctl(ctx, "start", self.unit, code=self.code, timeout=self.start_timeout, what=what)
+        records.unit_done(ctx, "start", self.unit)
 
     def ensure_running(self, ctx: Context, *, reset_failed: bool = False) -> None:
         """``start``, then ``code`` unless it is active."""
@@ -93,10 +96,15 @@ class Daemon:
         systemctl(ctx, "disable", "--now", self.unit, code=self.code)
 
     def mask(self, ctx: Context) -> None:
-        """Stop, disable (when enabled) and mask it: it must not run on this host."""
-        if enabled_state(ctx, self.unit) == "enabled":
+        """Stop, disable (when enabled) and mask it, recorded: it must not run on this
+        host. Nothing to do when it is masked already."""
+        state = enabled_state(ctx, self.unit)
+        if state == "masked":
+            return
+        if state == "enabled":
             self.disable(ctx)
         systemctl(ctx, "mask", self.unit, code=self.code)
+        records.unit_done(ctx, "mask", self.unit)
 
 
 FABRIC_MANAGER = Daemon(

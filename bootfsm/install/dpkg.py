@@ -17,6 +17,7 @@ from pathlib import Path
 
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError, CommandError, TransientError
+from bootfsm.install import records
 from bootfsm.machine.context import Context
 
 __all__ = [
@@ -152,11 +153,22 @@ def parse_query(output: str, packages: Sequence[str]) -> dict[str, str | None]:
     return found
 
 
-def install_debs(ctx: Context, debs: Sequence[Path], *, force: Sequence[str], code: Code) -> None:
+def install_debs(
+    ctx: Context,
+    debs: Sequence[Path],
+    *,
+    force: Sequence[str],
+    code: Code,
+    names: Sequence[str] = (),
+) -> None:
     """`dpkg -i` the given verified files once both locks are free and any interrupted
-    dpkg is repaired; a lock race is transient."""
+    dpkg is repaired; a lock race is transient. Of the packages ``names`` (those the
+    debs hold), the ones not installed before are recorded (bootfsm/install/records.py),
+    and so is the new version of one bootfsm installed earlier: `bootfsm uninstall`
+    purges those and never one that was on the node before."""
     wait_for_lock(ctx)
     repair(ctx)
+    before = {n: installed_version(ctx, n) for n in names}
     argv = ["dpkg", "-i", *(f"--force-{f}" for f in force), *(str(d) for d in debs)]
     try:
         ctx.require(argv, code=code, timeout=300, what="dpkg -i failed")
@@ -166,3 +178,8 @@ def install_debs(ctx: Context, debs: Sequence[Path], *, force: Sequence[str], co
                 Code.DPKG_LOCK_TIMEOUT, "dpkg lock taken by another process"
             ) from exc
         raise
+    ours = {e["name"] for e in records.load(ctx.host, ctx.config) if e["kind"] == "package"}
+    for name in names:  # new here, or bootfsm's own upgraded: the record follows the version
+        version = installed_version(ctx, name)
+        if (before[name] is None or name in ours) and version is not None:
+            records.add(ctx, {"kind": "package", "name": name, "version": version})

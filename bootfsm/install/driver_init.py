@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError
+from bootfsm.install import records
 from bootfsm.machine.context import Context
 from bootfsm.parsers.nvidia_smi import SmiFailure, classify_smi_failure, wrong_module_type
 
@@ -61,6 +62,8 @@ def record_loaded(ctx: Context, new: set[str], *, replace_all: bool = False) -> 
     ctx.host.write_atomic(LOADED_RECORD, "".join(f"{m}\n" for m in ordered), 0o600)
     if new - old:
         ctx.event("driver.loaded_by_bootfsm", modules=[m for m in NV_MODULES if m in new - old])
+    for module in [m for m in NV_MODULES if m in new][::-1]:  # nvidia first: load order
+        records.record_module(ctx, module)
 
 
 def unload_own(ctx: Context) -> list[str]:

@@ -19,7 +19,7 @@ from bootfsm.core.node_paths import INSTALLER_LOG
 from bootfsm.fetch.artifacts import cache_node_path
 from bootfsm.fetch.store import verified
 from bootfsm.host.progress import LogWatch
-from bootfsm.install import dpkg
+from bootfsm.install import dpkg, records
 from bootfsm.install.marker import module_type_of, parse_modinfo
 from bootfsm.machine.context import Context
 from bootfsm.node.facts import loaded_module_version
@@ -97,8 +97,8 @@ def blacklist_nouveau(ctx: Context, kernel: str | None = None) -> bool:
     """Blacklist nouveau and rebuild the initramfs (of ``kernel`` when given); True if changed."""
     if nouveau_off(ctx):
         return False
-    ctx.host.write_atomic(BLACKLIST, BLACKLIST_TEXT)
     argv = ["update-initramfs", "-u", *(["-k", kernel] if kernel else [])]
+    records.write_file(ctx, BLACKLIST, BLACKLIST_TEXT, then=argv)  # rebuilt without it
     ctx.require(argv, code=Code.DRIVER_INSTALL_FAILED, timeout=300)
     return True
 
@@ -110,7 +110,11 @@ def install_toolkit(ctx: Context) -> bool:
     order = {n: i for i, n in enumerate(ctx.config.sources.toolkit_packages)}
     debs = sorted(verified(ctx, "toolkit"), key=lambda ap: order.get(ap[0].name, 99))
     dpkg.install_debs(
-        ctx, [p for _, p in debs], force=["overwrite"], code=Code.TOOLKIT_INSTALL_FAILED
+        ctx,
+        [p for _, p in debs],
+        force=["overwrite"],
+        code=Code.TOOLKIT_INSTALL_FAILED,
+        names=[a.name for a, _ in debs],
     )
     return True
 
@@ -218,6 +222,7 @@ def build_module(ctx: Context, module_type: str | None = None, extra: Sequence[s
             timeout=ctx.config.driver.command_timeout,
             what="nvidia-installer failed",
         )
+    records.record_dkms(ctx, "nvidia", ctx.config.driver.version, kernel)
     return mt
 
 

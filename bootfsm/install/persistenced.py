@@ -17,6 +17,7 @@ does (NVIDIA's sample template adds ``--user`` and a dedicated account).
 from __future__ import annotations
 
 from bootfsm.core.codes import Code
+from bootfsm.install import records
 from bootfsm.install.daemons import PERSISTENCED
 from bootfsm.install.units import systemctl
 from bootfsm.machine.context import Context
@@ -77,7 +78,7 @@ def ensure(ctx: Context) -> None:
     code = Code.DRIVER_NOT_STARTED
     unit = _unit_on_node(ctx)
     if unit is None:
-        ctx.host.write_atomic(UNIT_PATH, UNIT_TEXT)
+        records.write_file(ctx, UNIT_PATH, UNIT_TEXT)
         systemctl(ctx, "daemon-reload", code=code)
         unit = UNIT_PATH
     PERSISTENCED.ensure_running(ctx)

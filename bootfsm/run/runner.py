@@ -22,7 +22,7 @@ from typing import IO, Any
 from bootfsm import __version__
 from bootfsm.core.codes import Code, info
 from bootfsm.core.config import Config
-from bootfsm.core.errors import BootError
+from bootfsm.core.errors import BootError, TransientError
 from bootfsm.host.host import CommandResult, Host
 from bootfsm.host.lock import NodeLock, own_dirs
 from bootfsm.machine.context import Context
@@ -274,6 +274,8 @@ def _locked(cfg: Config, opts: RunOptions, host: Host, interrupts: _Interrupts) 
         if outcome is None:  # a signal after drive() returned does not undo its outcome
             outcome = _interrupted(journal, ctx.state, last_transition, exc, interrupts)
     assert outcome is not None
+    if outcome.code is Code.NO_GPU and cfg.detect.cleanup_on_no_gpu:
+        _cleanup(ctx)
     kind = (
         "done" if outcome.ok else ("interrupted" if outcome.code is Code.INTERRUPTED else "failed")
     )
@@ -309,6 +311,18 @@ def _locked(cfg: Config, opts: RunOptions, host: Host, interrupts: _Interrupts) 
     if jpath is not None:
         _prune(jpath.parent, cfg.run.keep_journals)
     return RunResult(outcome, run_id, jpath)
+
+
+def _cleanup(ctx: Context) -> None:
+    """detect.cleanup_on_no_gpu: a GPU image on a VM without a GPU removes what bootfsm
+    installed (as `bootfsm uninstall`); the run still ends NO_GPU (22)."""
+    from bootfsm.install import uninstall
+
+    ctx.state, ctx.state_row, ctx.state_deadline = "uninstall", None, None
+    try:
+        uninstall.run(ctx)
+    except (BootError, TransientError) as exc:
+        ctx.warn(f"cleanup on NO_GPU failed ({exc.code.name}): {exc}")
 
 
 def _export_trace(jpath: Path, env: Mapping[str, str]) -> list[str]:

@@ -235,6 +235,7 @@ def build_deb(
     modes: Mapping[str, int] | None = None,
     depends: str = "",
     description: str = "",
+    conffiles: Sequence[str] = (),
 ) -> Path:
     """Build ``out_dir/<package>_<version>_<arch>.deb`` with ``dpkg-deb --build``.
 
@@ -275,9 +276,13 @@ def build_deb(
             _description_field(description, package),
         ]
         (root / "DEBIAN" / "control").write_text("\n".join(control) + "\n")
+        if conffiles:  # dpkg-deb refuses a conffile that is not in the package
+            (root / "DEBIAN" / "conffiles").write_text("".join(f"{c}\n" for c in conffiles))
         for dirpath, _dirs, _files in os.walk(root):
             Path(dirpath).chmod(0o755)
         (root / "DEBIAN" / "control").chmod(0o644)
+        if conffiles:
+            (root / "DEBIAN" / "conffiles").chmod(0o644)
         _touch_tree(root)
         _run(
             ["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(root), str(deb)],

@@ -325,6 +325,9 @@ class _Run:
             )
             return None
         archive = _Archive(deb, stanzas[0])
+        conf = _dpkg_deb("-I", deb, "conffiles")  # the control member, when the deb has one
+        if conf.returncode == 0 and conf.stdout.strip():
+            archive.control["Conffiles"] = "".join(f"\n {c}" for c in conf.stdout.split())
         arch = archive.control.get("Architecture", "all")
         if arch not in ("all", self.node.deb_arch):
             self.fail_archive(
@@ -369,7 +372,8 @@ class _Run:
     @staticmethod
     def _stanza(archive: _Archive, status: str) -> dict[str, str]:
         stanza = {"Package": archive.package, "Status": status}
-        for key in ("Maintainer", "Architecture", "Version", *_RELATION_FIELDS, "Description"):
+        keys = ("Maintainer", "Architecture", "Version", *_RELATION_FIELDS, "Conffiles")
+        for key in (*keys, "Description"):
             if key in archive.control:
                 stanza[key] = archive.control[key]
         return stanza
@@ -527,9 +531,108 @@ def _configure_all(node: Node) -> int:
     return 0
 
 
+# dpkg 1.21.23's usage tail after an argument error (src/main/main.c printforhelp),
+# as the real dpkg prints it on Debian 12 (checked with --root on a test directory).
+_FOR_HELP = (
+    "\nType dpkg --help for help about installing and deinstalling packages [*];\n"
+    "Use 'apt' or 'aptitude' for user-friendly package management;\n"
+    "Type dpkg -Dhelp for a list of dpkg debug flag values;\n"
+    "Type dpkg --force-help for a list of forcing options;\n"
+    "Type dpkg-deb --help for help about manipulating *.deb files;\n\n"
+    "Options marked [*] produce a lot of output - pipe it through 'less' or 'more' !"
+)
+_ACTIONS = {"-i": "--install", "--install": "--install", "-P": "--purge", "--purge": "--purge"}
+_SHORT = {"--install": "-i", "--purge": "-P"}
+
+
+def _usage_error(message: str) -> int:
+    print(f"dpkg: error: {message}\n{_FOR_HELP}", file=sys.stderr)
+    return 2
+
+
+def _depends_on(stanza: dict[str, str], name: str) -> bool:
+    groups = [*_relations(stanza.get("Pre-Depends", "")), *_relations(stanza.get("Depends", ""))]
+    return any(all(alt[0] == name for alt in group) for group in groups)
+
+
+def _purge(node: Node, names: list[str]) -> int:
+    """`dpkg --purge PKG...` (`-P`) as dpkg 1.21.23 words it (checked against the real
+    dpkg with --root): a package not installed is "dpkg: warning: ignoring request to
+    remove X which isn't installed" (no error); one another installed package depends
+    on is refused ("dependency problems prevent removal of X:" / " Y depends on X.",
+    "dpkg: error processing package X (--purge):" / " dependency problems - not
+    removing", then "Errors were encountered while processing:", exit 1); the others go
+    dependents first: "(Reading database ... N files and directories currently
+    installed.)" once, "Removing X (V) ...", "Purging configuration files for X (V) ..."
+    when it has conffiles; its files (those no other package lists), its info/ files and
+    its status stanza are removed. Directories stay (the stand-in's file lists, unlike
+    dpkg's, name no directories)."""
+    with _locks(node) as locked:
+        if not locked:
+            return 2
+        db = _Db(node)
+        todo: list[str] = []
+        for name in names:
+            state = db.packages.get(name, {}).get("Status", "").split()[-1:]
+            if state in ([], ["not-installed"]):
+                print(f"dpkg: warning: ignoring request to remove {name} which isn't installed",
+                      file=sys.stderr)  # fmt: skip
+            elif name not in todo:
+                todo.append(name)
+        errors: list[str] = []
+        for name in list(todo):
+            users = [p for p, st in sorted(db.packages.items())
+                     if p not in todo and _depends_on(st, name)]  # fmt: skip
+            if users:
+                print(f"dpkg: dependency problems prevent removal of {name}:\n"
+                      + "".join(f" {u} depends on {name}.\n" for u in users)
+                      + f"\ndpkg: error processing package {name} (--purge):\n"
+                      " dependency problems - not removing", file=sys.stderr)  # fmt: skip
+                errors.append(name)
+                todo.remove(name)
+        read = False
+        while todo:  # dependents first, as dpkg defers a package others still need
+            name = next(n for n in todo if not any(_depends_on(db.packages[o], n)
+                                                    for o in todo if o != n))  # fmt: skip
+            todo.remove(name)
+            if not read:
+                known = sum(len(db.files(p)) for p in db.packages)
+                print(f"(Reading database ... {known} files and directories currently installed.)")
+                read = True
+            stanza = db.packages.pop(name)
+            version = stanza.get("Version", "")
+            print(f"Removing {name} ({version}) ...")
+            for path in db.files(name):
+                if db.owner(path, exclude=name) is None:
+                    node.remove(path.lstrip("/"))
+            if stanza.get("Conffiles"):
+                print(f"Purging configuration files for {name} ({version}) ...")
+            for info in node.p("var/lib/dpkg/info").glob(f"{name}.*"):
+                info.unlink()
+        db.save()
+    if errors:
+        print("Errors were encountered while processing:\n" + "".join(f" {e}\n" for e in errors),
+              end="", file=sys.stderr)  # fmt: skip
+        return 1
+    return 0
+
+
 def dpkg(node: Node, argv: list[str]) -> int:
-    """`dpkg --print-architecture`, `--audit`, `--configure -a` and
-    `dpkg -i [--force-overwrite] [--force-depends] DEB...`."""
+    """`dpkg --print-architecture`, `--audit`, `--configure -a`,
+    `dpkg -i [--force-overwrite] [--force-depends] DEB...` and `dpkg --purge PKG...`."""
+    actions = [a for a in argv if a in _ACTIONS]
+    if len({_ACTIONS[a] for a in actions}) > 1 or len(actions) > 1:
+        first, second = (_ACTIONS[a] for a in actions[:2])
+        return _usage_error(f"conflicting actions {_SHORT[second]} ({second}) and "
+                            f"{_SHORT[first]} ({first})")  # fmt: skip
+    if actions and _ACTIONS[actions[0]] == "--purge":
+        bad = sorted(a for a in argv if a.startswith("-") and a not in _ACTIONS)
+        if bad:
+            return _usage_error(f"unknown option {bad[0]}")
+        names = [a for a in argv if not a.startswith("-")]
+        if not names:
+            return _usage_error("--purge needs at least one package name argument")
+        return _purge(node, names)
     if argv == ["--print-architecture"]:
         print(node.deb_arch)
         return 0
@@ -549,11 +652,7 @@ def dpkg(node: Node, argv: list[str]) -> int:
         options |= {"--force-overwrite", "--force-depends"}
     unknown = options - _FORCE - {"-i", "--install"}
     if unknown:
-        print(
-            f"dpkg: error: unknown option {sorted(unknown)[0]}\n\nType dpkg --help for help.",
-            file=sys.stderr,
-        )
-        return 2
+        return _usage_error(f"unknown option {sorted(unknown)[0]}")
     if not options & {"-i", "--install"}:
         print("dpkg: error: need an action option\n\nType dpkg --help for help.", file=sys.stderr)
         return 2

@@ -8,7 +8,7 @@ _bootfsm() {
         case "${COMP_WORDS[i]}" in -*) ;; *) cmd="${COMP_WORDS[i]}"; break ;; esac
     done
     case "$cmd" in
-        "") COMPREPLY=($(compgen -W "run plan trace status codes explain graph validate demo fetch bake install-unit uninstall-unit completion manpage --help --version" -- "$cur")); return ;;
+        "") COMPREPLY=($(compgen -W "run plan trace status codes explain graph validate demo fetch bake install-unit uninstall-unit uninstall completion manpage --help --version" -- "$cur")); return ;;
         run)
             case "$prev" in
                 --root) COMPREPLY=($(compgen -f -- "$cur")); return ;;
@@ -85,6 +85,12 @@ _bootfsm() {
                 --root) COMPREPLY=($(compgen -f -- "$cur")); return ;;
             esac
             COMPREPLY=($(compgen -W "--root --help" -- "$cur")) ;;
+        uninstall)
+            case "$prev" in
+                --root) COMPREPLY=($(compgen -f -- "$cur")); return ;;
+                --config) COMPREPLY=($(compgen -f -- "$cur")); return ;;
+            esac
+            COMPREPLY=($(compgen -W "--root --config --plan --json --wait-lock --help" -- "$cur")) ;;
         completion)
             case "$prev" in
             esac
