@@ -38,7 +38,8 @@ EXIT_CODES: dict[str, str] = {
     "explain": "  0       printed\n  1       no such code\n",
     "graph": "  0       printed\n",
     "validate": "  0       the config is valid\n  10      it is not (the message names the key)\n",
-    "demo": "  the simulated run's own exit code\n",
+    "demo": "  the simulated run's own exit code\n  2       the simulator is not installed (it is "
+    "in the source tree only, never in the wheel)\n",
     "fetch": "  0       every artifact fetched and verified\n  10-110  the failure's code\n",
     "bake": "  0       baked (or already baked)\n  10-110  the failure's code\n",
     "install-unit": "  0       installed\n  102     a file or systemctl step failed\n",

@@ -15,7 +15,6 @@ REPO = Path(__file__).resolve().parents[1]
 
 SUBPROCESS = {
     "bootfsm/host/process.py": "the one place that runs commands",
-    "bootfsm/commands/demo.py": "runs the simulated node's bootfsm (the simulator's driver)",
 }
 SOCKET = {
     "bootfsm/host/http_wire.py": "shuts a request's sockets down when its time is up",
@@ -35,7 +34,6 @@ WRITES = {
     "bootfsm/fetch/fetcher.py": "discards a failed download's .part and .part.meta",
     "bootfsm/commands/trace.py": "writes the --html page the user asked for",
     "bootfsm/commands/unit.py": "removes the unit's empty drop-in directory",
-    "bootfsm/commands/demo.py": "makes the simulated node's directory",
 }
 #: Besides bootfsm/host/ and bootfsm/observe/ (journals are read back there): who reads
 #: files directly rather than through Host.

@@ -251,14 +251,20 @@ def prepare(img: Image, base: Path, work: Path, wheels: Path) -> Path:
     opt.mkdir(parents=True)
     shutil.copy(IMAGE_FILES / "booted_node.py", opt / "booted_node.py")
     (prepared / "booted").mkdir()
+    # the simulator is never in the wheel (it is test tooling): this test image gets it
+    # beside the installed package, from the checkout
+    shutil.copytree(REPO / "bootfsm/sim", opt / "sim", ignore=shutil.ignore_patterns("__pycache__"))
     wh = "/opt/booted/wheels"
     binds = (f"-ro={wheels}:{wh}",)
+    pkg = "import bootfsm, os; print(os.path.dirname(bootfsm.__file__))"
     script = (
         f"set -e; python3 -m venv {VENV}; "
         f"{VENV}/bin/pip install -q --no-index --find-links {wh} bootfsm; "
+        f'cp -r /opt/booted/sim "$({VENV}/bin/python -c "{pkg}")/sim"; '
         f"python3 -m venv {TEST_VENV}; "
         f"{TEST_VENV}/bin/pip install -q --no-index --find-links {wh} bootfsm "
         + " ".join(f"'{r}'" for r in TEST_DEPS)
+        + f'; cp -r /opt/booted/sim "$({TEST_VENV}/bin/python -c "{pkg}")/sim"'
         + f"; {VENV}/bin/python /opt/booted/booted_node.py prepare {SKU}"
     )
     (prepared / "opt/booted/wheels").mkdir()
