@@ -94,8 +94,8 @@ def test_bake_on_a_gpu_less_root_then_boot_compiles_nothing(make_world: MakeWorl
         "bake",
     )
     assert m.runfile_sha256 == w.runfile_sha256 and m.config_digest
-    [end] = _events(first, "bake.end")
-    assert end["code"] == 0 and end["changed"] == list(first.changed)
+    [end] = _events(first, "run.end")
+    assert (end["kind"], end["code"], end["changed"]) == ("bake", 0, list(first.changed))
 
     n = len(w.calls())
     result = run_in_process(w)

@@ -211,7 +211,7 @@ def test_prefetch_again_downloads_nothing(make_world: MakeWorld, capsys: Any) ->
     lines = capsys.readouterr().out.splitlines()
     assert "(6 downloaded)" in lines[0] and "(0 downloaded)" in lines[1]
     journals = sorted((w.root / "var/log/bootfsm").glob("fetch-*.jsonl"))
-    assert [e["code"] for j in journals for e in _events(j, "fetch.end")] == [0, 0]
+    assert [e["code"] for j in journals for e in _events(j, "run.end")] == [0, 0]
 
 
 def test_offline_without_a_complete_cache_fails_with_a_download_code(

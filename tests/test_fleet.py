@@ -119,7 +119,9 @@ def test_hand_written_corpus(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 
 def test_node_names_and_order(tmp_path: Path) -> None:
     """A node is the first directory under DIR (or the file name); runs come oldest first."""
-    for rel in ("b/x/run-2.jsonl", "b/x/run-1.jsonl", "a.jsonl", "c/run-0.jsonl", "c/skip.log"):
+    files = ("b/x/run-2.jsonl", "b/x/run-1.jsonl", "a.jsonl", "c/run-0.jsonl", "c/skip.log")
+    # an image build's journals in a node's log directory are not boots
+    for rel in (*files, "b/x/bake-0.jsonl", "c/fetch-9.jsonl"):
         p = tmp_path / rel
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text("")

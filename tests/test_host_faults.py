@@ -23,7 +23,7 @@ import pytest
 from bootfsm.core.codes import Code
 from bootfsm.host.host import Host
 from bootfsm.observe.trace import latest_journal, load_run
-from bootfsm.run import runner
+from bootfsm.run import session
 from bootfsm.sim.world import World
 from tests.conftest import MakeWorld, run_in_process
 
@@ -218,7 +218,7 @@ def test_wall_clock_jumping_back_changes_nothing(
     def host(root: Path | str, *, env: Any = None) -> Host:
         return Host(root, env=env, wall=wall)
 
-    monkeypatch.setattr(runner, "Host", host)
+    monkeypatch.setattr(session, "Host", host)
     second = run_in_process(w)
     assert second.outcome.ok, second.outcome
     assert second.journal is not None and second.journal.exists(), "the run's journal was pruned"
@@ -230,14 +230,16 @@ def test_wall_clock_jumping_back_changes_nothing(
 def test_journal_names_sort_in_start_order(tmp_path: Path) -> None:
     """Two runs in one second, or a clock set back: the new name still sorts last."""
     t = 1_800_000_000.0  # 2027-01-15T08:00:00Z
-    stamp = runner._journal_stamp(tmp_path, t)
+    stamp = session.journal_stamp([], "run", t)
     assert stamp == "20270115T080000Z"
-    (tmp_path / f"run-{stamp}-ffffffff.jsonl").touch()
-    same_second = runner._journal_stamp(tmp_path, t + 0.5)
-    back_a_year = runner._journal_stamp(tmp_path, t - YEAR)
+    names = [f"run-{stamp}-ffffffff.jsonl"]
+    same_second = session.journal_stamp(names, "run", t + 0.5)
+    back_a_year = session.journal_stamp(names, "run", t - YEAR)
     assert same_second == back_a_year == "20270115T080001Z"
-    (tmp_path / "run-garbage.jsonl").touch()  # a name bootfsm did not make
-    assert runner._journal_stamp(tmp_path, t) == "20270115T080000Z"
+    # each kind keeps its own order: a bake journal does not move a run's stamp
+    assert session.journal_stamp(names, "bake", t) == "20270115T080000Z"
+    names.append("run-garbage.jsonl")  # a name bootfsm did not make
+    assert session.journal_stamp(names, "run", t) == "20270115T080000Z"
 
 
 def test_deadlines_follow_the_monotonic_clock(
@@ -254,7 +256,7 @@ def test_deadlines_follow_the_monotonic_clock(
     def host(root: Path | str, *, env: Any = None) -> Host:
         return Host(root, env=env, monotonic=mono)
 
-    monkeypatch.setattr(runner, "Host", host)
+    monkeypatch.setattr(session, "Host", host)
     result = run_in_process(w, on_state=lambda dest: jumped.append(dest) if dest == "driver" else 0)
     assert result.outcome.code is Code.DEADLINE_EXCEEDED, result.outcome
     assert result.outcome.state == "driver"

@@ -30,7 +30,6 @@ HTTP_LIBRARY = {
 #: Besides every module in bootfsm/host/: who else writes files, and why.
 WRITES = {
     "bootfsm/observe/journal.py": "appends to its own journal file (fsync on transitions)",
-    "bootfsm/run/runner.py": "prunes old journals (keep_journals)",
     "bootfsm/fetch/fetcher.py": "discards a failed download's .part and .part.meta",
     "bootfsm/commands/trace.py": "writes the --html page the user asked for",
     "bootfsm/commands/unit.py": "removes the unit's empty drop-in directory",

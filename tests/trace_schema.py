@@ -13,6 +13,7 @@ RUN_KEYS: dict[str, Any] = {
     "kind": str,
     "source": str,
     "run_id": str,
+    "run_kind": str,
     "started": str,
     "ended": str,
     "version": str,

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,12 +22,10 @@ from typing import IO
 from bootfsm.commands.common import load_or_exit
 from bootfsm.core.codes import Code, info
 from bootfsm.core.config import Config
-from bootfsm.core.deadline import Deadline
-from bootfsm.core.errors import BootError
-from bootfsm.host.host import Host
-from bootfsm.host.lock import NodeLock, own_dirs
 from bootfsm.machine.context import Context
-from bootfsm.observe.journal import Journal, new_run_id
+from bootfsm.machine.engine import Outcome
+from bootfsm.node.facts import NodeFacts
+from bootfsm.run.session import Session, SessionOptions, run_session
 
 __all__ = ["FetchResult", "fetch_cache", "main", "summary_line"]
 
@@ -53,74 +50,46 @@ def fetch_cache(
     prefetch: bool,
     console: IO[str] | None = None,
     env: Mapping[str, str] | None = None,
+    wait_lock: float = 0.0,
 ) -> FetchResult:
-    """Run the fetch state's action for the node (or image) at ``root``; never raises."""
-    host = Host(root, env=env)
-    lock = NodeLock(host.path(f"{cfg.run.state_dir}/lock"))
-    try:
-        own_dirs(host, cfg.run.state_dir, cfg.run.log_dir, cfg.fetch.cache_dir)
-        acquired = lock.acquire(0.0)
-    except BootError as exc:
-        return FetchResult(exc.code, exc.message)
-    except OSError as exc:  # a read-only or full state dir
-        msg = f"cannot take the node lock {lock.path}: {exc.strerror or exc}"
-        return FetchResult(Code.HOST_IO_ERROR, f"{msg}; run.state_dir must be writable")
-    if not acquired:
-        msg = f"another bootfsm run (pid {lock.holder() or '?'}) holds {lock.path}"
-        return FetchResult(Code.ANOTHER_RUN_IN_PROGRESS, msg)
-    try:
-        return _locked(cfg, host, prefetch=prefetch, console=console)
-    finally:
-        lock.release()
-
-
-def _locked(cfg: Config, host: Host, *, prefetch: bool, console: IO[str] | None) -> FetchResult:
+    """Run detect -> fetch (``stop_after("fetch")``) in a run session for the node (or,
+    ``prefetch``, the image) at ``root``; never raises."""
     from bootfsm.fetch.store import resolved
     from bootfsm.image.bake import image_facts
-    from bootfsm.machine.engine import attempt
-    from bootfsm.machine.table import row
+    from bootfsm.image.steps import FactsDetect
+    from bootfsm.machine.table import stop_after
     from bootfsm.node.facts import gather_facts
-    from bootfsm.states import detect, fetch
+    from bootfsm.states import fetch
 
-    run_id = new_run_id()
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(host.wall()))
-    path = host.path(cfg.run.log_dir) / f"fetch-{stamp}-{run_id}.jsonl"
-    journal = Journal(path, run_id=run_id, console=console, monotonic=host.monotonic)
-    deadline = max(cfg.run.deadline, PREFETCH_DEADLINE_S) if prefetch else cfg.run.deadline
-    ctx = Context.create(cfg, host, journal, deadline)
-    journal.event("fetch.start", durable=True, root=str(host.root), prefetch=prefetch)
-    result = FetchResult(Code.OK, "")
-    try:
-        facts = image_facts(host, kernel="") if prefetch else gather_facts(host)
-        journal.event("node.facts", durable=True, prefetch=prefetch, **facts.summary())
-        detect.judge(ctx, facts)
-        ctx.facts_ = facts
-        srow = row("fetch")
-        ctx.state, ctx.state_row = "fetch", srow
-        ctx.state_deadline = Deadline(srow.time_limit, host.monotonic)
-        if not fetch.satisfied(ctx):
-            attempt(ctx, srow, lambda: fetch.run(ctx))
-            if not fetch.satisfied(ctx):
-                raise BootError(srow.failure_code, "fetched artifacts do not verify")
-        total = len(resolved(ctx) or [])
-        downloaded = len(ctx.scratch.get("fetch.attempts", {}))
+    counts: list[int] = []
+
+    def facts(ctx: Context) -> NodeFacts:
+        return image_facts(ctx.host, kernel="") if prefetch else gather_facts(ctx.host)
+
+    def body(s: Session) -> Outcome:
+        outcome = s.drive({"detect": FactsDetect(facts), "fetch": fetch}, {}, stop_after("fetch"))
+        if not outcome.ok:
+            return outcome
+        total = len(resolved(s.ctx) or [])
+        downloaded = len(s.ctx.scratch.get("fetch.attempts", {}))
+        counts[:] = [total, downloaded]
+        s.end_fields.update(artifacts=total, downloaded=downloaded)
         msg = f"{total} artifacts verified in {cfg.fetch.cache_dir} ({downloaded} downloaded)"
-        result = FetchResult(Code.OK, msg, total, downloaded)
-    except BootError as exc:
-        result = FetchResult(exc.code, exc.message)
-    except KeyboardInterrupt:
-        result = FetchResult(Code.INTERRUPTED, "interrupted; partial downloads resume next time")
-    journal.event(
-        "fetch.end",
-        durable=True,
-        level="info" if result.code is Code.OK else "error",
-        code=int(result.code),
-        code_name=result.code.name,
-        message=result.message,
-        duration_s=round(journal.elapsed(), 4),
+        return Outcome(Code.OK, "done", msg)
+
+    session = SessionOptions(
+        kind="fetch",
+        root=root,
+        console=console,
+        wait_lock=wait_lock,
+        env=env,
+        deadline_s=max(cfg.run.deadline, PREFETCH_DEADLINE_S) if prefetch else None,
+        dirs=(cfg.fetch.cache_dir,),
+        start_fields={"prefetch": prefetch},
     )
-    journal.close()
-    return FetchResult(result.code, result.message, result.artifacts, result.downloaded, path)
+    r = run_session(cfg, session, body)
+    total, downloaded = counts or [0, 0]
+    return FetchResult(r.outcome.code, r.outcome.message, total, downloaded, r.journal)
 
 
 def summary_line(result: FetchResult, prefetch: bool) -> str:

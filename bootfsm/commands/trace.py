@@ -40,8 +40,11 @@ def _find(target: str | None, log_dir: Path) -> Path | None:
     p = Path(target)
     if p.is_file():
         return p
-    matches = sorted(log_dir.glob(f"run-*{target}*.jsonl"))
-    return matches[-1] if matches else None
+    for kind in ("run", "bake", "fetch"):  # the session's journal kinds, a run's first
+        matches = sorted(log_dir.glob(f"{kind}-*{target}*.jsonl"))
+        if matches:
+            return matches[-1]
+    return None
 
 
 def _load(path: Path, log_dir: Path, state_dir: Path) -> TraceReport:

@@ -17,7 +17,16 @@ from bootfsm.core.codes import Code, info
 from bootfsm.core.deadline import Deadline
 from bootfsm.core.errors import BootError, TransientError
 from bootfsm.machine.context import Context
-from bootfsm.machine.table import INITIAL, STATES, TERMINAL, TRANSITIONS, RetryPolicy, StateRow, row
+from bootfsm.machine.table import (
+    INITIAL,
+    STATES,
+    TERMINAL,
+    TRANSITIONS,
+    RetryPolicy,
+    StateRow,
+    TransitionRow,
+    row,
+)
 from bootfsm.node.guards import GUARDS
 
 __all__ = ["Interrupted", "Outcome", "attempt", "build_machine", "drive"]
@@ -56,6 +65,7 @@ def build_machine(
     ctx: Context | None = None,
     callbacks: Mapping[str, Callable[[Context], None]] | None = None,
     initial: str = INITIAL,
+    transitions: tuple[TransitionRow, ...] = TRANSITIONS,
 ) -> Any:
     """A transitions Machine over ``model`` built from the table (names resolved here)."""
     from transitions import Machine
@@ -82,7 +92,7 @@ def build_machine(
         call.__name__ = name
         return call
 
-    transitions = [
+    edges = [
         {
             "trigger": t.trigger,
             "source": t.source,
@@ -90,12 +100,12 @@ def build_machine(
             "conditions": [guard(g) for g in t.guards],
             "after": [after(a) for a in t.after] if callbacks is not None else [],
         }
-        for t in TRANSITIONS
+        for t in transitions
     ]
     return Machine(
         model=model,
         states=[s.name for s in STATES] + list(TERMINAL),
-        transitions=transitions,
+        transitions=edges,
         initial=initial,
         auto_transitions=False,
         send_event=True,
@@ -191,8 +201,10 @@ def _run_state(ctx: Context, name: str, module: Any) -> None:
     ctx.event("state.done", duration_s=round(ctx.journal.elapsed() - start, 4), attempts=attempts)
 
 
-def _guard_values(ctx: Context, source: str) -> dict[str, bool]:
-    names = [g for t in TRANSITIONS if t.source == source for g in t.guards]
+def _guard_values(
+    ctx: Context, source: str, transitions: tuple[TransitionRow, ...]
+) -> dict[str, bool]:
+    names = [g for t in transitions if t.source == source for g in t.guards]
     return {g: GUARDS[g](ctx.facts) for g in names} if ctx.facts_ is not None else {}
 
 
@@ -217,11 +229,13 @@ def drive(
     registry: Mapping[str, Any],
     callbacks: Mapping[str, Callable[[Context], None]],
     on_transition: Callable[[str, str, Outcome | None], None] | None = None,
+    transitions: tuple[TransitionRow, ...] = TRANSITIONS,
 ) -> Outcome:
-    """Run the machine to a terminal state and return the outcome (never raises, except
-    ``Interrupted``, which the caller turns into the interrupted outcome)."""
+    """Run the machine (the table, or a sub-table such as ``table.stop_after(...)``) to a
+    terminal state and return the outcome (never raises, except ``Interrupted``, which
+    the caller turns into the interrupted outcome)."""
     model = _Model()
-    build_machine(model, ctx, callbacks)
+    build_machine(model, ctx, callbacks, transitions=transitions)
     outcome: Outcome | None = None
     while model.state not in TERMINAL:
         name = model.state
@@ -248,7 +262,7 @@ def drive(
             )
             getattr(model, "fail")()  # noqa: B009
         else:
-            guards = _guard_values(ctx, name)
+            guards = _guard_values(ctx, name, transitions)
             if not getattr(model, "advance")():  # noqa: B009
                 outcome = Outcome(Code.INTERNAL_ERROR, name, f"no transition from {name}")
                 getattr(model, "fail")()  # noqa: B009

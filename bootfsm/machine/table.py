@@ -19,6 +19,7 @@ __all__ = [
     "StateRow",
     "TransitionRow",
     "row",
+    "stop_after",
 ]
 
 
@@ -149,3 +150,22 @@ def row(name: str) -> StateRow:
         if s.name == name:
             return s
     raise KeyError(name)
+
+
+def stop_after(stop: str) -> tuple[TransitionRow, ...]:
+    """The sub-table a partial run drives (`fetch` stops after fetch, `bake` after
+    driver): the table's edges with ``stop``'s advance edges replaced by one edge
+    ``stop -> done``, keeping only the edges out of states still reachable from
+    ``INITIAL`` (with their guards, callbacks and fail edges), so the run reads like a
+    run up to ``stop``."""
+    row(stop)  # KeyError for a terminal or unknown state
+    edges = [t for t in TRANSITIONS if t.source != stop or t.trigger != "advance"]
+    edges.append(TransitionRow("advance", stop, "done"))
+    reach, todo = {INITIAL}, [INITIAL]
+    while todo:
+        here = todo.pop()
+        for t in edges:
+            if t.source == here and t.dest not in reach:
+                reach.add(t.dest)
+                todo.append(t.dest)
+    return tuple(t for t in edges if t.source in reach)

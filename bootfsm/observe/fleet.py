@@ -16,7 +16,9 @@ What stays in memory as the fleet grows (everything else is per journal):
 
 A node is the first directory under DIR that holds the journal (``DIR/<node>/...``),
 or the journal's file name without ``.jsonl`` when it sits directly in DIR. A node's
-runs are read in file-name order (``run-<time>-<id>.jsonl`` sorts by start time).
+runs are read in file-name order (``run-<time>-<id>.jsonl`` sorts by start time); the
+``bake-`` and ``fetch-`` journals in a node's directory are image-build work, not boots,
+and are left out.
 Percentiles are nearest-rank: the smallest value with at least p% of values <= it.
 """
 
@@ -73,6 +75,10 @@ def percentile(sorted_values: list[float], p: float) -> float | None:
     return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
+NOT_BOOTS = ("bake-", "fetch-")
+"""Journal name prefixes of the run session's other kinds (bootfsm/run/session.py)."""
+
+
 def iter_journals(root: Path) -> Iterator[tuple[str, Path]]:
     """(node, journal) pairs under ``root`` in a stable order, one directory at a time."""
     for node, path, _ in _walk(str(root), "", None, set()):
@@ -97,6 +103,8 @@ def _walk(
         if e.is_dir():
             yield from _walk(e.path, rel + name + "/", node or name, stack)
         elif name.endswith(".jsonl") and e.is_file():
+            if node is not None and name.startswith(NOT_BOOTS):
+                continue  # an image build's bake or fetch journal is not a boot
             yield (node or name[: -len(".jsonl")], e.path, rel + name)
     stack.discard(here)
 

@@ -116,6 +116,7 @@ class Folder:
     def _run_start(self, ev: dict[str, Any], t: float) -> None:
         r = self.report
         r.run_id = str(ev.get("run_id", ""))
+        r.run_kind = str(ev.get("kind") or "run")
         r.started = str(ev.get("ts", ""))
         r.version = str(ev.get("version", ""))
         r.config_digest = str(ev.get("config_digest", ""))

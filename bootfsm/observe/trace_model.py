@@ -63,6 +63,7 @@ class TraceReport:
     source: str = ""
     journal_path: str = ""  # the file read (load_run), for "see the journal" hints
     run_id: str = ""
+    run_kind: str = "run"  # run.start's kind: run, bake, fetch
     started: str = ""
     ended: str = ""
     version: str = ""

@@ -121,6 +121,7 @@ def report_json(r: TraceReport) -> dict[str, Any]:
         "kind": "run",
         "source": r.source,
         "run_id": r.run_id,
+        "run_kind": r.run_kind,
         "started": r.started,
         "ended": r.ended,
         "version": r.version,
@@ -170,7 +171,7 @@ def _header(r: TraceReport) -> list[str]:
         head = "IN PROGRESS" if r.alive else "RUNNING?"
     dur = f"{r.duration_s:.2f} s" if r.duration_s is not None else "?"
     code = f" code {r.code} {r.code_name}" if r.code not in (None, 0) else ""
-    out = [f"run {r.run_id or '?'}  {r.started or '?'}  {head}{code}  ({dur})"]
+    out = [f"{r.run_kind} {r.run_id or '?'}  {r.started or '?'}  {head}{code}  ({dur})"]
     f = r.facts
     if f:
         out.append(

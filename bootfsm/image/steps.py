@@ -1,0 +1,158 @@
+"""The states a partial run drives in place of the node's own: `bake` and `fetch`.
+
+`bake` and `fetch [--prefetch]` are runs of the engine over a sub-table of the machine
+(``table.stop_after``): detect -> fetch for `fetch`, detect -> fetch -> driver for
+`bake`. Their fetch is the fetch state itself; their detect and (bake) driver are the
+ones below, because an image root is not a booted node: detect takes its facts from
+the root's files (never the PCI bus, which a build VM may lack) and judges them with the
+detect state's own rules; the bake's driver builds the DKMS module for the image's
+kernel and writes the marker, never loading a module or starting a service.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from bootfsm import __version__
+from bootfsm.core.config import Config
+from bootfsm.install import records
+from bootfsm.install.marker import Marker, check_marker, expected_marker, read_marker
+from bootfsm.machine.context import Context
+from bootfsm.node.facts import NodeFacts
+
+__all__ = ["BakeDriver", "Counted", "FactsDetect", "bake_module_type"]
+
+
+def bake_module_type(cfg: Config) -> str:
+    """The module type an image gets: the configured one, or ``open`` for ``auto``.
+
+    ``auto`` asks the installer about the attached GPUs, which a build VM does not have;
+    open is the type that drives every GPU generation bootfsm targets (Hopper, Blackwell,
+    Grace) and the only one Blackwell accepts.
+    """
+    return cfg.driver.module_type if cfg.driver.module_type != "auto" else "open"
+
+
+class FactsDetect:
+    """detect with facts from ``gather``: journaled as ``node.facts``, then judged by the
+    detect state's own rules (``states.detect.judge``)."""
+
+    NAME = "detect"
+
+    def __init__(self, gather: Callable[[Context], NodeFacts]) -> None:
+        self.gather = gather
+
+    def satisfied(self, ctx: Context) -> bool:
+        """Detect has run in this process (facts are known)."""
+        return ctx.facts_ is not None
+
+    def run(self, ctx: Context) -> None:
+        """Gather, journal and judge the facts; raise the first permanent problem."""
+        from bootfsm.states import detect
+
+        facts = self.gather(ctx)
+        ctx.journal.event("node.facts", durable=True, **facts.summary())
+        detect.judge(ctx, facts)
+        ctx.facts_ = facts
+
+
+class Counted:
+    """A state module whose successful action is recorded in ``changed`` as ``label``."""
+
+    def __init__(self, module: Any, changed: list[str], label: str) -> None:
+        self.module, self.changed, self.label = module, changed, label
+        self.NAME: str = module.NAME
+
+    def satisfied(self, ctx: Context) -> bool:
+        """The module's own postcondition."""
+        return bool(self.module.satisfied(ctx))
+
+    def run(self, ctx: Context) -> None:
+        """The module's own action, then ``label`` in ``changed``."""
+        self.module.run(ctx)
+        if self.label not in self.changed:
+            self.changed.append(self.label)
+
+
+def _want(ctx: Context) -> Marker:
+    cfg = ctx.config
+    return replace(
+        expected_marker(cfg, ctx.facts),
+        module_type=bake_module_type(cfg),
+        source="bake",
+        bootfsm=__version__,
+        baked_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ctx.host.wall())),
+    )
+
+
+def _same(old: Marker, want: Marker) -> bool:
+    return replace(old, baked_at="") == replace(want, baked_at="")
+
+
+class BakeDriver:
+    """The image's driver step: nouveau off (the image kernel's initramfs), the toolkit
+    debs, the DKMS module for the image's kernel, the marker that describes it."""
+
+    NAME = "driver"
+
+    def __init__(self, changed: list[str]) -> None:
+        self.changed = changed
+
+    def satisfied(self, ctx: Context) -> bool:
+        """Nouveau is off, the toolkit installed and (driver.install) the marker equals
+        what this bake would write and DKMS's module agrees with it."""
+        from bootfsm.install import driver_steps as driver
+
+        if not (driver.nouveau_off(ctx) and driver.toolkit_ok(ctx)):
+            return False
+        if not ctx.config.driver.install:
+            return True
+        old = read_marker(ctx.host, ctx.config)
+        if not isinstance(old, Marker) or not _same(old, _want(ctx)):
+            return False
+        return driver.module_problem(ctx, bake_module_type(ctx.config)) is None
+
+    def skip_reason(self, ctx: Context) -> str | None:
+        """Why nothing needs doing (called only when ``satisfied`` held)."""
+        if not ctx.config.driver.install:
+            return "driver.install = false: nouveau off, toolkit installed"
+        return "marker and module match"
+
+    def run(self, ctx: Context) -> None:
+        """Blacklist nouveau, install the toolkit, build the module unless the marker and
+        module match, write the marker unless it is already what this bake writes."""
+        from bootfsm.core.codes import Code
+        from bootfsm.core.errors import BootError
+        from bootfsm.install import driver_steps as driver
+
+        cfg, kernel = ctx.config, ctx.facts.kernel
+        if driver.blacklist_nouveau(ctx, kernel=kernel) and "nouveau" not in self.changed:
+            self.changed.append("nouveau")
+        if driver.install_toolkit(ctx) and "toolkit" not in self.changed:
+            self.changed.append("toolkit")
+        if not cfg.driver.install:
+            ctx.event("bake.driver", built=False, reason="driver.install = false")
+            return
+        module_type = bake_module_type(cfg)
+        want = _want(ctx)
+        old = read_marker(ctx.host, cfg)
+        if isinstance(old, Marker):
+            diff = check_marker(old, want, needs_open=False)
+            problem = driver.module_problem(ctx, module_type) if not diff else None
+            why = f"marker {diff[0].field} differs" if diff else problem
+        else:
+            why = old or "no bake marker"
+        if why is not None:
+            driver.build_module(ctx, module_type=module_type, extra=("--skip-module-load",))
+            after = driver.module_problem(ctx, module_type)
+            if after is not None:
+                raise BootError(Code.DRIVER_INSTALL_FAILED, f"after the DKMS build: {after}")
+            self.changed.append("module")
+        ctx.event("bake.driver", built=why is not None, reason=why or "marker and module match")
+        if isinstance(old, Marker) and _same(old, want):
+            return
+        records.write_markers(ctx, want)  # recorded: uninstall removes them
+        self.changed.append("marker")
