@@ -38,7 +38,7 @@ def main() -> int:
     sections = []
     for path in sorted(HERE.glob("bench_*.py")):
         name = path.stem.removeprefix("bench_")
-        if only and name != only:
+        if only and name not in only.split(","):
             continue
         spec = importlib.util.spec_from_file_location(path.stem, path)
         assert spec and spec.loader
@@ -54,8 +54,18 @@ def main() -> int:
         f"Machine: {machine()}. Date: {time.strftime('%Y-%m-%d', time.gmtime())}.\n"
         "Speed goals live here, never as timed assertions in tests.\n\n"
     )
-    if only and DOCS.exists():
-        print("\n".join(sections))
+    if only and DOCS.exists():  # one benchmark: its section replaces the same heading's
+        parts = DOCS.read_text().split("\n## ")
+        for section in sections:
+            heading = section.split("\n", 1)[0].removeprefix("## ")
+            body = section.removeprefix("## ").rstrip() + "\n"
+            at = [i for i, p in enumerate(parts) if i and p.split("\n", 1)[0] == heading]
+            if at:
+                parts[at[0]] = body
+            else:
+                parts.append(body)
+        DOCS.write_text("\n## ".join(p.rstrip() + "\n" for p in parts).rstrip() + "\n")
+        print(f"bench: updated {', '.join(only.split(','))} in {DOCS}", file=sys.stderr)
         return 0
     DOCS.write_text(head + "\n".join(sections))
     print(f"bench: wrote {DOCS}", file=sys.stderr)
