@@ -185,7 +185,8 @@ def test_plan_lists_and_changes_nothing_then_uninstall_restores_the_node(
     [journal] = sorted((w.root / "var/log/bootfsm").glob("uninstall-*.jsonl"))
     events = [json.loads(line) for line in journal.read_text().splitlines()]
     names = [e["event"] for e in events]
-    assert names[0] == "uninstall.start" and names[-1] == "uninstall.end"
+    assert names[0] == "run.start" and names[-1] == "run.end"  # the run session's
+    assert events[0]["kind"] == events[-1]["kind"] == "uninstall"
     assert events[-1]["code"] == 0 and "uninstall.done" in names
     argvs = [e["argv"] for e in events if e["event"] == "command"]
     assert ["dkms", "remove", "-m", "nvidia", "-v", DRIVER_VERSION, "--all"] in argvs
@@ -609,3 +610,28 @@ def test_a_link_planted_as_the_records_is_never_followed(tmp_path: Path) -> None
     with pytest.raises(BootError) as err:
         rec.load(Host(tmp_path), parse_config({}))
     assert err.value.code is Code.UNSAFE_STATE_FILE
+
+
+@needs_dpkg
+def test_uninstall_shares_the_run_session_lock_and_trace(
+    booted: tuple[World, str, dict[str, bytes | str]],
+) -> None:
+    """The node lock held by another bootfsm gives uninstall the same code and words as
+    run, bake and fetch; its journal is found by `bootfsm trace RUN-ID` like a run's."""
+    import fcntl
+
+    w, path, _ = booted
+    lock = w.root / "var/lib/bootfsm/lock"
+    with lock.open("a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held = cli(w, path, "uninstall")
+    assert held.returncode == 11, held.stderr
+    assert "another bootfsm run (pid" in held.stderr and str(lock) in held.stderr
+    assert not list((w.root / "var/log/bootfsm").glob("uninstall-*.jsonl"))
+    done = cli(w, path, "uninstall")
+    assert done.returncode == 0, done.stderr
+    [journal] = (w.root / "var/log/bootfsm").glob("uninstall-*.jsonl")
+    run_id = journal.stem.rsplit("-", 1)[-1]
+    shown = cli(w, path, "trace", run_id)
+    assert shown.returncode == 0, shown.stderr
+    assert "uninstall" in shown.stdout and run_id in shown.stdout

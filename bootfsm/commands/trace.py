@@ -40,7 +40,7 @@ def _find(target: str | None, log_dir: Path) -> Path | None:
     p = Path(target)
     if p.is_file():
         return p
-    for kind in ("run", "bake", "fetch"):  # the session's journal kinds, a run's first
+    for kind in ("run", "bake", "fetch", "uninstall"):  # the session's journal kinds, a run's first
         matches = sorted(log_dir.glob(f"{kind}-*{target}*.jsonl"))
         if matches:
             return matches[-1]

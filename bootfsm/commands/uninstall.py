@@ -3,7 +3,8 @@
 Reads ``<state_dir>/installed.json`` (bootfsm/install/records.py) and undoes it newest
 first (bootfsm/install/uninstall.py). ``--plan`` prints the steps and changes nothing
 (no lock, no journal, no directory created). Otherwise it takes the node lock, journals
-to ``<log_dir>/uninstall-<stamp>-<run id>.jsonl`` (``bootfsm trace FILE`` reads it),
+to ``<log_dir>/uninstall-<stamp>-<run id>.jsonl`` in the run session that run, bake and
+fetch use (``bootfsm trace FILE`` or ``bootfsm trace RUN-ID`` reads it),
 and exits 0 when everything listed is undone (a second run finds no records: nothing
 to do, 0) or with the failure's code (UNINSTALL_FAILED 108, the node lock's 11, the
 state dir's 105/106, dpkg's lock 40).
@@ -15,19 +16,19 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 from bootfsm.commands.common import load_or_exit
 from bootfsm.core.codes import Code, info
 from bootfsm.core.config import Config
 from bootfsm.core.errors import BootError, TransientError
-from bootfsm.host.host import CommandResult, Host
-from bootfsm.host.lock import NodeLock, own_dirs
+from bootfsm.host.host import Host
 from bootfsm.install import records
 from bootfsm.install.uninstall import Step, plan, run
 from bootfsm.machine.context import Context
-from bootfsm.observe.journal import Journal, new_run_id
+from bootfsm.machine.engine import Outcome
+from bootfsm.observe.journal import Journal
+from bootfsm.run.session import Session, SessionOptions, run_session
 
 __all__ = ["main"]
 
@@ -75,78 +76,35 @@ def _failed(args: argparse.Namespace, code: Code, message: str) -> int:
     return int(code)
 
 
-def _journal(host: Host, cfg: Config) -> tuple[Journal, Path]:
-    run_id = new_run_id()
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(host.wall()))
-    path = host.path(cfg.run.log_dir) / f"uninstall-{stamp}-{run_id}.jsonl"
-    return Journal(path, run_id=run_id, monotonic=host.monotonic), path
-
-
 def _uninstall(cfg: Config, args: argparse.Namespace) -> int:
-    host = Host(Path(args.root), env=_env())
-    lock = NodeLock(host.path(f"{cfg.run.state_dir}/lock"))
-    try:
-        own_dirs(host, cfg.run.state_dir, cfg.run.log_dir)
-        acquired = lock.acquire(args.wait_lock)
-    except BootError as exc:
-        return _failed(args, exc.code, exc.message)
-    except OSError as exc:
-        return _failed(args, Code.HOST_IO_ERROR, f"cannot take the node lock: {exc}")
-    if not acquired:
-        msg = f"another bootfsm run (pid {lock.holder() or '?'}) holds {lock.path}"
-        return _failed(args, Code.ANOTHER_RUN_IN_PROGRESS, msg)
-    try:
-        journal, path = _journal(host, cfg)
-        ctx = Context.create(cfg, host, journal)
-        ctx.state = "uninstall"
+    """In the run session (bootfsm/run/session.py): the node lock, the journal
+    ``uninstall-<stamp>-<id>.jsonl`` with run.start/run.end (kind uninstall), SIGTERM and
+    SIGINT stopping the command in flight, every command journaled."""
+    done: dict[str, list[Step]] = {"steps": [], "kept": []}
 
-        def on_command(r: CommandResult) -> None:
-            journal.event(
-                "command",
-                level="info" if r.ok else "warning",
-                state=ctx.state,
-                argv=list(r.argv),
-                rc=r.returncode,
-                duration_s=r.duration_s,
-                output=r.output[-2000:],
-            )
-
-        host.on_command = on_command
-        journal.event(
-            "uninstall.start", durable=True, root=str(host.root), config_digest=cfg.digest()
-        )
-        return _steps(ctx, args, journal, path)
-    finally:
-        lock.release()
-
-
-def _steps(ctx: Context, args: argparse.Namespace, journal: Journal, path: Path) -> int:
     def show(step: Step) -> None:
         if not args.json:
             print(step.line())
 
-    code, message = Code.OK, ""
-    steps: list[Step] = []
-    kept: list[Step] = []
-    try:
-        steps, kept = run(ctx, on_step=show)
-    except (BootError, TransientError) as exc:
-        code, message = exc.code, exc.message
-        output = getattr(exc, "detail", {}).get("output")
-        if isinstance(output, str) and output.strip():
-            message += "\n" + output.strip()[-800:]
-    journal.event(
-        "uninstall.end",
-        durable=True,
-        level="info" if code is Code.OK else "error",
-        code=int(code),
-        code_name=code.name,
-        message=message.splitlines()[0] if message else "",
-        kept=[s.target for s in kept],
-    )
-    journal.close()
-    if code is not Code.OK:
-        return _failed(args, code, message)
+    def body(s: Session) -> Outcome:
+        s.ctx.state = "uninstall"
+        try:
+            done["steps"], done["kept"] = run(s.ctx, on_step=show)
+        except (BootError, TransientError) as exc:
+            message = exc.message
+            output = getattr(exc, "detail", {}).get("output")
+            if isinstance(output, str) and output.strip():
+                message += "\n" + output.strip()[-800:]
+            return Outcome(exc.code, "uninstall", message)
+        s.end_fields["kept"] = [k.target for k in done["kept"]]
+        return Outcome(Code.OK, "done", "uninstalled")
+
+    opts = SessionOptions(kind="uninstall", root=Path(args.root), wait_lock=args.wait_lock,
+                          env=_env(), console=None)  # fmt: skip
+    r = run_session(cfg, opts, body)
+    if not r.outcome.ok:
+        return _failed(args, r.outcome.code, r.outcome.message)
+    steps, kept = done["steps"], done["kept"]
     if args.json:
         doc = {
             "schema": SCHEMA,
@@ -155,13 +113,13 @@ def _steps(ctx: Context, args: argparse.Namespace, journal: Journal, path: Path)
             "code_name": "OK",
             "steps": [s.as_json() for s in steps],
             "kept": [s.target for s in kept],
-            "journal": str(path),
+            "journal": str(r.journal),
         }
         print(json.dumps(doc, indent=2))
-    done = sum(1 for s in steps if s.action not in ("keep", "skip"))
-    what = f"{done} step(s) done" if steps else "nothing to do"
+    count = sum(1 for s in steps if s.action not in ("keep", "skip"))
+    what = f"{count} step(s) done" if steps else "nothing to do"
     kept_text = f", kept {len(kept)} changed file(s) (warnings above)" if kept else ""
-    print(f"bootfsm: uninstall OK: {what}{kept_text} | journal {path}", file=sys.stderr)
+    print(f"bootfsm: uninstall OK: {what}{kept_text} | journal {r.journal}", file=sys.stderr)
     return 0
 
 

@@ -75,7 +75,7 @@ def percentile(sorted_values: list[float], p: float) -> float | None:
     return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
-NOT_BOOTS = ("bake-", "fetch-")
+NOT_BOOTS = ("bake-", "fetch-", "uninstall-")
 """Journal name prefixes of the run session's other kinds (bootfsm/run/session.py)."""
 
 
