@@ -100,15 +100,98 @@ def _emit(data: dict[str, Any], path: list[str], out: list[str], indent: int) ->
             _emit(v, sub, out, indent + 1 if path else indent)
 
 
+# What containerd 1.6.20 (Debian 12) prints for a flag it does not define: urfave/cli
+# v1's "Incorrect Usage" line and the command's help on stdout, Go's flag error on
+# stderr, exit 1 (the top level says "Incorrect Usage." and a subcommand "Incorrect
+# Usage:"; the flag is named with one dash whatever was typed). Help text as
+# `containerd --bogus` and `containerd config dump --bogus` print it there.
+_BANNER = r"""
+                    __        _                     __
+  _________  ____  / /_____ _(_)___  ___  _________/ /
+ / ___/ __ \/ __ \/ __/ __ `/ / __ \/ _ \/ ___/ __  /
+/ /__/ /_/ / / / / /_/ /_/ / / / / /  __/ /  / /_/ /
+\___/\____/_/ /_/\__/\__,_/_/_/ /_/\___/_/   \__,_/
+
+high performance container runtime
+"""
+_TOP_HELP = "\n".join(
+    [
+        "NAME:",
+        "   containerd - {banner}",
+        "",
+        "USAGE:",
+        "   containerd [global options] command [command options] [arguments...]",
+        "",
+        "VERSION:",
+        "   {version}",
+        "",
+        "DESCRIPTION:",
+        "   ",  # containerd's own trailing blanks
+        "containerd is a high performance container runtime whose daemon can be started",
+        "by using this command. If none of the *config*, *publish*, or *help* commands",
+        "are specified, the default action of the **containerd** command is to start the",
+        "containerd daemon in the foreground.",
+        "",
+        "",
+        "A default configuration is used if no TOML configuration is specified or located",
+        "at the default file location. The *containerd config* command can be used to",
+        "generate the default configuration for containerd. The output of that command",
+        "can be used and modified as necessary as a custom configuration.",
+        "",
+        "COMMANDS:",
+        "   config    information on the containerd config",
+        "   publish   binary to publish events to containerd",
+        "   oci-hook  provides a base for OCI runtime hooks to allow arguments to be injected.",
+        "   help, h   Shows a list of commands or help for one command",
+        "",
+        "GLOBAL OPTIONS:",
+        '   --config value, -c value     path to the configuration file (default: "/etc/containerd/config.toml")',  # noqa: E501
+        "   --log-level value, -l value  set the logging level [trace, debug, info, warn, error, fatal, panic]",  # noqa: E501
+        "   --address value, -a value    address for containerd's GRPC server",
+        "   --root value                 containerd root directory",
+        "   --state value                containerd state directory",
+        "   --help, -h                   show help",
+        "   --version, -v                print the version",
+        "",
+    ]
+)
+_DUMP_HELP = """NAME:
+   containerd config dump - see the output of the final main config with imported in subconfig files
+
+USAGE:
+   containerd config dump [arguments...]
+"""
+_GLOBAL_VALUE = ("--config", "-c", "--log-level", "-l", "--address", "-a", "--root", "--state")
+
+
+def _undefined(flag: str, node: Node, sub: bool) -> int:
+    name = flag.lstrip("-").split("=", 1)[0]
+    if sub:
+        sys.stdout.write(f"Incorrect Usage: flag provided but not defined: -{name}\n\n")
+        sys.stdout.write(_DUMP_HELP)
+    else:
+        sys.stdout.write(f"Incorrect Usage. flag provided but not defined: -{name}\n\n")
+        sys.stdout.write(_TOP_HELP.format(banner=_BANNER, version=node.sku.containerd_version))
+    return _fail(f"flag provided but not defined: -{name}")
+
+
 def containerd_config(node: Node, argv: list[str]) -> int:
-    """containerd [--config|-c FILE] config dump."""
+    """containerd [--config|-c FILE] config dump; an undefined flag fails as containerd's."""
     path = "/etc/containerd/config.toml"
     real = str(node.p("etc/containerd/config.toml"))
     args = list(argv)
-    if args[:1] in (["--config"], ["-c"]) and len(args) >= 2:
-        real = args[1]
-        path = "/" + os.path.relpath(real, node.root) if real.startswith(str(node.root)) else real
-        args = args[2:]
+    while args and args[0].startswith("-"):
+        flag = args.pop(0)
+        if flag.split("=", 1)[0] not in _GLOBAL_VALUE:
+            return _undefined(flag, node, sub=False)
+        value = flag.split("=", 1)[1] if "=" in flag else (args.pop(0) if args else "")
+        if flag.split("=", 1)[0] in ("--config", "-c"):
+            real = value
+            inside = real.startswith(str(node.root))
+            path = "/" + os.path.relpath(real, node.root) if inside else real
+    extra = [a for a in args[2:] if a.startswith("-")]
+    if args[:2] == ["config", "dump"] and extra:
+        return _undefined(extra[0], node, sub=True)
     if args != ["config", "dump"]:
         return _fail(f"bootfsm simulator: unsupported arguments {' '.join(argv)!r}")
     major = int(node.sku.containerd_version.split(".")[0])

@@ -34,15 +34,85 @@ def _err(text: str) -> None:
     print(text, file=sys.stderr)
 
 
+# initramfs-tools 0.142 (Debian 12) update-initramfs: getopt -o "k:cudvtb:h?" --long help
+# -n "$0"; getopt's own message for a bad option, then usage_error: the usage text to
+# stderr, exit 2 (`-h` prints it to stdout, exit 0).
+_UPDATE_INITRAMFS_USAGE = """
+Usage: update-initramfs {-c|-d|-u} [-k version] [-v] [-b directory]
+
+Options:
+ -k version\tSpecify kernel version or 'all'
+ -c\t\tCreate a new initramfs
+ -u\t\tUpdate an existing initramfs
+ -d\t\tRemove an existing initramfs
+ -b directory\tSet alternate boot directory
+ -v\t\tBe verbose
+
+See update-initramfs(8) for further details.
+
+"""
+
+
+def _usage_error(message: str = "") -> int:
+    if message:
+        sys.stderr.write(f"{message}\n\n")
+    sys.stderr.write(_UPDATE_INITRAMFS_USAGE)
+    return 2
+
+
+def _initramfs_args(argv: list[str]) -> tuple[str, str] | int:
+    """(mode, kernel) as the script's getopt loop reads them, or its exit code."""
+    prog, mode, kernel, rest = sys.argv[0], "", "", list(argv)
+    while rest:
+        arg = rest.pop(0)
+        if arg == "--":
+            break
+        if arg in ("--help", "-h", "-?"):
+            sys.stdout.write(_UPDATE_INITRAMFS_USAGE)
+            return 0
+        if arg.startswith("--"):
+            sys.stderr.write(f"{prog}: unrecognized option '{arg}'\n")
+            return _usage_error()
+        if not arg.startswith("-") or arg == "-":
+            return _usage_error(f"Extra argument '{arg}'")
+        for i, ch in enumerate(arg[1:], start=1):
+            if ch in "cdu":
+                mode = ch
+            elif ch in "vt":
+                continue
+            elif ch in "kb":
+                value = arg[i + 1 :] or (rest.pop(0) if rest else None)
+                if value is None:
+                    sys.stderr.write(f"{prog}: option requires an argument -- '{ch}'\n")
+                    return _usage_error()
+                kernel = value if ch == "k" else kernel
+                break
+            else:
+                sys.stderr.write(f"{prog}: invalid option -- '{ch}'\n")
+                return _usage_error()
+    if rest:
+        return _usage_error(f"Extra argument '{rest[0]}'")
+    if not mode:
+        return _usage_error("You must specify at least one of -c, -u, or -d.")
+    return mode, kernel
+
+
 def update_initramfs(node: Node, argv: list[str]) -> int:
-    """`update-initramfs -u [-k KERNEL|all]`: writes boot/initrd.img-<kernel> (with modprobe.d)."""
-    if not any(a in ("-u", "-c") for a in argv):
-        _err("Usage: update-initramfs {-c|-d|-u} [-k version] [-v] [-b directory]")
-        return 2
-    kernel = argv[argv.index("-k") + 1] if "-k" in argv[:-1] else node.kernel
+    """`update-initramfs -u|-c [-k KERNEL|all]`: writes boot/initrd.img-<kernel> (with
+    modprobe.d); `-d` removes it. The argv grammar and errors are the real script's."""
+    parsed = _initramfs_args(argv)
+    if isinstance(parsed, int):
+        return parsed
+    mode, kernel = parsed
+    kernel = kernel or node.kernel
     kernels = (
         sorted(p.name for p in node.p("lib/modules").glob("*")) if kernel == "all" else [kernel]
     )
+    if mode == "d":
+        for name in kernels:
+            print(f"update-initramfs: Deleting /boot/initrd.img-{name}")
+            node.p(f"boot/initrd.img-{name}").unlink(missing_ok=True)
+        return 0
     modprobe_d = sorted(node.p("etc/modprobe.d").glob("*.conf"))
     body = "".join(f"# /etc/modprobe.d/{p.name}\n{p.read_text()}" for p in modprobe_d)
     for name in kernels:
