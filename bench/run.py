@@ -64,6 +64,11 @@ def main() -> int:
                 parts[at[0]] = body
             else:
                 parts.append(body)
+        today = time.strftime("%Y-%m-%d", time.gmtime())
+        head, sep, rest = parts[0].partition("Speed goals")
+        lines = [ln for ln in head.splitlines() if not ln.startswith("Sections updated ")]
+        note = f"Sections updated {today} with `make bench ONLY={only}` on {machine()}."
+        parts[0] = "\n".join([*lines, note, ""]) + sep + rest
         DOCS.write_text("\n## ".join(p.rstrip() + "\n" for p in parts).rstrip() + "\n")
         print(f"bench: updated {', '.join(only.split(','))} in {DOCS}", file=sys.stderr)
         return 0
