@@ -21,7 +21,7 @@ from typing import Any
 
 from bootfsm.sim.nodestate import CALLS_LOG, SIM_STATE, Node, standin_script
 from bootfsm.sim.skus import FAULTS, SKUS, STALE_DRIVER_VERSION, Sku, pci_layout
-from bootfsm.sim.standin_driver import install_driver_files
+from bootfsm.sim.standin_installer import install_driver_files
 from bootfsm.sim.standins import PATH_STANDINS
 
 __all__ = [
