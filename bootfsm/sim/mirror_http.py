@@ -15,11 +15,12 @@ import mimetypes
 import os
 import re
 import socket
+import threading
 import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO, Protocol
 from urllib.parse import urlsplit
 
 from bootfsm.sim.mirror_faults import (
@@ -28,15 +29,30 @@ from bootfsm.sim.mirror_faults import (
     Fault,
     LogEntry,
     NotFound,
+    RouteHandler,
     Stall,
     Status,
     Throttle,
 )
 
-if TYPE_CHECKING:
-    from bootfsm.sim.mirror import Mirror
+__all__ = ["MirrorHandler", "MirrorServer", "MirrorServer6", "MirrorSide"]
 
-__all__ = ["MirrorHandler", "MirrorServer", "MirrorServer6"]
+
+class MirrorSide(Protocol):
+    """What the handler uses of its :class:`mirror.Mirror` (named here, not imported,
+    so that the two modules do not import each other)."""
+
+    verbose: bool
+    _routes: dict[str, RouteHandler]
+    _stopping: threading.Event
+
+    def _begin(self, path: str) -> int: ...
+    def _end(self, entry: LogEntry, slot: int) -> None: ...
+    def _count_bytes(self, n: int) -> None: ...
+    def _track(self, conn: socket.socket, *, add: bool) -> None: ...
+    def _take_fault(self, path: str, method: str) -> Fault | None: ...
+    def _resolve(self, url_path: str) -> Path | None: ...
+
 
 _UNSATISFIABLE = (-1, -1)
 _RANGE_RE = re.compile(r"bytes=(\d*)-(\d*)")
@@ -60,7 +76,7 @@ def _parse_range(header: str | None, size: int) -> tuple[int, int] | None:
 
 class MirrorServer(ThreadingHTTPServer):
     daemon_threads = True
-    mirror: Mirror
+    mirror: MirrorSide
 
     def handle_error(self, request: object, client_address: object) -> None:
         if self.mirror.verbose:
@@ -109,7 +125,7 @@ class MirrorHandler(BaseHTTPRequestHandler):
             entry = LogEntry(self.command, path, status, self.headers.get("Range"), sent)
             mirror._end(entry, slot)
 
-    def _respond(self, mirror: Mirror, path: str) -> tuple[int, int]:
+    def _respond(self, mirror: MirrorSide, path: str) -> tuple[int, int]:
         fault = mirror._take_fault(path, self.command)
         if isinstance(fault, NotFound):
             return self._plain(404, {}), 0
