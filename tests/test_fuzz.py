@@ -236,7 +236,7 @@ def test_fuzz_sysfs_hex(text: str) -> None:
 
 @functools.cache
 def _vpd() -> bytes:
-    from bootfsm.sim.node import _vpd as real_layout  # a ConnectX-7 VPD, SW_MNG keyword set
+    from bootfsm.sim.node_layout import vpd as real_layout  # a ConnectX-7 VPD, SW_MNG keyword set
 
     return real_layout(True)
 

@@ -337,7 +337,7 @@ def _standin(bin_dir: Path, name: str, *argv: str) -> subprocess.CompletedProces
 def dkms_node(tmp_path: Path) -> tuple[Path, Path, str]:
     """A node with nvidia/570.211.01 built and installed by DKMS: (root, bin dir, kernel)."""
     from bootfsm.sim.node import SKUS, build_node
-    from bootfsm.sim.standin_driver import install_driver_files
+    from bootfsm.sim.standin_installer import install_driver_files
 
     root = tmp_path / "node"
     bin_dir = build_node(root, SKUS["h100-hgx"])

@@ -15,7 +15,13 @@ import pytest
 
 from bootfsm.parsers.nvidia_smi import parse_smi_query
 from bootfsm.parsers.nvidia_smi_xml import parse_smi_xml
-from bootfsm.sim import standin_smi, standin_smi_mig
+from bootfsm.sim import (
+    standin_smi,
+    standin_smi_mig,
+    standin_smi_render,
+    standin_smi_text,
+    standin_smi_xml,
+)
 from bootfsm.sim.node import SKUS, build_node, standin_script
 from bootfsm.sim.nodestate import Node
 from tests.samples import sample
@@ -200,7 +206,9 @@ def test_proprietary_module_on_blackwell_finds_no_devices(tmp_path: Path) -> Non
         assert (r.returncode, r.stdout) == (6, "No devices were found\n")
 
 
-@pytest.mark.parametrize("module", [standin_smi, standin_smi_mig])
+@pytest.mark.parametrize(
+    "module", [standin_smi, standin_smi_mig, standin_smi_render, standin_smi_text, standin_smi_xml]
+)
 def test_the_stand_in_uses_no_product_code(module: ModuleType) -> None:
     tree = ast.parse(Path(str(module.__file__)).read_text())
     imported = {
@@ -212,4 +220,7 @@ def test_the_stand_in_uses_no_product_code(module: ModuleType) -> None:
         "bootfsm.sim.nodestate",
         "bootfsm.sim.standin_driver",
         "bootfsm.sim.standin_smi_mig",
+        "bootfsm.sim.standin_smi_render",
+        "bootfsm.sim.standin_smi_text",
+        "bootfsm.sim.standin_smi_xml",
     }

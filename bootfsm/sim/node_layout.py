@@ -1,0 +1,205 @@
+"""The static files of a freshly built simulated node, and the faults baked into its image.
+
+:func:`write_layout` writes, for one :class:`Sku`, what the GPU VM image holds before
+bootfsm runs (paths as docs/node-contract.md lists them): kernel and os-release, the
+PCI functions under sys/bus/pci, a ConnectX-7's binary PCI VPD (:func:`vpd`), the
+kernel headers, boot files, an empty dpkg database, the containerd and kubelet units
+and containerd's config. :func:`apply_build_faults` adds what an image fault asks for
+(a stale driver, a stale fabric manager unit). Used by :func:`node.build_node`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from bootfsm.sim.nodestate import Node
+from bootfsm.sim.skus import STALE_DRIVER_VERSION, Sku, pci_layout
+from bootfsm.sim.standin_installer import install_driver_files
+
+__all__ = ["apply_build_faults", "vpd", "write_layout"]
+
+_OS_RELEASE = {
+    "22.04": (
+        'PRETTY_NAME="Ubuntu 22.04.5 LTS"\nNAME="Ubuntu"\nVERSION_ID="22.04"\n'
+        'VERSION="22.04.5 LTS (Jammy Jellyfish)"\nVERSION_CODENAME=jammy\nID=ubuntu\n'
+        'ID_LIKE=debian\nHOME_URL="https://www.ubuntu.com/"\n'
+        'SUPPORT_URL="https://help.ubuntu.com/"\nBUG_REPORT_URL="https://bugs.launchpad.net/ubuntu/"\n'
+        'PRIVACY_POLICY_URL="https://www.ubuntu.com/legal/terms-and-policies/privacy-policy"\n'
+        "UBUNTU_CODENAME=jammy\n"
+    ),
+    "24.04": (
+        'PRETTY_NAME="Ubuntu 24.04.2 LTS"\nNAME="Ubuntu"\nVERSION_ID="24.04"\n'
+        'VERSION="24.04.2 LTS (Noble Numbat)"\nVERSION_CODENAME=noble\nID=ubuntu\n'
+        'ID_LIKE=debian\nHOME_URL="https://www.ubuntu.com/"\n'
+        'SUPPORT_URL="https://help.ubuntu.com/"\nBUG_REPORT_URL="https://bugs.launchpad.net/ubuntu/"\n'
+        'PRIVACY_POLICY_URL="https://www.ubuntu.com/legal/terms-and-policies/privacy-policy"\n'
+        "UBUNTU_CODENAME=noble\nLOGO=ubuntu-logo\n"
+    ),
+}
+
+_CONTAINERD_UNIT = """\
+# Copyright The containerd Authors.
+# Licensed under the Apache License, Version 2.0 (the "License");
+
+[Unit]
+Description=containerd container runtime
+Documentation=https://containerd.io
+After=network.target local-fs.target dbus.service
+
+[Service]
+ExecStartPre=-/sbin/modprobe overlay
+ExecStart=/usr/bin/containerd
+
+Type=notify
+Delegate=yes
+KillMode=process
+Restart=always
+RestartSec=5
+LimitNPROC=infinity
+LimitCORE=infinity
+TasksMax=infinity
+OOMScoreAdjust=-999
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+_KUBELET_UNIT = """\
+[Unit]
+Description=Kubelet
+ConditionPathExists=/usr/local/bin/kubelet
+Wants=network-online.target containerd.service
+After=network-online.target containerd.service
+
+[Service]
+Restart=always
+RestartSec=2
+EnvironmentFile=/etc/default/kubelet
+SuccessExitStatus=143
+ExecStart=/usr/local/bin/kubelet \\
+        --enable-server \\
+        --node-labels="${KUBELET_NODE_LABELS}" \\
+        --v=2 \\
+        $KUBELET_CONFIG_FILE_FLAGS \\
+        $KUBELET_CONTAINERD_FLAGS \\
+        $KUBELET_FLAGS
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+_OLD_FABRICMANAGER_UNIT = """\
+[Unit]
+Description=NVIDIA fabric manager service
+After=network-online.target
+Requires=network-online.target
+
+[Service]
+User=root
+PrivateTmp=false
+Type=forking
+
+ExecStart=/usr/bin/nv-fabricmanager -c /usr/share/nvidia/nvswitch/fabricmanager.cfg
+
+LimitCORE=infinity
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+_CONTAINERD_CONFIG = {
+    "1": (
+        # as AgentBaker writes it: no imports line (the drop-in needs one added)
+        'version = 2\noom_score = -999\n\n[plugins."io.containerd.grpc.v1.cri"]\n'
+        '  sandbox_image = "mcr.microsoft.com/oss/kubernetes/pause:3.6"\n'
+        '  [plugins."io.containerd.grpc.v1.cri".containerd]\n    default_runtime_name = "runc"\n'
+        '    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]\n'
+        '      runtime_type = "io.containerd.runc.v2"\n'
+        '    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]\n'
+        '      BinaryName = "/usr/bin/runc"\n      SystemdCgroup = true\n'
+    ),
+    "2": (
+        'version = 3\noom_score = -999\n\n[plugins."io.containerd.cri.v1.images".pinned_images]\n'
+        '  sandbox = "mcr.microsoft.com/oss/kubernetes/pause:3.6"\n\n'
+        '[plugins."io.containerd.cri.v1.runtime".containerd]\n  default_runtime_name = "runc"\n'
+        '  [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]\n'
+        '    runtime_type = "io.containerd.runc.v2"\n'
+        '  [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]\n'
+        '    BinaryName = "/usr/bin/runc"\n    SystemdCgroup = true\n'
+    ),
+}
+
+
+def vpd(sw_mng: bool) -> bytes:
+    """Binary PCI VPD of a ConnectX-7: ident string, VPD-R keywords, RV checksum, end tag."""
+    ident = b"NVIDIA ConnectX-7 HHHL adapter card, 400Gb/s NDR IB, single-port OSFP"
+    model = b"SW_MNG" if sw_mng else b"CX75310A"
+    keywords = [
+        (b"PN", b"MCX75310AAS-NEAT"),
+        (b"EC", b"A7"),
+        (b"V2", b"MCX75310AAS-NEAT"),
+        (b"SN", b"MT2412X00001"),
+        (b"V3", b"4b1c8e3a0f2d11efa9f27cfe90c31a42"),
+        (b"VA", b"MLX:MN=MLNX:CSKU=V2:UUID=V3:PCI=V0:MODL=" + model),
+        (b"V0", b"PCIeGen5 x16"),
+    ]
+    body = b"".join(k + bytes([len(v)]) + v for k, v in keywords)
+    head = b"\x82" + len(ident).to_bytes(2, "little") + ident
+    rv_len = 1
+    vpd_r_len = len(body) + 3 + rv_len
+    partial = head + b"\x90" + vpd_r_len.to_bytes(2, "little") + body + b"RV" + bytes([rv_len])
+    checksum = (-sum(partial)) & 0xFF
+    return partial + bytes([checksum]) + b"\x78"
+
+
+def write_layout(node: Node, sku: Sku, faults: Collection[str]) -> None:
+    """Write the static node files for a SKU."""
+    node.write("proc/sys/kernel/arch", f"{sku.arch}\n")
+    node.write("proc/sys/kernel/osrelease", f"{sku.kernel}\n")
+    node.write("usr/lib/os-release", _OS_RELEASE[sku.os_version])
+    node.symlink("../usr/lib/os-release", "etc/os-release")
+    for func in pci_layout(sku):
+        base = f"sys/bus/pci/devices/{func.address}"
+        node.write(f"{base}/vendor", f"0x{func.vendor:04x}\n")
+        node.write(f"{base}/device", f"0x{func.device:04x}\n")
+        node.write(f"{base}/class", f"0x{func.pci_class:06x}\n")
+    node.write("sys/class/infiniband/mlx5_0/device/vpd", vpd(sku.nvlink5))
+    modules = f"lib/modules/{sku.kernel}"
+    node.write(
+        f"{modules}/modules.dep", "kernel/drivers/net/ethernet/mellanox/mlx5/core/mlx5_core.ko:\n"
+    )
+    if "kernel-headers-missing" not in faults:
+        node.write(
+            f"{modules}/build/Makefile",
+            f"# Linux kernel headers for {sku.kernel}\nVERSION = {sku.kernel.split('.')[0]}\n",
+        )
+        node.write(f"{modules}/build/.config", "CONFIG_MODULES=y\nCONFIG_MODULE_UNLOAD=y\n")
+    node.write(f"boot/vmlinuz-{sku.kernel}", "")
+    node.write(f"boot/initrd.img-{sku.kernel}", f"initramfs for {sku.kernel} (bootfsm simulator)\n")
+    node.write("var/lib/dpkg/status", "")
+    node.write("var/lib/dpkg/lock-frontend", "", 0o640)
+    node.write("var/lib/dpkg/lock", "", 0o640)
+    node.write("lib/systemd/system/containerd.service", _CONTAINERD_UNIT)
+    node.write("lib/systemd/system/kubelet.service", _KUBELET_UNIT)
+    node.write("etc/containerd/config.toml", _CONTAINERD_CONFIG[sku.containerd_version[0]])
+    for directory in ("etc/systemd/system/multi-user.target.wants", "etc/modprobe.d",
+                      "etc/udev/rules.d", "var/lib/dpkg/info", "var/log", "dev", "run",
+                      f"usr/lib/{sku.arch}-linux-gnu", "usr/bin", "usr/src"):  # fmt: skip
+        node.p(directory).mkdir(parents=True, exist_ok=True)
+    node.symlink(
+        "/lib/systemd/system/containerd.service",
+        "etc/systemd/system/multi-user.target.wants/containerd.service",
+    )
+
+
+def apply_build_faults(node: Node, faults: Collection[str]) -> None:
+    """Faults that are part of the image: a stale driver, a stale fabric manager unit."""
+    if "stale-driver" in faults or "stale-driver-in-use" in faults:
+        install_driver_files(node, STALE_DRIVER_VERSION, node.kernel, "proprietary")
+        node.load_module(force=True)
+    if "stale-fabricmanager-unit" in faults:
+        node.write("lib/systemd/system/nvidia-fabricmanager.service", _OLD_FABRICMANAGER_UNIT)
+        node.symlink(
+            "/lib/systemd/system/nvidia-fabricmanager.service",
+            "etc/systemd/system/multi-user.target.wants/nvidia-fabricmanager.service",
+        )

@@ -1,0 +1,165 @@
+"""The simulated node's NVIDIA driver: built and loaded modules, /proc, NVML, /dev.
+
+:class:`NodeDriver` adds to :class:`nodestate_base.NodeBase` the kernel module as Linux
+shows it (the built module under lib/modules, the loaded one under sys/module and
+proc/driver/nvidia, the device files under dev/) and the NVML library version the
+installed user-space reports. Runtime state lives where Linux keeps it (``sys/``,
+``proc/``, ``dev/``), which a reboot clears.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from bootfsm.sim.nodestate_base import NodeBase
+
+__all__ = ["NVSWITCH_MAJOR", "UVM_MAJOR", "Module", "NodeDriver"]
+
+_GCC = {
+    "22.04": "gcc version 12.3.0 (Ubuntu 12.3.0-1ubuntu1~22.04)",
+    "24.04": "gcc version 13.3.0 (Ubuntu 13.3.0-6ubuntu2~24.04)",
+}
+_BUILD_DATE = "Wed Jan  1 00:00:00 UTC 2025"
+UVM_MAJOR = 510
+NVSWITCH_MAJOR = 509
+
+
+@dataclass(frozen=True)
+class Module:
+    """An nvidia kernel module: its version and "open" or "proprietary"."""
+
+    version: str
+    module_type: str
+
+
+class NodeDriver(NodeBase):
+    """A node with its driver state (see the module docstring)."""
+
+    def module_path(self, kernel: str) -> str:
+        """Node path of the DKMS-installed nvidia.ko for a kernel."""
+        return f"lib/modules/{kernel}/updates/dkms/nvidia.ko"
+
+    def built_module(self, kernel: str | None = None) -> Module | None:
+        """The nvidia module installed for a kernel (default: the running one)."""
+        text = self.read(self.module_path(kernel or self.kernel))
+        if text is None:
+            return None
+        fields = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+        if "version" not in fields:
+            return None
+        return Module(fields["version"], fields.get("module_type", "proprietary"))
+
+    def loaded_module(self) -> Module | None:
+        """The loaded nvidia module (sys/module/nvidia/version), or None."""
+        version = self.read("sys/module/nvidia/version")
+        if version is None:
+            return None
+        proc = self.read("proc/driver/nvidia/version") or ""
+        kind = "open" if "Open Kernel Module" in proc else "proprietary"
+        return Module(version.strip(), kind)
+
+    def proc_version_text(self, module: Module) -> str:
+        """/proc/driver/nvidia/version as the real driver words it for each flavour."""
+        gcc = _GCC.get(self.sku.os_version, _GCC["24.04"])
+        if module.module_type == "open":
+            first = (
+                f"NVRM version: NVIDIA UNIX Open Kernel Module for {self.arch}  {module.version}"
+                f"  Release Build  (dvs-builder@U22-I3-AF03-09-1)  {_BUILD_DATE}"
+            )
+        else:
+            first = (
+                f"NVRM version: NVIDIA UNIX {self.arch} Kernel Module  {module.version}"
+                f"  {_BUILD_DATE}"
+            )
+        return f"{first}\nGCC version:  {gcc}\n"
+
+    def load_module(self, *, force: bool = False) -> str | None:
+        """Load the module built for the running kernel; None on success, else the error text.
+
+        A proprietary module refuses to load on a node with a Blackwell GPU (unless force).
+        """
+        if self.loaded_module() is not None:
+            return None
+        module = self.built_module()
+        if module is None:
+            return (
+                "modprobe: FATAL: Module nvidia not found in directory"
+                f" /lib/modules/{self.kernel}\n"
+            )
+        blackwell = self.blackwell_gpu()
+        if module.module_type == "proprietary" and blackwell is not None and not force:
+            address, device = blackwell
+            self.journal(
+                f"kernel: NVRM: The NVIDIA GPU {address} (PCI ID: 10de:{device:04x})"
+                " installed in this system requires use of the NVIDIA open kernel modules."
+            )
+            return (
+                f"NVRM: The NVIDIA GPU {address} (PCI ID: 10de:{device:04x})\n"
+                "NVRM: installed in this system requires use of the NVIDIA open kernel modules.\n"
+                "modprobe: ERROR: could not insert 'nvidia': No such device\n"
+            )
+        self.write("sys/module/nvidia/version", f"{module.version}\n")
+        self.write("sys/module/nvidia/refcnt", "0\n")
+        self.write("proc/driver/nvidia/version", self.proc_version_text(module))
+        for index, (address, _device) in enumerate(self.visible_gpus()):
+            self.write(f"dev/nvidia{index}", "")
+            self.write(
+                f"proc/driver/nvidia/gpus/{address}/information", f"Bus Location: {address}\n"
+            )
+        # nvidia_uvm has no PCI alias, so loading nvidia (udev, modprobe) never creates
+        # /dev/nvidia-uvm: only `nvidia-modprobe -u -c0` does (NVIDIA/nvidia-modprobe).
+        self.write("dev/nvidiactl", "")
+        switches = self.nvswitches()
+        for index, address in enumerate(switches):
+            self.write(f"proc/driver/nvidia-nvswitch/devices/{address}", f"Device: {index}\n")
+            self.write(f"dev/nvidia-nvswitch{index}", "")
+        if switches:
+            self.write("dev/nvidia-nvswitchctl", "")
+        if self.p("etc/udev/rules.d/71-nvidia-dev-char.rules").exists():
+            self.create_dev_char_links()
+        return None
+
+    def unload_module(self) -> None:
+        """Forget the loaded modules (device nodes stay, as mknod'ed nodes do)."""
+        for path in ("sys/module/nvidia", "proc/driver/nvidia", "proc/driver/nvidia-nvswitch"):
+            self.remove(path)
+        for dependent in self.p("sys/module").glob("nvidia_*"):
+            self.remove(str(dependent.relative_to(self.root)))
+
+    def nvml_version(self) -> str | None:
+        """Version of the installed NVML (libnvidia-ml.so.1 -> libnvidia-ml.so.<ver>)."""
+        link = self.p(f"{self.libdir}/libnvidia-ml.so.1")
+        if not link.exists():
+            return None
+        target = os.readlink(link) if link.is_symlink() else link.name
+        prefix = "libnvidia-ml.so."
+        name = Path(target).name
+        return (
+            name[len(prefix) :] if name.startswith(prefix) and name != "libnvidia-ml.so.1" else None
+        )
+
+    def create_dev_char_links(self) -> list[str]:
+        """Create dev/char/<major>:<minor> links for every NVIDIA device node present."""
+        created: list[str] = []
+        dev = self.p("dev")
+        if not dev.is_dir():
+            return created
+        for node in sorted(dev.iterdir()):
+            name = node.name
+            if name.startswith("nvidia-nvswitch") and name[15:].isdigit():
+                number = f"{NVSWITCH_MAJOR}:{name[15:]}"
+            elif name.startswith("nvidia") and name[6:].isdigit():
+                number = f"195:{name[6:]}"
+            else:
+                number = {
+                    "nvidiactl": "195:255",
+                    "nvidia-uvm": f"{UVM_MAJOR}:0",
+                    "nvidia-uvm-tools": f"{UVM_MAJOR}:1",
+                    "nvidia-nvswitchctl": f"{NVSWITCH_MAJOR}:255",
+                }.get(name, "")
+            if number:
+                self.symlink(f"../{name}", f"dev/char/{number}")
+                created.append(f"/dev/char/{number}")
+        return created

@@ -1,0 +1,247 @@
+"""The simulated node's systemd units: unit files, enablement, state, start and stop.
+
+:class:`NodeUnits` adds to :class:`nodestate_driver.NodeDriver` what systemctl sees:
+unit files in the systemd search path (:data:`UNIT_DIRS`), ``[Install]`` sections and
+their enable links, masking, the active state under ``run/`` (cleared by a reboot), and
+the start failures of the units the driver stack brings (nvidia-persistenced, fabric
+manager; each message cites the capture or source it follows).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from bootfsm.sim.nodestate_base import RUN_DIR
+from bootfsm.sim.nodestate_driver import NodeDriver
+
+__all__ = ["FABRIC_MANAGER", "NVLSM", "UNIT_DIRS", "NodeUnits", "unit_name"]
+
+UNIT_DIRS = (
+    "etc/systemd/system",
+    "run/systemd/system",
+    "lib/systemd/system",
+    "usr/lib/systemd/system",
+)
+_UNIT_SUFFIXES = frozenset(
+    {"service", "socket", "target", "path", "timer", "mount", "device", "slice", "scope"}
+)
+FABRIC_MANAGER = "nvidia-fabricmanager.service"
+NVLSM = "nvlsm.service"
+_FM_CMD = "/usr/bin/nv-fabricmanager -c /usr/share/nvidia/nvswitch/fabricmanager.cfg"
+_NOTHING_TO_DO = (
+    "request to query NVSwitch device information from NVSwitch driver failed with"
+    " error:WARNING Nothing to do [NV_WARN_NOTHING_TO_DO]"
+)
+
+
+def unit_name(arg: str) -> str:
+    """Normalise a unit argument: "containerd" -> "containerd.service"."""
+    if "." in arg and arg.rsplit(".", 1)[1] in _UNIT_SUFFIXES:
+        return arg
+    return f"{arg}.service"
+
+
+class NodeUnits(NodeDriver):
+    """A node with its units (see the module docstring)."""
+
+    def is_masked(self, unit: str) -> bool:
+        """A /dev/null symlink for the unit in etc/ or run/systemd/system."""
+        for base in ("etc/systemd/system", "run/systemd/system"):
+            path = self.p(f"{base}/{unit}")
+            if path.is_symlink() and os.readlink(path) == "/dev/null":
+                return True
+        return False
+
+    def unit_file(self, unit: str) -> str | None:
+        """Node path of the unit file systemd would load (masks ignored), or None."""
+        for base in UNIT_DIRS:
+            path = self.p(f"{base}/{unit}")
+            if path.is_symlink() and os.readlink(path) == "/dev/null":
+                continue
+            if path.is_file() or path.is_symlink():
+                return f"/{base}/{unit}"
+        return None
+
+    def _read_in_root(self, node_path: str) -> str | None:
+        """Read a node file, following symlinks inside the root (never onto the host)."""
+        path = self.p(node_path)
+        for _ in range(8):
+            if not path.is_symlink():
+                break
+            target = os.readlink(path)
+            path = self.p(target) if target.startswith("/") else path.parent / target
+        try:
+            return path.read_text()
+        except OSError:
+            return None
+
+    def _install_section(self, unit: str) -> dict[str, list[str]]:
+        """[Install] keys of a unit file (WantedBy=, RequiredBy=, Alias=)."""
+        node_path = self.unit_file(unit)
+        text = self._read_in_root(node_path) if node_path else None
+        keys: dict[str, list[str]] = {}
+        section = ""
+        for raw in (text or "").splitlines():
+            line = raw.strip()
+            if line.startswith("[") and line.endswith("]"):
+                section = line[1:-1]
+            elif section == "Install" and "=" in line:
+                key, value = line.split("=", 1)
+                keys.setdefault(key.strip(), []).extend(value.split())
+        return keys
+
+    def wanted_by(self, unit: str) -> list[str]:
+        """Targets whose .wants/ gets the unit's enable symlink (empty: static unit)."""
+        install = self._install_section(unit)
+        return install.get("WantedBy", []) + install.get("RequiredBy", [])
+
+    def enable_links(self, unit: str) -> list[Path]:
+        """Existing enable symlinks of the unit under etc/systemd/system/*.{wants,requires}.
+
+        The links point at node-absolute paths, so they dangle from the host's view:
+        existence is tested with lexists.
+        """
+        base = self.p("etc/systemd/system")
+        if not base.is_dir():
+            return []
+        dirs = [d for d in base.iterdir() if d.name.endswith((".wants", ".requires"))]
+        return sorted(d / unit for d in dirs if os.path.lexists(d / unit))
+
+    def is_enabled(self, unit: str) -> bool:
+        """Whether an enable symlink exists (and the unit is not masked)."""
+        return not self.is_masked(unit) and bool(self.enable_links(unit))
+
+    def enabled_units(self) -> list[str]:
+        """Every unit with an enable symlink, sorted."""
+        base = self.p("etc/systemd/system")
+        if not base.is_dir():
+            return []
+        dirs = [d for d in base.iterdir() if d.name.endswith((".wants", ".requires"))]
+        return sorted({link.name for d in dirs if d.is_dir() for link in d.iterdir()})
+
+    def unit_state(self, unit: str) -> str:
+        """active, failed or inactive."""
+        if self.p(f"{RUN_DIR}/active/{unit}").exists():
+            return "active"
+        if self.p(f"{RUN_DIR}/failed/{unit}").exists():
+            return "failed"
+        return "inactive"
+
+    def set_unit_state(self, unit: str, state: str) -> None:
+        """Record active / failed / inactive for a unit."""
+        for kind in ("active", "failed"):
+            if kind == state:
+                self.write(f"{RUN_DIR}/{kind}/{unit}", f"{time.time():.3f}\n")
+            else:
+                self.remove(f"{RUN_DIR}/{kind}/{unit}")
+
+    def start_unit(self, unit: str, verb: str = "start") -> tuple[int, str]:
+        """Start (or restart) a unit as systemctl would: (exit code, stderr text)."""
+        if self.is_masked(unit):
+            return 1, f"Failed to {verb} {unit}: Unit {unit} is masked.\n"
+        if self.unit_file(unit) is None:
+            return 5, f"Failed to {verb} {unit}: Unit {unit} not found.\n"
+        reason = self._start_failure(unit, verb)
+        if reason is not None:
+            self.set_unit_state(unit, "failed")
+            self.journal(f"{unit.removesuffix('.service')}: {reason}")
+            self.journal(
+                f"systemd[1]: {unit}: Control process exited, code=exited, status=1/FAILURE"
+            )
+            return 1, (
+                f"Job for {unit} failed because the control process exited with error code.\n"
+                f'See "systemctl status {unit}" and "journalctl -xeu {unit}" for details.\n'
+            )
+        self.set_unit_state(unit, "active")
+        if unit == FABRIC_MANAGER and self.nvlink5():
+            self.set_unit_state(NVLSM, "active")
+        self.journal(f"systemd[1]: Started {unit}.")
+        return 0, ""
+
+    def _start_failure(self, unit: str, verb: str) -> str | None:
+        """Why starting this unit fails on this node, or None when it starts."""
+        if unit == FABRIC_MANAGER:
+            return self.fabric_manager_failure()
+        if unit == NVLSM and not self.nvlink5():
+            return "no NVLink5 switch-management port found"
+        if unit == "nvidia-persistenced.service":
+            return self.persistenced_failure()
+        if unit == "nvidia-imex.service" and self.loaded_module() is None:
+            return "IMEX failed to open the NVIDIA driver: driver not loaded"
+        if unit == "nvidia-cdi-refresh.service" and (
+            self.fault("cdi-fails") or self.loaded_module() is None
+        ):
+            return "failed to generate CDI spec: failed to initialize NVML: ERROR_UNKNOWN"
+        if (
+            unit == "containerd.service"
+            and verb == "restart"
+            and self.fault("containerd-restart-fails")
+        ):
+            return "failed to load TOML: /etc/containerd/config.toml: invalid plugin configuration"
+        return None
+
+    def persistenced_failure(self) -> str | None:
+        """Why nvidia-persistenced.service does not start, or None. References: systemd
+        exits 203/EXEC when ExecStart's binary is missing; NVIDIA/nvidia-persistenced's
+        nvidia-persistenced.c prints "nvidia-persistenced failed to initialize. Check
+        syslog for more details." when the daemon cannot open the devices (a real
+        journal shows it after "Please ensure that the NVIDIA device files (/dev/nvidia*)
+        exist")."""
+        if not self.p("usr/bin/nvidia-persistenced").exists():
+            return "Failed to execute /usr/bin/nvidia-persistenced: No such file or directory"
+        if self.loaded_module() is None or not self.p("dev/nvidiactl").exists():
+            return "nvidia-persistenced failed to initialize. Check syslog for more details."
+        return None
+
+    def fabric_manager_failure(self) -> str | None:
+        """Why fabric manager cannot start here (no switches, no driver; on NVLink5 the
+        start script's precheck: ib_umad loaded, NVLSM installed), or None."""
+        if not self.nvswitches() and not self.nvlink5():
+            return _NOTHING_TO_DO
+        if self.nvlink5() and not self.p("sys/module/ib_umad").exists():
+            # fm_failure_and_status_excerpts.txt [D]
+            return 'Kernel module "ib_umad" has not been loaded, fabric manager cannot be started'
+        if self.nvlink5() and not self.p("opt/nvidia/nvlsm/sbin/nvlsm").exists():
+            return (
+                '"/opt/nvidia/nvlsm/sbin/nvlsm" does not exist. Please install'
+                ' "Nvidia NVLink Subnet Manager" (nvlsm) package'
+            )
+        if self.loaded_module() is None:
+            return (
+                "fabric manager failed to open the NVIDIA driver (/dev/nvidiactl):"
+                " the nvidia kernel module is not loaded"
+            )
+        return None
+
+    def fabric_start_script(self, mode: str = "start") -> tuple[int, str, str]:
+        """nvidia-fabricmanager-start.sh --mode start|precheck: (exit code, stdout, stderr).
+
+        Run by hand, the script starts the daemons outside systemd: the unit stays as it
+        was (``start_unit`` runs it as the unit's ExecStartPre/ExecStart)."""
+        if self.nvlink5():
+            out = (
+                "Polling for at least one Infiniband device before starting Fabric Manager...\n"
+                "Checking mlx5_0...\nDetected NVL5+ system\n"
+            )
+        else:
+            out = "Detected Pre-NVL5 system\n"
+        reason = self.fabric_manager_failure()
+        if reason is not None:
+            return 1, out, f'{reason}\n"{_FM_CMD}" failed! Exit code: 1\n'
+        if mode == "precheck":
+            return 0, out, ""
+        if self.nvlink5():
+            out += 'Started "NVLink Subnet Manager"\n'
+        self.write(f"{RUN_DIR}/fm-daemon", "started by nvidia-fabricmanager-start.sh\n")
+        return 0, out + 'Started "Nvidia Fabric Manager"\n', ""
+
+    def stop_unit(self, unit: str, verb: str = "stop") -> tuple[int, str]:
+        """Stop a unit: (exit code, stderr text)."""
+        if self.unit_file(unit) is None and self.unit_state(unit) == "inactive":
+            return 5, f"Failed to {verb} {unit}: Unit {unit} not loaded.\n"
+        self.set_unit_state(unit, "inactive")
+        if unit == FABRIC_MANAGER:
+            self.set_unit_state(NVLSM, "inactive")
+        return 0, ""

@@ -1,0 +1,313 @@
+"""The simulated NVIDIA runfile installer (`nvidia-installer`) and the files it installs.
+
+``nvidia_installer(node, argv) -> exit code`` writes to stdout/stderr and
+/var/log/nvidia-installer.log like the real tool (messages copied from real output where
+the samples show it: the kernel-source-tree, already-loaded and build-failed errors);
+:func:`install_driver_files` lays out the driver's files (libraries as real ELF shared
+objects, the kernel modules, the persistenced init sample) for the installer and for a
+node built with a driver already present.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import signal
+import sys
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bootfsm.sim.elf import shared_object
+from bootfsm.sim.nodestate import Node, log_call, standin_script
+
+__all__ = ["PERSISTENCED_SAMPLE", "install_driver_files", "install_persistenced",
+           "nvidia_installer", "runfile_identity"]  # fmt: skip
+
+_RUNFILE_DIR = re.compile(r"NVIDIA-Linux-(x86_64|aarch64)-(\d+\.\d+(?:\.\d+)?)(?:[-.].*)?")
+_HEADERS_MISSING = (
+    "ERROR: Unable to find the kernel source tree for the currently running kernel.  Please make"
+    " sure you have installed the kernel source files for your kernel and that they are properly"
+    " configured; on Red Hat Linux systems, for example, be sure you have the 'kernel-source' or"
+    " 'kernel-devel' RPM installed.  If you know the correct kernel source files are installed,"
+    " you may specify the kernel source path with the '--kernel-source-path' command line option."
+)
+_ALREADY_LOADED = (
+    "ERROR: An NVIDIA kernel module 'nvidia' appears to already be loaded in your kernel.  This"
+    " may be because it is in use (for example, by an X server, a CUDA program, or the NVIDIA"
+    " Persistence Daemon), but this may also happen if your kernel was configured without support"
+    " for module unloading.  Please be sure to exit any programs that may be using the GPU(s)"
+    " before attempting to upgrade your driver.  If no GPU-based programs are running, you know"
+    " that your kernel supports module unloading, and you still receive this message, then an"
+    " error may have occurred that has corrupted an NVIDIA kernel module's usage count, for which"
+    " the simplest remedy is to reboot your computer."
+)
+_BUILD_FAILED = "ERROR: Unable to build the NVIDIA kernel module."
+
+
+def runfile_identity(installer: Path) -> tuple[str, str] | None:
+    """(arch, version) from the nearest enclosing ``NVIDIA-Linux-<arch>-<version>`` directory."""
+    for part in reversed(installer.parent.parts):
+        match = _RUNFILE_DIR.fullmatch(part)
+        if match is not None:
+            return match.group(1), match.group(2)
+    return None
+
+
+def _err(*lines: str) -> None:
+    for line in lines:
+        print(line, file=sys.stderr)
+
+
+@dataclass
+class _InstallerArgs:
+    extract_only: bool = False
+    print_recommended: bool = False
+    version: bool = False
+    allow_running: bool = False
+    kernel: str | None = None
+    module_type: str | None = None
+    log_file: str | None = None
+    unknown: list[str] = field(default_factory=list)
+
+
+_FLAGS = frozenset(
+    {"-s", "--silent", "-a", "--accept-license", "--no-drm", "--dkms", "--no-dkms", "-q",
+     "--no-questions", "--ui=none", "--no-peermem", "-N", "--no-network", "--disable-nouveau",
+     "--no-x-check", "--no-nouveau-check", "--install-compat32-libs", "--no-install-compat32-libs",
+     "--skip-module-load"}
+)  # fmt: skip
+
+
+def _installer_args(argv: list[str]) -> _InstallerArgs:
+    """Parse the nvidia-installer options the provisioners use (-k X, -k=X, --opt=X, --opt X)."""
+    args = _InstallerArgs()
+    valued = {"-k": "kernel", "--kernel-name": "kernel", "-M": "module_type",
+              "--kernel-module-type": "module_type", "--log-file-name": "log_file",
+              "-m": "build_dir", "--kernel-module-build-directory": "build_dir"}  # fmt: skip
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        key, eq, value = arg.partition("=")
+        if arg in ("-x", "--extract-only"):
+            args.extract_only = True
+        elif arg == "--print-recommended-kernel-module-type":
+            args.print_recommended = True
+        elif arg in ("-v", "--version"):
+            args.version = True
+        elif arg == "--allow-installation-with-running-driver":
+            args.allow_running = True
+        elif arg in _FLAGS:
+            pass
+        elif key in valued:
+            if not eq:
+                i += 1
+                value = argv[i] if i < len(argv) else ""
+            target = valued[key]
+            if target == "build_dir":
+                args.module_type = "open" if value == "kernel-open" else "proprietary"
+            else:
+                setattr(args, target, value)
+        else:
+            args.unknown.append(arg)
+        i += 1
+    return args
+
+
+def _fail_install(log: Path, *lines: str) -> int:
+    """Print errors (and the real closing message) to stderr and the log; exit 1."""
+    closing = (
+        f"ERROR: Installation has failed.  Please see the file '{log}' for details.  You may find"
+        " suggestions on fixing installation problems in the README available on the Linux driver"
+        " download page at www.nvidia.com."
+    )
+    _err(*lines, closing)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a") as fh:
+        fh.writelines(f"{line}\n" for line in (*lines, closing))
+    return 1
+
+
+_ELF_MACHINES = {"x86_64": 62, "aarch64": 183}  # EM_X86_64, EM_AARCH64 (elf.h)
+
+
+def install_driver_files(node: Node, version: str, kernel: str, module_type: str) -> None:
+    """Lay down what a DKMS runfile install leaves: DKMS tree, module, sources, NVML/CUDA libs.
+
+    Other versions' DKMS trees, sources and libraries are removed, as the installer
+    uninstalls a previous runfile driver first.
+    """
+    arch = node.arch
+    for old in node.p("var/lib/dkms/nvidia").glob("*"):
+        if old.name != version:
+            node.remove(f"var/lib/dkms/nvidia/{old.name}")
+    for old in node.p("usr/src").glob("nvidia-*"):
+        if old.name != f"nvidia-{version}":
+            node.remove(f"usr/src/{old.name}")
+    for pattern in ("libnvidia-ml.so.*", "libcuda.so.*"):
+        for old in node.p(node.libdir).glob(pattern):
+            if not old.name.endswith(f".so.{version}"):
+                old.unlink()
+    node.write(
+        f"usr/src/nvidia-{version}/dkms.conf",
+        f'PACKAGE_NAME="nvidia"\nPACKAGE_VERSION="{version}"\nAUTOINSTALL="yes"\n'
+        'BUILT_MODULE_NAME[0]="nvidia"\nDEST_MODULE_LOCATION[0]="/kernel/drivers/video"\n'
+        'BUILT_MODULE_NAME[1]="nvidia-uvm"\nDEST_MODULE_LOCATION[1]="/kernel/drivers/video"\n'
+        'BUILT_MODULE_NAME[2]="nvidia-modeset"\nDEST_MODULE_LOCATION[2]="/kernel/drivers/video"\n'
+        "MAKE[0]=\"'make' -j16 NV_EXCLUDE_BUILD_MODULES=''"
+        ' KERNEL_UNAME=${kernelver} modules"\n',
+    )
+    node.symlink(f"/usr/src/nvidia-{version}", f"var/lib/dkms/nvidia/{version}/source")
+    license_ = "Dual MIT/GPL" if module_type == "open" else "NVIDIA"
+    for name in ("nvidia", "nvidia-uvm", "nvidia-modeset"):
+        text = (
+            f"{name}.ko (bootfsm simulated kernel module)\nname={name}\nversion={version}\n"
+            f"module_type={module_type}\nlicense={license_}\n"
+            f"vermagic={kernel} SMP mod_unload modversions\n"
+        )
+        node.write(f"var/lib/dkms/nvidia/{version}/{kernel}/{arch}/module/{name}.ko", text)
+        node.write(f"lib/modules/{kernel}/updates/dkms/{name}.ko", text)
+    node.write(
+        f"var/lib/dkms/nvidia/{version}/build/make.log", f"DKMS make.log for nvidia-{version}\n"
+    )
+    for lib in ("libnvidia-ml.so", "libcuda.so"):
+        # real ELF objects with their SONAME, so a real ldconfig caches them (sim/elf.py)
+        node.write(f"{node.libdir}/{lib}.{version}", shared_object(f"{lib}.1", arch))
+        node.symlink(f"{lib}.{version}", f"{node.libdir}/{lib}.1")
+    install_persistenced(node, version)
+
+
+PERSISTENCED_SAMPLE = "usr/share/doc/NVIDIA_GLX-1.0/samples/nvidia-persistenced-init.tar.bz2"
+_PERSISTENCED_INIT = (
+    "nvidia-persistenced-init/README",
+    "nvidia-persistenced-init/install.sh",
+    "nvidia-persistenced-init/systemd/nvidia-persistenced.service.template",
+    "nvidia-persistenced-init/upstart/nvidia-persistenced.conf.template",
+)
+
+
+def install_persistenced(node: Node, version: str) -> None:
+    """The daemon and its init sample, as the runfile installs them: the binary in
+    /usr/bin and, under the GLX doc samples, a tar.bz2 of NVIDIA/nvidia-persistenced's
+    init/ directory (README, install.sh, systemd and upstart templates); no unit."""
+
+    del version
+    node.write(
+        "usr/bin/nvidia-persistenced", standin_script("nvidia-persistenced", node.root), 0o755
+    )
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:bz2") as tar:
+        for name in _PERSISTENCED_INIT:
+            data = f"{name} (bootfsm simulator)\n".encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o755 if name.endswith(".sh") else 0o644
+            tar.addfile(info, io.BytesIO(data))
+    node.write(PERSISTENCED_SAMPLE, buf.getvalue())
+
+
+def _hang_until_killed(node: Node, argv: list[str]) -> int:
+    """The installer-hangs fault: block forever; on SIGTERM log the call and die by it."""
+    started = time.time()
+
+    def on_term(signum: int, _frame: object) -> None:
+        log_call(node.root, "nvidia-installer", argv, -signum, started)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+    while True:
+        time.sleep(3600)
+
+
+def nvidia_installer(node: Node, argv: list[str]) -> int:
+    """The runfile's installer; its version comes from its NVIDIA-Linux-<arch>-<ver> dir."""
+    args = _installer_args(argv)
+    if args.extract_only:
+        return 0
+    identity = runfile_identity(Path(sys.argv[0]).absolute())
+    if identity is None:
+        _err(
+            "ERROR: bootfsm simulator: nvidia-installer must sit in a directory named"
+            " NVIDIA-Linux-<arch>-<version>"
+        )
+        return 1
+    arch, version = identity
+    if args.version:
+        print(f"\nnvidia-installer:  version {version}")
+        print("  The NVIDIA Software Installer for Unix/Linux.\n")
+        return 0
+    if arch != node.arch:
+        _err(f"{sys.argv[0]}: cannot execute binary file: Exec format error")
+        return 126
+    if args.unknown:
+        _err(
+            f'nvidia-installer: unrecognized option: "{args.unknown[0]}"',
+            "ERROR: Invalid commandline, please run `nvidia-installer --help` for usage"
+            " information.",
+        )
+        return 1
+    if args.print_recommended:
+        print(_recommended_type(node, version))
+        return 0
+    return _install(node, argv, args, version)
+
+
+_FIRST_TURING = 0x1E00  # TU102 0x1E02; every id from here on has a GSP (open-capable)
+
+
+def _recommended_type(node: Node, version: str) -> str:
+    """What `--print-recommended-kernel-module-type` prints: one word, ``open`` or
+    ``proprietary`` (nvidia-installer's print_module_type; the --help text in
+    samples/installer/nvidia-run_help_info_advanced_excerpts.txt: "based on currently
+    attached GPUs"). From 560 the installer defaults to the open modules for every GPU
+    that has a GSP (Turing and newer); before 560 only Blackwell needed them."""
+    branch = version.split(".", 1)[0]
+    if branch.isdigit() and int(branch) >= 560:
+        gpus = node.gpus()
+        return "open" if all(d >= _FIRST_TURING for _, d in gpus) else "proprietary"
+    return node.recommended_module_type()
+
+
+def _install(node: Node, argv: list[str], args: _InstallerArgs, version: str) -> int:
+    """The -s --dkms install path."""
+    log = Path(args.log_file) if args.log_file else node.p("var/log/nvidia-installer.log")
+    kernel = args.kernel or node.kernel
+    module_type = args.module_type or _recommended_type(node, version)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(
+        f"nvidia-installer log file '{log}'\ncreation time: {time.ctime()}\n"
+        f"installer version: {version}\n\nnvidia-installer command line:\n    ./nvidia-installer\n"
+        + "".join(f"    {a}\n" for a in argv)
+        + f"\n-> Kernel module type: {module_type}\n"
+        + f"-> Installing NVIDIA driver version {version}.\n"
+    )
+    if module_type not in ("open", "proprietary"):
+        return _fail_install(log, f'ERROR: Invalid kernel module type "{module_type}".')
+    build = node.p(f"lib/modules/{kernel}/build")
+    if not build.is_dir() or not any(build.iterdir()):
+        return _fail_install(log, _HEADERS_MISSING)
+    loaded = node.loaded_module()
+    if loaded is not None and loaded.version != version and not args.allow_running:
+        return _fail_install(log, _ALREADY_LOADED)
+    if node.fault("installer-hangs"):
+        return _hang_until_killed(node, argv)
+    with log.open("a") as fh:
+        fh.write(f"-> Registering the kernel modules with DKMS:\n-> Building for {kernel}\n")
+    time.sleep(node.compile_seconds)
+    if node.fault("installer-fails"):
+        return _fail_install(
+            log,
+            f"Error! Bad return status for module build on kernel: {kernel} ({node.arch})",
+            f"Consult /var/lib/dkms/nvidia/{version}/build/make.log for more information.",
+            _BUILD_FAILED,
+        )
+    install_driver_files(node, version, kernel, module_type)
+    with log.open("a") as fh:
+        fh.write(
+            f"-> DKMS build and install of nvidia/{version} for kernel {kernel} succeeded.\n"
+            f"-> Installation of the NVIDIA Accelerated Graphics Driver for Linux-{node.arch}"
+            f" (version: {version}) is now complete.\n"
+        )
+    return 0
