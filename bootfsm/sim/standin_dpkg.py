@@ -250,6 +250,14 @@ def _format(fmt: str, stanza: dict[str, str]) -> str:
     return text.replace("\\n", "\n").replace("\\t", "\t").replace("\\\\", "\\")
 
 
+def _query_error(message: str) -> int:
+    """dpkg-query's badusage(): the message, then where help is, exit 2 (dpkg 1.21
+    src/query/main.c, as Debian 12's dpkg-query prints it)."""
+    print(f"dpkg-query: error: {message}\n\nUse --help for help about querying packages.",
+          file=sys.stderr)  # fmt: skip
+    return 2
+
+
 def dpkg_query(node: Node, argv: list[str]) -> int:
     """`dpkg-query -W [-f=FMT] [PKG...]` and `dpkg-query -s PKG...`."""
     fmt = "${binary:Package}\\t${Version}\\n"
@@ -262,17 +270,18 @@ def dpkg_query(node: Node, argv: list[str]) -> int:
         elif arg in ("-s", "--status"):
             mode = "status"
         elif arg in ("-f", "--showformat"):
-            fmt = next(args, "")
+            value = next(args, None)
+            if value is None:
+                return _query_error(f"{arg} option takes a value")
+            fmt = value
         elif arg.startswith(("-f=", "--showformat=")):
             fmt = arg.split("=", 1)[1]
         elif arg.startswith("-"):
-            print(f"dpkg-query: error: unknown option {arg}", file=sys.stderr)
-            return 2
+            return _query_error(f"unknown option {arg}")
         else:
             names.append(arg.split(":", 1)[0])
     if not mode:
-        print("dpkg-query: error: need an action option", file=sys.stderr)
-        return 2
+        return _query_error("need an action option")
     packages = Db(node).packages
     rc = 0
     for name in names or sorted(packages):

@@ -90,3 +90,26 @@ def test_containerd_undefined_flag_like_containerd(
 
     assert (real.returncode, real.stderr) == (1, ours.stderr)
     assert same(real.stdout) == same(ours.stdout)
+
+
+DPKG_QUERY = shutil.which("dpkg-query", path="/usr/bin:/bin")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--bogus"], "unknown option --bogus"),
+        ([], "need an action option"),
+        (["-W", "-f"], "-f option takes a value"),
+        (["-W", "--showformat"], "--showformat option takes a value"),
+    ],
+)
+def test_dpkg_query_badusage_like_dpkg_query(bin_dir: Path, argv: list[str], message: str) -> None:
+    """dpkg 1.21's badusage(): the error, a blank line, where help is; exit 2. The same as
+    this machine's real dpkg-query prints, when it is installed."""
+    ours = _run(bin_dir / "dpkg-query", *argv)
+    want = f"dpkg-query: error: {message}\n\nUse --help for help about querying packages.\n"
+    assert (ours.returncode, ours.stdout, ours.stderr) == (2, "", want)
+    if DPKG_QUERY is not None:
+        real = subprocess.run([DPKG_QUERY, *argv], capture_output=True, text=True, check=False)
+        assert (real.returncode, real.stderr) == (2, want)

@@ -183,7 +183,7 @@ def mirror() -> int:
     }
     m = mm.Mirror(DOCROOT)
     # Mirror.start() binds an ephemeral port; the image's config names a fixed one
-    server = mm._Server(("127.0.0.1", MIRROR_PORT), mm._Handler)
+    server = mm.MirrorServer(("127.0.0.1", MIRROR_PORT), mm.MirrorHandler)
     server.mirror = m
     m._server = server
     m.add_route("/metadata/instance", lambda: imds_instance(Path("/")))
