@@ -179,15 +179,7 @@ class Commands:
             size = out.seek(0, os.SEEK_END)
             out.seek(size - OUTPUT_TAIL_BYTES if size > OUTPUT_LIMIT_BYTES else 0)
             captured = out.read().decode("utf-8", errors="replace")
-        result = CommandResult(
-            argv=tuple(argv),
-            returncode=proc.returncode if proc.returncode is not None else -9,
-            duration_s=round(self.monotonic() - start, 4),
-            output=captured,
-            timed_out=timed_out,
-        )
-        if self.on_command is not None:
-            self.on_command(result)
+        result = self._finished(argv, proc, start, captured, timed_out)
         if size > OUTPUT_LIMIT_BYTES:
             raise BootError(
                 Code.HOST_IO_ERROR,
@@ -215,16 +207,27 @@ class Commands:
             size = err.seek(0, os.SEEK_END)
             err.seek(max(0, size - OUTPUT_TAIL_BYTES))
             tail = err.read().decode("utf-8", errors="replace")
+        return self._finished(argv, proc, start, tail, timed_out), data
+
+    def _finished(
+        self,
+        argv: Sequence[str],
+        proc: subprocess.Popen[bytes],
+        start: float,
+        output: str,
+        timed_out: bool,
+    ) -> CommandResult:
+        """The command's result (-9 when it had to be killed), handed to ``on_command``."""
         result = CommandResult(
             argv=tuple(argv),
             returncode=proc.returncode if proc.returncode is not None else -9,
             duration_s=round(self.monotonic() - start, 4),
-            output=tail,
+            output=output,
             timed_out=timed_out,
         )
         if self.on_command is not None:
             self.on_command(result)
-        return result, data
+        return result
 
     def _spawn_wait(
         self,

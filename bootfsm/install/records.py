@@ -33,7 +33,6 @@ from bootfsm.core.config import Config
 from bootfsm.core.errors import BootError
 from bootfsm.host.host import Host
 from bootfsm.install.marker import PEER_MARKER, Marker, marker_path, write_marker
-from bootfsm.install.units import enabled_state, is_active, systemctl
 from bootfsm.machine.context import Context
 
 __all__ = [
@@ -51,7 +50,6 @@ __all__ = [
     "save",
     "snapshot",
     "track",
-    "unit",
     "unit_done",
     "write_file",
     "write_markers",
@@ -241,21 +239,9 @@ def record_module(ctx: Context, name: str) -> None:
     add(ctx, {"kind": "module", "name": name, "by": ctx.state})
 
 
-def unit(ctx: Context, action: str, name: str, *, code: Code, timeout: float = 60.0) -> None:
-    """``systemctl enable|start|mask UNIT`` when it is not so already, recorded."""
-    if action == "enable" and enabled_state(ctx, name) == "enabled":
-        return
-    if action == "mask" and enabled_state(ctx, name) == "masked":
-        return
-    if action == "start" and is_active(ctx, name):
-        return
-    what = f"systemctl {action} {name} failed"
-    systemctl(ctx, action, name, code=code, timeout=timeout, what=what)
-    unit_done(ctx, action, name)
-
-
 def unit_done(ctx: Context, action: str, name: str) -> None:
-    """Record that bootfsm did ``systemctl enable|start|mask UNIT`` (it was not so)."""
+    """Record that bootfsm did ``systemctl enable|start|mask UNIT`` (it was not so
+    already): bootfsm.install.daemons asks, acts and calls this."""
     add(ctx, {"kind": "unit", "unit": name, "action": action, "by": ctx.state})
 
 
