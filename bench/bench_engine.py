@@ -12,8 +12,9 @@ after run (``BENCH_ENGINE_RUNS``, default 7). From the run's own journal:
   imports, config, the engine, journal, hashing, parsing).
 
 Side by side: the interpreter alone (``python3 -c pass``), and the same node's rerun
-(every state satisfied; nothing to download, run, or hash). The modules are
-byte-compiled first, as a wheel install on a node leaves them.
+(every state satisfied; nothing to download, run, or hash). bootfsm runs from a node
+install (bench/node_install.py: the wheel's files, byte-compiled, its console script),
+not from the development venv's editable install.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+import node_install
 
 from bootfsm.sim.world import World
 
@@ -65,8 +67,10 @@ def _split(events: list[dict[str, object]]) -> tuple[float, float, int]:
 
 
 def _timed(w: World) -> tuple[float, int]:
+    argv = node_install.argv(*w.argv()[3:])  # `bootfsm run --root ...`
+    env = node_install.env(w.env())
     t0 = time.perf_counter()
-    p = subprocess.run(w.argv(), env=w.env(), capture_output=True, check=False)
+    p = subprocess.run(argv, env=env, capture_output=True, check=False)
     return time.perf_counter() - t0, p.returncode
 
 
@@ -76,8 +80,8 @@ def _spread(ts: list[float], unit: float = 1000.0, fmt: str = "{:.0f}") -> str:
 
 
 def main() -> str:
-    compileall.compile_dir(ROOT / "bootfsm", quiet=1)
-    compileall.compile_dir(ROOT / "states", quiet=1)
+    compileall.compile_dir(ROOT / "bootfsm", quiet=1)  # the stand-ins import bootfsm.sim
+    python = node_install.install()
     cells: dict[str, dict[str, list[float]]] = {
         s: {"wall": [], "children": [], "network": [], "overhead": [], "rerun": [], "cmds": []}
         for s in SKUS
@@ -103,7 +107,7 @@ def main() -> str:
                 c["rerun"].append(rerun)
                 c["cmds"].append(n)
                 t0 = time.perf_counter()
-                subprocess.run([sys.executable, "-c", "pass"], check=True)
+                subprocess.run([str(python), "-c", "pass"], check=True)
                 bare.append(time.perf_counter() - t0)
     load = os.getloadavg()
     out = [

@@ -1,7 +1,5 @@
 """`python -m bootfsm` runs the CLI."""
 
-import sys
+from bootfsm.cli import entry
 
-from bootfsm.cli import main
-
-sys.exit(main())
+entry()

@@ -7,11 +7,14 @@ when that command runs, so `bootfsm --help` and `bootfsm codes` start fast.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import math
+import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 __all__ = ["EXIT_CODES", "build_parser", "main"]
 
@@ -278,5 +281,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     return rc
 
 
+def entry() -> NoReturn:
+    """The console script (and ``python -m bootfsm``): ``main()``, then end the process
+    without the interpreter's teardown, which frees every imported module's objects one
+    by one (about 30 ms on each boot, after the run has ended). By then every file bootfsm
+    wrote is closed and fsynced and its worker threads have been joined; the standard
+    streams are flushed here. A reader that went away (``bootfsm codes | head -1``) ends
+    the command quietly with 141, as a tool killed by SIGPIPE reports in a shell."""
+    try:
+        rc = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        rc = 128 + signal.SIGPIPE
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.flush()
+    os._exit(rc)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -124,6 +124,39 @@ def test_ctrl_c_in_status_wait_exits_130_without_a_traceback(tmp_path: Path) -> 
     assert "Traceback" not in err and "interrupted" in err
 
 
+def test_the_process_exit_keeps_every_byte_printed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The console script ends without the interpreter's teardown: what sat in stdout's
+    buffer (a file is block-buffered) must still be written, and the exit code kept."""
+    assert main(["codes"]) == 0
+    expected = capsys.readouterr().out
+    out = tmp_path / "codes.txt"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    with out.open("w") as fh:
+        p = subprocess.run([*BOOTFSM, "codes"], stdout=fh, stderr=subprocess.PIPE, env=env)
+    assert p.returncode == 0 and p.stderr == b""
+    assert out.read_text() == expected and 0 < len(expected) < 8192  # all of it buffered
+    bad = subprocess.run([*BOOTFSM, "explain", "NO_SUCH_CODE"], capture_output=True)
+    assert bad.returncode == main(["explain", "NO_SUCH_CODE"]) != 0
+
+
+def test_a_reader_that_goes_away_ends_quietly_with_141() -> None:
+    """``bootfsm codes | head -1``: the closed pipe is not a traceback. The read end is
+    closed before the child runs, so its first write meets EPIPE every time."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+        p = subprocess.run(
+            [*BOOTFSM, "codes"], stdout=write, stderr=subprocess.PIPE, text=True, env=env
+        )
+    finally:
+        os.close(write)
+    assert p.returncode == 141, p.stderr
+    assert "Traceback" not in p.stderr
+
+
 @pytest.mark.parametrize(
     "argv",
     [
