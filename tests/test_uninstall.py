@@ -21,6 +21,7 @@ import pytest
 from bootfsm.core.codes import Code
 from bootfsm.core.config import parse_config
 from bootfsm.host.host import Host
+from bootfsm.install.records import parse_records
 from bootfsm.machine.context import Context
 from bootfsm.observe.journal import Journal
 from bootfsm.sim.nodestate import Node
@@ -29,6 +30,7 @@ from tests.conftest import MakeWorld, no_gpus, run_in_process
 
 REAL_DPKG = shutil.which("dpkg", path="/usr/bin:/bin")
 REAL_QUERY = shutil.which("dpkg-query", path="/usr/bin:/bin")
+HEADER = '{"kind":"bootfsm.installed","schema":2}\n'  # line 1 of installed.jsonl
 needs_dpkg = pytest.mark.skipif(
     REAL_DPKG is None or REAL_QUERY is None, reason="the real dpkg is not installed"
 )
@@ -103,8 +105,8 @@ def unit_active(w: World, unit: str) -> bool:
 
 
 def records(w: World) -> list[dict[str, object]]:
-    path = w.root / "var/lib/bootfsm/installed.json"
-    return json.loads(path.read_text())["entries"] if path.exists() else []
+    path = w.root / "var/lib/bootfsm/installed.jsonl"
+    return parse_records(path.read_text()) if path.exists() else []
 
 
 @pytest.fixture
@@ -134,7 +136,7 @@ def test_plan_lists_and_changes_nothing_then_uninstall_restores_the_node(
         for e in entries
         if e["kind"] == "dkms"
     ]
-    assert (w.root / "var/lib/bootfsm/installed.json").stat().st_mode & 0o777 == 0o600
+    assert (w.root / "var/lib/bootfsm/installed.jsonl").stat().st_mode & 0o777 == 0o600
 
     booted_tree = tree(w.root)
     plan = cli(w, path, "uninstall", "--plan")
@@ -174,7 +176,7 @@ def test_plan_lists_and_changes_nothing_then_uninstall_restores_the_node(
     assert not (w.root / "var/lib/dkms/nvidia").exists()
     assert not list((w.root / f"lib/modules/{kernel}/updates/dkms").glob("*.ko"))
     assert not (w.root / "var/lib/bootfsm/bake.marker").exists()
-    assert not (w.root / "var/lib/bootfsm/installed.json").exists()
+    assert not (w.root / "var/lib/bootfsm/installed.jsonl").exists()
     assert not unit_active(w, "nvidia-fabricmanager.service")
     assert not unit_active(w, "nvidia-persistenced.service")
     assert after[f"boot/initrd.img-{kernel}"] == before[f"boot/initrd.img-{kernel}"]
@@ -264,7 +266,7 @@ def test_no_gpu_with_cleanup_removes_and_still_exits_22(make_world: MakeWorld) -
     assert _hidden_gpus_run(w, cleanup=True) == Code.NO_GPU == 22
     assert not (w.root / "var/lib/dkms/nvidia").exists()
     assert not (w.root / "var/lib/bootfsm/bake.marker").exists()
-    assert not (w.root / "var/lib/bootfsm/installed.json").exists()
+    assert not (w.root / "var/lib/bootfsm/installed.jsonl").exists()
     assert "nvidia-imex" not in (w.root / "var/lib/dpkg/status").read_text()
     assert not os.path.lexists(w.root / "etc/systemd/system/nvidia-imex.service")  # unmasked
     journal = w.journals()[-1].read_text()
@@ -289,14 +291,14 @@ def test_no_gpu_without_the_key_removes_nothing(make_world: MakeWorld) -> None:
         "var/lib/node_exporter/textfile_collector/bootfsm.prom",
     }
     assert changed <= own, sorted(changed)
-    assert (w.root / "var/lib/bootfsm/installed.json").exists()
+    assert (w.root / "var/lib/bootfsm/installed.jsonl").exists()
 
 
 def test_unreadable_records_are_108_with_a_message(make_world: MakeWorld) -> None:
     w = make_world("gb300")
-    records_file = w.root / "var/lib/bootfsm/installed.json"
+    records_file = w.root / "var/lib/bootfsm/installed.jsonl"
     records_file.parent.mkdir(parents=True, exist_ok=True)
-    records_file.write_text('{"schema": 1, "entries": [{"kind": "bogus"}]}')
+    records_file.write_text(HEADER + '{"kind": "bogus"}\n')
     out = subprocess.run(
         [sys.executable, "-m", "bootfsm", "uninstall", "--root", str(w.root)],
         env=w.env(), capture_output=True, text=True, check=False,
@@ -516,30 +518,36 @@ def test_a_rewritten_file_keeps_what_was_there_before_bootfsm(tmp_path: Path) ->
     assert entry["before"]["b64"] == "dmVyc2lvbiA9IDIK"  # base64 of b"version = 2\n"
     assert entry["before"]["mode"] == 0o640
     assert entry["sha256"] == hashlib.sha256(b"version = 2\nimports = [1]\n").hexdigest()
-    assert (tmp_path / "var/lib/bootfsm/installed.json").stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "var/lib/bootfsm/installed.jsonl").stat().st_mode & 0o777 == 0o600
 
 
 def records_of(root: Path) -> list[dict[str, object]]:
-    return json.loads((root / "var/lib/bootfsm/installed.json").read_text())["entries"]
+    return parse_records((root / "var/lib/bootfsm/installed.jsonl").read_text())
 
 
 @pytest.mark.parametrize(
     ("text", "why"),
     [
-        ("not json", "not JSON"),
-        ('{"schema": 2, "entries": []}', "not a schema 1"),
-        ('{"schema": 1, "entries": {}}', "'entries' is not a list"),
-        ('{"schema": 1, "entries": [{"kind": "file", "path": "etc/x", "sha256": "a"}]}',
-         "is not absolute"),
-        ('{"schema": 1, "entries": [{"kind": "package", "name": "x"}]}',
-         "'version' is not a string"),
-        ('{"schema": 1, "entries": [{"kind": "unit", "unit": "u", "action": "reboot"}]}',
+        ("", "empty"),
+        ("not json\n", "line 1: not JSON"),
+        ('{"schema": 1, "entries": []}\n', "not the schema 2 bootfsm.installed header"),
+        (HEADER + "[]\n", "line 2: unknown kind"),
+        (HEADER + '{"kind": "file", "path": "etc/x", "sha256": "a"}\n', "is not absolute"),
+        (HEADER + '{"kind": "package", "name": "x"}\n', "'version' is not a string"),
+        (HEADER + '{"kind": "unit", "unit": "u", "action": "enable"}\n{"kind": "unit"',
+         None),  # a torn last line (no newline) is an append a crash cut short: dropped
+        (HEADER + '{"kind": "unit", "unit": "u", "action": "reboot"}\n',
          "unknown unit action"),
+        (HEADER + '{"kind": "module", "name": "a"}\n{torn\n{"kind": "module", "name": "b"}\n',
+         "line 3: not JSON"),
     ],
 )  # fmt: skip
-def test_records_garbage_is_refused_with_the_reason(text: str, why: str) -> None:
-    from bootfsm.install.records import RecordsError, parse_records
+def test_records_garbage_is_refused_with_the_reason(text: str, why: str | None) -> None:
+    from bootfsm.install.records import RecordsError
 
+    if why is None:
+        assert parse_records(text) == [{"kind": "unit", "unit": "u", "action": "enable"}]
+        return
     with pytest.raises(RecordsError, match=why):
         parse_records(text)
 
@@ -592,11 +600,58 @@ def test_garbage_records_met_while_installing_are_set_aside(tmp_path: Path) -> N
 
     state = tmp_path / "var/lib/bootfsm"
     state.mkdir(parents=True, mode=0o700)
-    (state / "installed.json").write_text("{torn")
+    (state / "installed.jsonl").write_text("{torn")
     ctx = _ctx(tmp_path)
     rec.record_module(ctx, "ib_umad")
-    assert (state / "installed.json.bad").read_text() == "{torn"
+    assert (state / "installed.jsonl.bad").read_text() == "{torn"
     assert [e["kind"] for e in records_of(tmp_path)] == ["module"]
+
+
+def test_records_are_appended_a_line_at_a_time_in_place(tmp_path: Path) -> None:
+    """Each record is one line appended to the same file (no rewrite, no new inode); a
+    file written twice is two lines that read as one record keeping the first before."""
+    from bootfsm.install import records as rec
+
+    ctx = _ctx(tmp_path)
+    path = tmp_path / "var/lib/bootfsm/installed.jsonl"
+    rec.record_module(ctx, "ib_umad")
+    inode = path.stat().st_ino
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/x.conf").write_text("admin\n")
+    rec.write_file(ctx, "/etc/x.conf", "one\n")
+    rec.write_file(ctx, "/etc/x.conf", "two\n")
+    rec.record_dkms(ctx, "nvidia", "570.1", "6.8.0")
+    assert path.stat().st_ino == inode
+    lines = path.read_text().splitlines()
+    assert lines[0] == HEADER.strip() and len(lines) == 5
+    assert [json.loads(ln)["kind"] for ln in lines[1:]] == ["module", "file", "file", "dkms"]
+    [_, f, _] = records_of(tmp_path)
+    assert f["sha256"] == hashlib.sha256(b"two\n").hexdigest()
+    assert f["before"]["b64"] == "YWRtaW4K"  # base64 of b"admin\n": the first before
+
+
+def test_a_torn_last_record_is_dropped_and_the_next_record_rewrites(tmp_path: Path) -> None:
+    """A crash mid-append leaves a last line without its newline: it is not a record,
+    and the next record rewrites the file whole instead of appending after it. A
+    change made by anything else is seen (the file is read again)."""
+    from bootfsm.install import records as rec
+
+    state = tmp_path / "var/lib/bootfsm"
+    state.mkdir(parents=True, mode=0o700)
+    path = state / "installed.jsonl"
+    ctx = _ctx(tmp_path)
+    rec.record_module(ctx, "a")
+    with path.open("a") as fh:
+        fh.write('{"kind": "module", "na')
+    assert [e["name"] for e in rec.load(Host(tmp_path), parse_config({}))] == ["a"]
+    rec.record_module(ctx, "b")
+    assert path.read_text() == HEADER + (
+        '{"by":"","kind":"module","name":"a"}\n{"by":"","kind":"module","name":"b"}\n'
+    )
+    with path.open("a") as fh:
+        fh.write('{"kind":"module","name":"c"}\n')
+    rec.record_module(ctx, "d")
+    assert [e["name"] for e in records_of(tmp_path)] == ["a", "b", "c", "d"]
 
 
 def test_a_link_planted_as_the_records_is_never_followed(tmp_path: Path) -> None:
@@ -605,8 +660,8 @@ def test_a_link_planted_as_the_records_is_never_followed(tmp_path: Path) -> None
 
     state = tmp_path / "var/lib/bootfsm"
     state.mkdir(parents=True, mode=0o700)
-    (tmp_path / "elsewhere.json").write_text('{"schema": 1, "entries": []}')
-    (state / "installed.json").symlink_to(tmp_path / "elsewhere.json")
+    (tmp_path / "elsewhere.json").write_text(HEADER)
+    (state / "installed.jsonl").symlink_to(tmp_path / "elsewhere.json")
     with pytest.raises(BootError) as err:
         rec.load(Host(tmp_path), parse_config({}))
     assert err.value.code is Code.UNSAFE_STATE_FILE

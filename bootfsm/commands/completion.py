@@ -200,7 +200,7 @@ def manpage(parser: argparse.ArgumentParser, exit_codes: dict[str, str]) -> str:
         "run journals (and \\fIbake\\-*\\fR, \\fIfetch\\-*\\fR, \\fIuninstall\\-*\\fR: theirs)",
         ".TP",
         "\\fI/var/lib/bootfsm/\\fR",
-        "state: lock, checkpoint, markers, install records (installed.json)",
+        "state: lock, checkpoint, markers, install records (installed.jsonl)",
         ".SH ENVIRONMENT",
         ".TP",
         "\\fBBOOTFSM_DEADLINE\\fR",

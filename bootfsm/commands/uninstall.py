@@ -1,6 +1,6 @@
 """`bootfsm uninstall [--plan] [--json]`: remove what bootfsm installed, from its records.
 
-Reads ``<state_dir>/installed.json`` (bootfsm/install/records.py) and undoes it newest
+Reads ``<state_dir>/installed.jsonl`` (bootfsm/install/records.py) and undoes it newest
 first (bootfsm/install/uninstall.py). ``--plan`` prints the steps and changes nothing
 (no lock, no journal, no directory created). Otherwise it takes the node lock, journals
 to ``<log_dir>/uninstall-<stamp>-<run id>.jsonl`` in the run session that run, bake and

@@ -14,7 +14,6 @@ import hashlib
 import os
 import shutil
 import stat
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import IO
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError
 from bootfsm.host import archive as archive_rules
+from bootfsm.host.atomic import append_line, fsync_dir, publish, sweep
 from bootfsm.host.owndir import check_chain, check_dir
 from bootfsm.host.process import OUTPUT_LIMIT_BYTES, OUTPUT_TAIL_BYTES, CommandResult, Commands
 
@@ -214,7 +214,7 @@ class Host(Commands):
                     h.update(block)
                     out.write(block)
 
-            _publish(dst, fill, 0o700)
+            publish(dst, fill, 0o700)
         except OSError as exc:
             raise BootError(
                 Code.HOST_IO_ERROR, f"cannot copy {src} to {dst_dir}: {exc.strerror or exc}"
@@ -246,16 +246,25 @@ class Host(Commands):
         p = self.path(node_path)
         payload = data.encode() if isinstance(data, str) else data
         try:
-            _publish(p, lambda fh: fh.write(payload), mode)
+            publish(p, lambda fh: fh.write(payload), mode)
         except OSError as exc:
             what = "disk full" if exc.errno == errno.ENOSPC else str(exc)
             raise BootError(Code.HOST_IO_ERROR, f"cannot write {node_path}: {what}") from exc
+
+    def append_line(self, node_path: str, line: str) -> os.stat_result:
+        """Append one line (newline included) to an existing file durably: one write, one
+        fsync, a link never followed. Returns the file's status after the write."""
+        try:
+            return append_line(self.path(node_path), line)
+        except OSError as exc:
+            what = "disk full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
+            raise BootError(Code.HOST_IO_ERROR, f"cannot append to {node_path}: {what}") from exc
 
     def symlink_atomic(self, target: str, node_path: str) -> None:
         """Point ``node_path`` at ``target`` (kept verbatim), replacing what was there."""
         p = self.path(node_path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        _sweep(p)
+        sweep(p)
         tmp = p.parent / f".{p.name}.{os.getpid()}.lnk"
         tmp.unlink(missing_ok=True)
         os.symlink(target, tmp)
@@ -298,7 +307,7 @@ class Host(Commands):
         try:
             keep = mode if mode is not None else (sp.stat().st_mode & 0o7777)
             with sp.open("rb") as inp:
-                _publish(dp, lambda out: shutil.copyfileobj(inp, out, 1 << 20), keep)
+                publish(dp, lambda out: shutil.copyfileobj(inp, out, 1 << 20), keep)
         except OSError as exc:
             raise BootError(Code.HOST_IO_ERROR, f"cannot install {dst}: {exc}") from exc
 
@@ -352,47 +361,3 @@ class Host(Commands):
             return True
         finally:
             os.close(fd)
-
-
-def _sweep(p: Path) -> None:
-    """Remove the temporaries a killed run left for target ``p`` (we hold the node lock)."""
-    name = _glob.escape(p.name)
-    for stale in [*p.parent.glob(f".{name}.*.tmp"), *p.parent.glob(f".{name}.*.lnk")]:
-        stale.unlink(missing_ok=True)
-
-
-def _publish(p: Path, fill: Callable[[IO[bytes]], object], mode: int) -> None:
-    """Give ``p`` new content atomically: temporary written, chmodded and fsynced, renamed
-    over ``p``, directory fsynced. Readers see the old or the new file, never a mix.
-
-    A run killed mid-write can leave only a ``.NAME.*.tmp`` beside ``p``; the next write
-    of ``p`` removes it (bootfsm holds the node lock, so no other writer owns it).
-    """
-    p.parent.mkdir(parents=True, exist_ok=True)
-    _sweep(p)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fill(fh)
-            fh.flush()
-            os.fchmod(fh.fileno(), mode)
-            os.fsync(fh.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(p.parent)
-
-
-def fsync_dir(path: Path) -> None:
-    """fsync a directory so a rename inside it survives a crash."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -1,7 +1,11 @@
 """Install records: what bootfsm put on this node, the only list `bootfsm uninstall` trusts.
 
-``<run.state_dir>/installed.json`` (0600, written atomically: temporary, fsync, rename)
-holds one entry per thing installed, in the order it was installed:
+``<run.state_dir>/installed.jsonl`` (0600) is JSON Lines: a header line
+``{"kind": "bootfsm.installed", "schema": 2}``, then one line per record, appended (one
+write, one fsync) right after the action it records. A later line with the same key (a
+file written again, a package upgraded) updates the earlier one when the file is read:
+it keeps the first ``before``. Uninstall, which drops records as it goes, rewrites the
+file atomically (temporary, fsync, rename). The entries, in the order first installed:
 
 - ``file``: a file bootfsm wrote (``sha256`` of what it wrote; ``before``: what was
   there first, null when nothing was, else its sha256, mode and, up to 1 MiB, its bytes
@@ -17,7 +21,8 @@ holds one entry per thing installed, in the order it was installed:
 - ``module``: a kernel module bootfsm loaded.
 
 An entry is written right after the action it records, so a crash in between leaves at
-most that one thing unrecorded (it is then left on the node, never removed blindly).
+most that one thing unrecorded (it is then left on the node, never removed blindly); a
+crash during the append leaves a last line without its newline, which is dropped.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -55,7 +61,8 @@ __all__ = [
     "write_markers",
 ]
 
-SCHEMA = 1
+SCHEMA = 2
+_HEADER = {"kind": "bootfsm.installed", "schema": SCHEMA}
 RESTORE_LIMIT = 1 << 20
 """Files up to this size are kept whole in ``before`` (restored on uninstall)."""
 KINDS = {
@@ -70,48 +77,88 @@ UNIT_ACTIONS = ("enable", "start", "mask")
 
 
 class RecordsError(ValueError):
-    """installed.json is not what bootfsm writes; the message says why."""
+    """installed.jsonl is not what bootfsm writes; the message says why."""
 
 
 def records_path(cfg: Config) -> str:
-    """Node path of the install records: ``<run.state_dir>/installed.json``."""
-    return f"{cfg.run.state_dir}/installed.json"
+    """Node path of the install records: ``<run.state_dir>/installed.jsonl``."""
+    return f"{cfg.run.state_dir}/installed.jsonl"
 
 
 def parse_records(text: str) -> list[dict[str, Any]]:
-    """The entries of an installed.json text (pure); RecordsError on anything else."""
+    """The entries of an installed.jsonl text (pure), later lines folded into earlier
+    ones with the same key; a last line without its newline (an append a crash cut
+    short) is dropped. RecordsError on anything else."""
+    lines = text.split("\n")
+    lines.pop()  # the text after the last newline: "" or a torn append
+    if not lines:
+        raise RecordsError("empty (no header line)")
     try:
-        data = json.loads(text)
+        head = json.loads(lines[0])
     except ValueError as exc:
-        raise RecordsError(f"not JSON: {exc}") from exc
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        raise RecordsError(f"not a schema {SCHEMA} bootfsm.installed object")
-    entries = data.get("entries")
-    if not isinstance(entries, list):
-        raise RecordsError("'entries' is not a list")
-    for i, e in enumerate(entries):
-        kind = e.get("kind") if isinstance(e, dict) else None
-        if kind not in KINDS:
-            raise RecordsError(f"entry {i}: unknown kind {str(kind)[:40]!r}")
-        for key in KINDS[kind]:
-            if not isinstance(e.get(key), str) or not e[key]:
-                raise RecordsError(f"entry {i} ({kind}): {key!r} is not a string")
-        if kind in ("file", "link") and not e["path"].startswith("/"):
-            raise RecordsError(f"entry {i}: path {e['path'][:80]!r} is not absolute")
-        if kind == "unit" and e["action"] not in UNIT_ACTIONS:
-            raise RecordsError(f"entry {i}: unknown unit action {e['action'][:40]!r}")
-        before = e.get("before")
-        if kind == "file" and before is not None and not isinstance(before, dict):
-            raise RecordsError(f"entry {i}: 'before' is not an object")
-        if not isinstance(e.get("edit", {}), dict):
-            raise RecordsError(f"entry {i}: 'edit' is not an object")
+        raise RecordsError(f"line 1: not JSON: {exc}") from exc
+    if head != _HEADER:
+        raise RecordsError(f"line 1: not the schema {SCHEMA} bootfsm.installed header")
+    entries: list[dict[str, Any]] = []
+    for i, line in enumerate(lines[1:], start=2):
+        try:
+            e = json.loads(line)
+        except ValueError as exc:
+            raise RecordsError(f"line {i}: not JSON: {exc}") from exc
+        _check(e, f"line {i}")
+        _fold(entries, e)
     return entries
 
 
+def _check(e: Any, where: str) -> None:
+    """RecordsError unless ``e`` is an entry bootfsm writes."""
+    kind = e.get("kind") if isinstance(e, dict) else None
+    if kind not in KINDS:
+        raise RecordsError(f"{where}: unknown kind {str(kind)[:40]!r}")
+    for key in KINDS[kind]:
+        if not isinstance(e.get(key), str) or not e[key]:
+            raise RecordsError(f"{where} ({kind}): {key!r} is not a string")
+    if kind in ("file", "link") and not e["path"].startswith("/"):
+        raise RecordsError(f"{where}: path {e['path'][:80]!r} is not absolute")
+    if kind == "unit" and e["action"] not in UNIT_ACTIONS:
+        raise RecordsError(f"{where}: unknown unit action {e['action'][:40]!r}")
+    before = e.get("before")
+    if kind == "file" and before is not None and not isinstance(before, dict):
+        raise RecordsError(f"{where}: 'before' is not an object")
+    if not isinstance(e.get("edit", {}), dict):
+        raise RecordsError(f"{where}: 'edit' is not an object")
+
+
+def _fold(entries: list[dict[str, Any]], entry: dict[str, Any]) -> None:
+    """Add ``entry``: one recorded before under the same key keeps its first ``before``
+    (what the node had before bootfsm) and ``edit``, and takes the rest."""
+    key = _key(entry)
+    for i, old in enumerate(entries):
+        if _key(old) == key:
+            keep: dict[str, Any] = {k: old[k] for k in ("before", "edit") if k in old}
+            entries[i] = {**entry, **keep}
+            return
+    entries.append(entry)
+
+
+def _line(e: Mapping[str, Any]) -> str:
+    return json.dumps(e, sort_keys=True, separators=(",", ":")) + "\n"
+
+
 def render_records(entries: Sequence[Mapping[str, Any]]) -> str:
-    """installed.json for ``entries`` (the inverse of ``parse_records``)."""
-    doc = {"schema": SCHEMA, "kind": "bootfsm.installed", "entries": list(entries)}
-    return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+    """installed.jsonl for ``entries`` (the inverse of ``parse_records``)."""
+    return _line(_HEADER) + "".join(_line(e) for e in entries)
+
+
+# The entries as this process last read or wrote them, by real path, with the file's
+# (inode, size, mtime) then and whether it ended with a newline: records are added
+# dozens of times a boot, and re-reading the file each time is what the append spares.
+# Any other change to the file changes its status, and it is read again.
+_SEEN: dict[str, tuple[tuple[int, int, int], list[dict[str, Any]], bool]] = {}
+
+
+def _stamp(st: os.stat_result) -> tuple[int, int, int]:
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def load(host: Host, cfg: Config) -> list[dict[str, Any]]:
@@ -119,22 +166,33 @@ def load(host: Host, cfg: Config) -> list[dict[str, Any]]:
     UNSAFE_STATE_FILE when not a regular file (a link planted in bootfsm's state dir is
     never followed)."""
     path = records_path(cfg)
-    if host.own_file(path) is None:  # UNSAFE_STATE_FILE for a link or a non-file
+    real = host.own_file(path)  # UNSAFE_STATE_FILE for a link or a non-file
+    if real is None:
         return []
+    stamp = _stamp(real.stat())
+    seen = _SEEN.get(str(real))
+    if seen is not None and seen[0] == stamp:
+        return [dict(e) for e in seen[1]]
+    text = host.read_text(path) or ""
     try:
-        return parse_records(host.read_text(path) or "")
+        entries = parse_records(text)
     except RecordsError as exc:
         raise BootError(Code.UNINSTALL_FAILED, f"{path}: {exc}") from exc
+    _SEEN[str(real)] = (stamp, [dict(e) for e in entries], text.endswith("\n"))
+    return entries
 
 
 def save(host: Host, cfg: Config, entries: Sequence[Mapping[str, Any]]) -> None:
-    """Write the records atomically (0600), or remove the file when there are none."""
+    """Rewrite the records atomically (0600), or remove the file when there are none."""
     path = records_path(cfg)
+    real = str(host.path(path))
+    _SEEN.pop(real, None)
     if not entries:
         host.remove(path)
         return
     host.own_dir(cfg.run.state_dir)
     host.write_atomic(path, render_records(entries), 0o600)
+    _SEEN[real] = (_stamp(os.lstat(real)), [dict(e) for e in entries], True)
 
 
 def _key(e: Mapping[str, Any]) -> tuple[str, ...]:
@@ -144,27 +202,28 @@ def _key(e: Mapping[str, Any]) -> tuple[str, ...]:
 
 
 def add(ctx: Context, entry: dict[str, Any]) -> None:
-    """Record ``entry`` after what it describes was done. A file or link recorded before
-    keeps its first ``before`` (what the node had before bootfsm) and takes the new
-    content; a package recorded before takes the new version."""
+    """Record ``entry`` after what it describes was done: one line appended and fsynced
+    (the first record writes the file with its header). Records that cannot be read
+    are set aside as ``.bad`` (never lost) and new records begin."""
+    host, path = ctx.host, records_path(ctx.config)
     try:
-        entries = load(ctx.host, ctx.config)
+        entries = load(host, ctx.config)
     except BootError as exc:  # garbage: set aside (never lost), new records begin
         if exc.code is not Code.UNINSTALL_FAILED:
             raise
-        bad = records_path(ctx.config) + ".bad"
-        ctx.host.rename(records_path(ctx.config), bad)
+        bad = path + ".bad"
+        host.rename(path, bad)
         ctx.warn(f"{exc.message}; moved to {bad}, new install records begin")
         entries = []
-    key = _key(entry)
-    for i, old in enumerate(entries):
-        if _key(old) == key:
-            keep: dict[str, Any] = {k: old[k] for k in ("before", "edit") if k in old}
-            entries[i] = {**entry, **keep}
-            break
-    else:
-        entries.append(entry)
-    save(ctx.host, ctx.config, entries)
+    _check(entry, "new record")
+    real = str(host.path(path))
+    clean = real in _SEEN and _SEEN[real][2]
+    _fold(entries, entry)
+    if len(entries) == 1 or not clean:  # the first record, or a torn last line to drop
+        save(host, ctx.config, entries)
+        return
+    st = host.append_line(path, _line(entry))
+    _SEEN[real] = (_stamp(st), [dict(e) for e in entries], True)
 
 
 def snapshot(host: Host, path: str) -> dict[str, Any] | None:
