@@ -110,3 +110,69 @@ def test_lock_probe_sees_a_held_posix_lock(tmp_path: Path) -> None:
         holder.kill()
         holder.wait()
     assert fcntl  # imported for clarity of what is probed
+
+
+def _sleepers(tag: str) -> list[int]:
+    """pids of `sleep TAG` processes."""
+    out = []
+    for d in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as fh:
+                argv = fh.read().split(b"\0")
+            if len(argv) > 1 and argv[0].endswith(b"sleep") and argv[1] == tag.encode():
+                out.append(int(d))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+@pytest.mark.parametrize(("die_with_bootfsm", "survives"), [(True, False), (False, True)])
+def test_a_command_dies_with_bootfsm_unless_it_is_a_read_only_probe(
+    die_with_bootfsm: bool, survives: bool
+) -> None:
+    """bootfsm SIGKILLed mid-command: an action (the default) gets the parent-death
+    SIGKILL; a probe (``die_with_bootfsm=False``, how Context.run starts ``probe=True``
+    commands, vfork-fast) is left to finish on its own."""
+    import signal
+    import subprocess
+    import time
+
+    tag = f"{os.getpid() % 1000}.{int(die_with_bootfsm)}7"  # a `sleep` nobody else runs
+    code = (
+        "from pathlib import Path; from bootfsm.host.host import Host; "
+        f"Host(Path('/')).run(['sleep', {tag!r}], timeout=60, die_with_bootfsm={die_with_bootfsm})"
+    )
+    boot = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        end = time.monotonic() + 20
+        while not _sleepers(tag) and time.monotonic() < end:
+            time.sleep(0.02)
+        assert len(_sleepers(tag)) == 1
+        boot.send_signal(signal.SIGKILL)
+        boot.wait(timeout=10)
+        end = time.monotonic() + 5
+        while _sleepers(tag) and time.monotonic() < end:
+            time.sleep(0.02)
+        assert bool(_sleepers(tag)) is survives
+    finally:
+        for pid in _sleepers(tag):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_context_starts_probes_untied_and_actions_tied_to_bootfsm(tmp_path: Path) -> None:
+    from bootfsm.core.config import parse_config
+    from bootfsm.machine.context import Context
+    from bootfsm.observe.journal import Journal
+
+    seen: list[bool] = []
+
+    class Recording(Host):
+        def run(self, argv, *, timeout, die_with_bootfsm=True, **kw):  # type: ignore[no-untyped-def,override]
+            seen.append(die_with_bootfsm)
+            return super().run(argv, timeout=timeout, die_with_bootfsm=die_with_bootfsm, **kw)
+
+    ctx = Context.create(parse_config({}), Recording(tmp_path), Journal(None, run_id="t"))
+    ctx.run(["true"], timeout=10, probe=True)
+    ctx.run(["true"], timeout=10)
+    ctx.require(["true"], code=Code.HOST_IO_ERROR, timeout=10)
+    assert seen == [False, True, True]

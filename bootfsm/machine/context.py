@@ -137,8 +137,9 @@ class Context:
         ``probe`` marks a question whose non-zero answer is expected and not a fault
         (`dpkg-query` of a package not yet installed, `systemctl is-active` answering 3):
         its journal event carries ``probe: true`` at level info, and `trace --html`
-        draws it neutral. Raises the time error when the remaining budget, not
-        ``timeout``, cut it short.
+        draws it neutral; a probe only reads, so it is not tied to bootfsm's life
+        (``Host.run``'s ``die_with_bootfsm``). Raises the time error when the remaining
+        budget, not ``timeout``, cut it short.
         """
         budget = self.remaining()
         if budget <= 0:
@@ -146,7 +147,7 @@ class Context:
         limit = budget if timeout is None else min(timeout, budget)
         self.probing = probe
         try:
-            result = self.host.run(argv, timeout=limit, **kw)
+            result = self.host.run(argv, timeout=limit, die_with_bootfsm=not probe, **kw)
         finally:
             self.probing = False
         if result.timed_out and (timeout is None or budget <= timeout):
