@@ -91,14 +91,15 @@ def _summary(report: SmiReport) -> dict[str, int]:
 
 
 def satisfied(ctx: Context) -> bool:
-    """One query shows the driver, all GPUs, a ready fabric and fabric manager active."""
+    """Fabric manager active (asked first: the answer fabric's postcondition just got),
+    and one query shows the driver, all GPUs and a ready fabric."""
+    if needs_fabric_manager(ctx.facts) and not FABRIC_MANAGER.running(ctx):
+        return False
     try:
         report = _query(ctx)
     except (BootError, TransientError):
         return False
-    if not judge_fabric(report).ok:
-        return False
-    return not needs_fabric_manager(ctx.facts) or FABRIC_MANAGER.running(ctx)
+    return judge_fabric(report).ok
 
 
 def _fail_final(judgement: FabricJudgement) -> BootError:

@@ -205,8 +205,8 @@ def points_for(sku: str) -> list[Point]:
                   Gate("systemctl", ("start",), "fabric")),
             Point("fabric -> verify", "verify", on_boundary("fabric", "verify"),
                   Gate("nvidia-smi", state="verify")),
-            Point("verify: fabric manager check", "verify", on_gate,
-                  Gate("systemctl", ("is-active",), "verify")),
+            # (verify's fabric manager question runs no command of its own: fabric's
+            # postcondition just asked the same `systemctl show`, and nothing acted since)
         ]  # fmt: skip
     if family == "imex":
         pts += [
@@ -489,9 +489,9 @@ def test_matrix_size() -> None:
     """The number of kill points reported: every boundary and inside every state."""
     kill = {sku: len(chain_for(sku, reboot=False)) for sku in SKU_FAMILIES}
     power = {sku: len(chain_for(sku, reboot=True)) for sku in SKU_FAMILIES}
-    assert kill == {"h100-hgx": 15, "h100-pcie": 12, "gb300": 15}
-    assert power == {"h100-hgx": 10, "h100-pcie": 7, "gb300": 10}  # toolkit after the compile
-    assert sum(kill.values()) + sum(power.values()) == 69
+    assert kill == {"h100-hgx": 14, "h100-pcie": 12, "gb300": 15}
+    assert power == {"h100-hgx": 9, "h100-pcie": 7, "gb300": 10}  # toolkit after the compile
+    assert sum(kill.values()) + sum(power.values()) == 67
 
 
 @pytest.mark.parametrize(

@@ -181,6 +181,13 @@ def test_rerun_on_a_provisioned_node_invokes_no_installer(make_world: MakeWorld)
     assert [c for c in new if c["cmd"] in ("nvidia-installer", "dpkg", "update-initramfs")] == []
     skipped = [e["state"] for e in _events(second.journal) if e["event"] == "state.skip"]  # type: ignore[arg-type]
     assert skipped == ["fetch", "driver", "fabric", "verify", "join"]
+    # the postconditions ask each question once: fabric's `systemctl show` of the fabric
+    # manager answers verify's too (nothing acted between them)
+    asked = [" ".join(c["argv"]) for c in new if c["cmd"] == "systemctl"]
+    assert asked == [
+        "show -p UnitFileState -p ActiveState nvidia-persistenced.service",
+        "show -p UnitFileState -p ActiveState nvidia-fabricmanager.service",
+    ]
 
 
 def _journal_has(w: World, event: str) -> bool:

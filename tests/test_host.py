@@ -176,3 +176,37 @@ def test_context_starts_probes_untied_and_actions_tied_to_bootfsm(tmp_path: Path
     ctx.run(["true"], timeout=10)
     ctx.require(["true"], code=Code.HOST_IO_ERROR, timeout=10)
     assert seen == [False, True, True]
+
+
+def test_postconditions_share_answers_until_something_acts(tmp_path: Path) -> None:
+    """Inside ``asking`` a probe asked before is answered from memory; outside, or after
+    any command that is not a probe (or ``forget``), it runs again."""
+    from bootfsm.core.config import parse_config
+    from bootfsm.machine.context import Context
+    from bootfsm.observe.journal import Journal
+
+    ran: list[tuple[str, ...]] = []
+    host = Host(tmp_path)
+    host.on_command = lambda r: ran.append(r.argv)
+    ctx = Context.create(parse_config({}), host, Journal(None, run_id="t"))
+    probe = ["echo", "ActiveState=active"]
+    with ctx.asking():
+        first = ctx.run(probe, timeout=10, probe=True)
+        again = ctx.run(probe, timeout=10, probe=True)
+    assert again is first and len(ran) == 1
+    with ctx.asking():
+        ctx.run(probe, timeout=10, probe=True)  # the next postcondition: still remembered
+    assert len(ran) == 1
+    ctx.run(probe, timeout=10, probe=True)  # an action's own probe always runs
+    assert len(ran) == 2
+    with ctx.asking():
+        ctx.run(probe, timeout=10, probe=True)  # (remembered since the first one)
+    assert len(ran) == 2
+    ctx.run(["true"], timeout=10)  # something acted: every answer is forgotten
+    with ctx.asking():
+        ctx.run(probe, timeout=10, probe=True)
+    assert len(ran) == 4
+    ctx.forget()
+    with ctx.asking():
+        ctx.run(probe, timeout=10, probe=True)
+    assert len(ran) == 5

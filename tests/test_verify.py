@@ -63,6 +63,21 @@ class Clock:
         self.now += seconds
 
 
+# The fabric manager's unit, enabled and active: `systemctl show -p UnitFileState -p
+# ActiveState UNIT` prints the properties in systemd's own order (ActiveState first),
+# `systemctl is-active UNIT` the state alone (systemctl(1)); nothing else is asked here.
+FAKE_SYSTEMCTL = """import sys
+args = sys.argv[1:]
+if args[:1] == ["show"]:
+    print("ActiveState=active")
+    print("UnitFileState=enabled")
+elif args[:1] == ["is-active"]:
+    print("active")
+else:
+    sys.exit("systemctl stand-in of test_verify: only show and is-active")
+"""
+
+
 class Node:
     """A node directory with stand-in nvidia-smi and systemctl, and a Context on it."""
 
@@ -73,7 +88,7 @@ class Node:
         for d in (self.root, self.bin, self.smi):
             d.mkdir()
         self._script("nvidia-smi", FAKE_SMI)
-        self._script("systemctl", "print('active')")
+        self._script("systemctl", FAKE_SYSTEMCTL)
         self.clock = Clock()
         self.host = Host(
             self.root,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError
 from bootfsm.install import records
-from bootfsm.install.units import enabled_state, is_active, systemctl, unit_state
+from bootfsm.install.units import enabled_state, systemctl, unit_state
 from bootfsm.machine.context import Context
 
 __all__ = [
@@ -49,8 +49,9 @@ class Daemon:
         return enabled_state(ctx, self.unit) == ("masked" if self.masked else "enabled")
 
     def running(self, ctx: Context) -> bool:
-        """`systemctl is-active` says active."""
-        return is_active(ctx, self.unit)
+        """Active, from the same `systemctl show` as ``ready`` (`is-active` answers from
+        the same ActiveState; one query shape lets postconditions share answers)."""
+        return unit_state(ctx, self.unit).active
 
     def ready(self, ctx: Context) -> bool:
         """Enabled and active, from one `systemctl show` (a postcondition's question)."""

@@ -43,6 +43,9 @@ class Context:
     """systemd STATUS= for progress within a state (set by the runner under systemd)."""
     probing: bool = False
     """True while a ``run(..., probe=True)`` command runs (its journal event says so)."""
+    answers: dict[tuple[str, ...], CommandResult] = field(default_factory=dict)
+    """Probes' results by argv, as postconditions asked them (``asking``)."""
+    asking_: bool = False
 
     @classmethod
     def create(
@@ -124,6 +127,18 @@ class Context:
             self.sleep(min(interval, left))
 
     # -- commands ----------------------------------------------------------------------
+    def asking(self) -> _Asking:
+        """``with ctx.asking(): module.satisfied(ctx)``: inside, a probe asked before (by
+        this postcondition or an earlier one) is answered from memory when nothing acted
+        since: a rerun's postconditions ask ``systemctl show`` of the fabric manager once,
+        not per state. Outside (actions and their waits) every probe runs. A command that
+        is not a probe, or an action starting (``forget``), forgets every answer."""
+        return _Asking(self)
+
+    def forget(self) -> None:
+        """Drop every remembered probe answer (an action is about to change the node)."""
+        self.answers.clear()
+
     def run(
         self,
         argv: Sequence[str],
@@ -141,6 +156,11 @@ class Context:
         (``Host.run``'s ``die_with_bootfsm``). Raises the time error when the remaining
         budget, not ``timeout``, cut it short.
         """
+        key, keep = tuple(argv), probe and self.asking_ and not kw
+        if keep and key in self.answers:
+            return self.answers[key]
+        if not probe:
+            self.answers.clear()
         budget = self.remaining()
         if budget <= 0:
             raise self.time_error()
@@ -152,6 +172,8 @@ class Context:
             self.probing = False
         if result.timed_out and (timeout is None or budget <= timeout):
             raise self.time_error()
+        if keep and not result.timed_out:
+            self.answers[key] = result
         return result
 
     def require(
@@ -192,3 +214,16 @@ def trust_store(config: Config, host: Host) -> str:
         if host.exists(node_path):
             return str(host.path(node_path))
     return ""
+
+
+class _Asking:
+    """``Context.asking``: probes answered from memory inside."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+
+    def __enter__(self) -> None:
+        self.ctx.asking_ = True
+
+    def __exit__(self, *exc: object) -> None:
+        self.ctx.asking_ = False
