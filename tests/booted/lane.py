@@ -300,7 +300,12 @@ def prepare(img: Image, base: Path, work: Path, wheels: Path) -> Path:
 
 
 def unit_tests(img: Image, prepared: Path) -> tuple[bool, str]:
-    """The pure part of the unit suite under the image's own python3."""
+    """The pure part of the unit suite under the image's own python3, on the bootfsm
+    installed from the wheel (the simulator copied beside it): the read-only checkout at
+    /src gives the tests only. Nothing may import the checkout's bootfsm/, which has no
+    ``states`` (the wheel maps states/ to bootfsm.states): the tests run from /tmp, so a
+    ``python -m bootfsm`` they start does not find /src first, and pytest's own process
+    imports bootfsm before pytest puts /src (the tests' package root) on sys.path."""
     samples = REPO.parent / "shared/reference/samples"
     binds = [f"-ro={REPO}:/src"]
     env = []
@@ -316,15 +321,17 @@ def unit_tests(img: Image, prepared: Path) -> tuple[bool, str]:
         "--keep-unit",
         "--private-network",
         "--volatile=overlay",
-        "--chdir=/src",
+        "--chdir=/tmp",
         *env,
         *[f"--bind{b}" for b in binds],
         f"{TEST_VENV}/bin/python",
         "-c",
         "import sys, platform; print('python', platform.python_version());"
+        "sys.path[:] = [p for p in sys.path if p];"  # -c's '' (the working directory)
+        "import bootfsm.states, bootfsm.sim; print('bootfsm', bootfsm.__file__);"
         "import pytest; sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-p', "
         "'no:xdist', '-o', 'addopts=', *sys.argv[1:]]))",
-        *UNIT_TESTS,
+        *[f"/src/{t}" for t in UNIT_TESTS],
     ]
     p = subprocess.run(cmd, text=True, capture_output=True, timeout=900, check=False)
     out = p.stdout + p.stderr
