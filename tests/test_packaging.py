@@ -44,7 +44,7 @@ def test_wheel_layout_and_console_script(tmp_path: Path) -> None:
         assert f"bootfsm/states/{state}.py" in names
     assert not [n for n in names if n.startswith("states/")]
     entry = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "bootfsm = bootfsm.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
+    assert "bootfsm = bootfsm.cli:entry" in zipfile.ZipFile(wheel).read(entry).decode()
     # the simulator (stand-ins, mirror, demo) is test tooling: never on a node
     assert not [n for n in names if n.startswith("bootfsm/sim")]
     shipped = {n: zipfile.ZipFile(wheel).read(n).decode() for n in names if n.endswith(".py")}
