@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from bootfsm.core.compat import StrEnum
+from bootfsm.core.strenum import StrEnum
 
 __all__ = [
     "BLACKWELL_FIRST_DEVICE_ID",

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bootfsm.core.compat import StrEnum
 from bootfsm.core.hardware import blackwell_or_later, has_fabric_probe, model_for
+from bootfsm.core.strenum import StrEnum
 from bootfsm.parsers.nvidia_smi import SmiGpu, SmiReport
 
 __all__ = [

@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from bootfsm.core.compat import StrEnum
 from bootfsm.core.hardware import blackwell_or_later, model_for
+from bootfsm.core.strenum import StrEnum
 from bootfsm.parsers import ParseError
 from bootfsm.parsers.driver_info import parse_proc_driver_version
 

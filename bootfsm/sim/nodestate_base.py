@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -215,6 +214,8 @@ class NodeBase:
 
     def gpu_uuid(self, address: str) -> str:
         """A stable GPU UUID derived from the node's VM size and the PCI address."""
+        import uuid  # only nvidia-smi asks
+
         return f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, f'bootfsm-sim:{self.sku.vm_size}:{address}')}"
 
     def product_name(self, device: int) -> str:

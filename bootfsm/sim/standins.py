@@ -18,7 +18,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from bootfsm.sim.nodestate import UVM_MAJOR, Node, log_call
-from bootfsm.sim.standin_containerd import containerd_config
 
 __all__ = ["ARTIFACT_STANDINS", "PATH_STANDINS", "main"]
 
@@ -172,6 +171,8 @@ def containerd(node: Node, argv: list[str]) -> int:
     """`containerd --version` in the real format of the SKU's containerd; `config dump`
     in bootfsm/sim/standin_containerd.py."""
     if argv not in (["--version"], ["-v"]):
+        from bootfsm.sim.standin_containerd import containerd_config  # TOML: only here
+
         return containerd_config(node, argv)
     version = node.sku.containerd_version
     commit = _CONTAINERD_COMMITS.get(version, "0" * 40)
