@@ -95,6 +95,17 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _wait_lock(p: argparse.ArgumentParser) -> None:
+    """``--wait-lock SECONDS``: the commands that take the node lock."""
+    p.add_argument(
+        "--wait-lock",
+        type=_finite(0.0),
+        default=0.0,
+        metavar="SECONDS",
+        help="wait this long for another run's lock (default: exit at once)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every command."""
     parser = argparse.ArgumentParser(
@@ -113,13 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="global deadline in seconds (overrides run.deadline; env BOOTFSM_DEADLINE too)",
     )
-    p.add_argument(
-        "--wait-lock",
-        type=_finite(0.0),
-        default=0.0,
-        metavar="SECONDS",
-        help="wait this long for another run's lock (default: exit at once)",
-    )
+    _wait_lock(p)
     p.add_argument("--quiet", action="store_true", help="print only the summary line")
     p.add_argument(
         "--exit-codes",
@@ -225,13 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--plan", action="store_true", help="print what would be done; change nothing")
     p.add_argument("--json", action="store_true", help="one JSON document")
-    p.add_argument(
-        "--wait-lock",
-        type=_finite(0.0),
-        default=0.0,
-        metavar="SECONDS",
-        help="wait this long for another run's lock (default: exit at once)",
-    )
+    _wait_lock(p)
 
     p = _cmd(sub, "completion", "print a shell completion script generated from this parser")
     p.add_argument("shell", choices=("bash", "zsh"))
