@@ -15,7 +15,6 @@ the ``.part`` bookkeeping.
 from __future__ import annotations
 
 import email.utils
-import ipaddress
 import os
 import threading
 import time
@@ -29,6 +28,7 @@ from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError, TransientError
 from bootfsm.core.redact import redact_url
 from bootfsm.host import partfile as pf
+from bootfsm.host.http_local import get_direct
 from bootfsm.host.http_wire import (
     SYSTEM_CA_BUNDLES,
     Bounds,
@@ -43,6 +43,7 @@ from bootfsm.host.http_wire import (
     too_slow,
 )
 from bootfsm.host.partfile import CHUNK, StreamResult, partial_source, url_id
+from bootfsm.host.proxies import bypass, env_proxies, never_proxied
 from bootfsm.host.segments import Segmented
 
 if TYPE_CHECKING:
@@ -72,18 +73,6 @@ class HttpResult:
     body: bytes
 
 
-def _never_proxied(url: str) -> bool:
-    """Link-local (IMDS) and loopback (kubelet) hosts are always reached directly."""
-    host = (urlsplit(url).hostname or "").lower()
-    if host == "localhost":
-        return True
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return ip.is_link_local or ip.is_loopback
-
-
 def _retry_after(headers: Mapping[str, str]) -> float | None:
     """Retry-After in seconds: delta-seconds or an HTTP-date; None when absent or bad."""
     value = headers.get("Retry-After")
@@ -98,41 +87,6 @@ def _retry_after(headers: Mapping[str, str]) -> float | None:
     except (TypeError, ValueError):
         return None
     return max(0.0, when.timestamp() - time.time())
-
-
-def _env_proxies(env: Mapping[str, str]) -> dict[str, str]:
-    out = {}
-    for name in ("all", "http", "https", "no"):
-        value = env.get(f"{name}_proxy") or env.get(f"{name.upper()}_PROXY")
-        if value:
-            out[name] = value
-    return out
-
-
-def _bypass(host: str, port: int | None, no_proxy: str) -> bool:
-    """``no_proxy`` semantics: ``*``, host or domain suffix (``.example.com``), optional
-    ``:port``, and IP networks in CIDR form (``10.0.0.0/8``)."""
-    host = host.lower()
-    for raw in no_proxy.split(","):
-        entry = raw.strip().lower()
-        if entry == "*":
-            return True
-        if not entry:
-            continue
-        if "/" in entry:
-            try:
-                if ipaddress.ip_address(host) in ipaddress.ip_network(entry, strict=False):
-                    return True
-            except ValueError:
-                pass
-            continue
-        name, _, want_port = entry.rpartition(":") if entry.count(":") == 1 else (entry, "", "")
-        if want_port and (not want_port.isdigit() or int(want_port) != port):
-            continue
-        name = name.lstrip("*").lstrip(".")
-        if host == name or host.endswith("." + name):
-            return True
-    return False
 
 
 class Http(Segmented):
@@ -150,7 +104,7 @@ class Http(Segmented):
         self.read_timeout = read_timeout
         self.ca_file = ca_file
         self._env = dict(os.environ if env is None else env)
-        self._proxies = _env_proxies(self._env)
+        self._proxies = env_proxies(self._env)
         # REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE (what requests and curl honour) win, then
         # the node's trust store; certifi's bundle only when neither exists.
         self._verify: str | bool = (
@@ -186,10 +140,10 @@ class Http(Segmented):
 
     def proxy_for(self, url: str) -> str | None:
         """The proxy a request to ``url`` goes through, or None (direct)."""
-        if _never_proxied(url):
+        if never_proxied(url):
             return None
         parts = urlsplit(url)
-        if _bypass(parts.hostname or "", parts.port, self._proxies.get("no", "")):
+        if bypass(parts.hostname or "", parts.port, self._proxies.get("no", "")):
             return None
         return self._proxies.get(parts.scheme) or self._proxies.get("all")
 
@@ -254,10 +208,14 @@ class Http(Segmented):
         """GET a small resource whole; raise Transient/BootError on failure when ``check``.
 
         With ``allow_http_hosts`` the final URL (after redirects) must pass ``check_url``.
+        A plain-HTTP link-local or loopback URL (IMDS, kubelet) is read without requests
+        (``bootfsm.host.http_local``).
         """
+        total = timeout if timeout is not None else self.connect_timeout + self.read_timeout
+        if allow_http_hosts is None and url.startswith("http://") and never_proxied(url):
+            return self._get_local(url, headers or {}, timeout, total, max_bytes, check)
         import requests  # noqa: TID251
 
-        total = timeout if timeout is not None else self.connect_timeout + self.read_timeout
         session = self._sess()
         session.allow_http_hosts = allow_http_hosts  # type: ignore[attr-defined]
         with Watch(total) as watch:
@@ -282,6 +240,29 @@ class Http(Segmented):
                     return HttpResult(r.status_code, dict(r.headers), bytes(body))
             except (requests.RequestException, OSError) as exc:
                 raise self._classify(exc, url, watch) from exc
+
+    def _get_local(
+        self,
+        url: str,
+        headers: Mapping[str, str],
+        timeout: float | None,
+        total: float,
+        max_bytes: int,
+        check: bool,
+    ) -> HttpResult:
+        (conn, read) = self._kwargs(url, timeout)["timeout"]
+        with Watch(total) as watch:
+            status, got, body = get_direct(
+                url,
+                headers=headers,
+                connect_timeout=conn,
+                read_timeout=read,
+                watch=watch,
+                max_bytes=max_bytes,
+            )
+        if check:
+            self._check_status(status, got, url)
+        return HttpResult(status, got, body)
 
     def post(
         self,
