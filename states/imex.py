@@ -23,7 +23,8 @@ def _package(ctx: Context) -> str:
 
 def satisfied(ctx: Context) -> bool:
     """nvidia-imex of the driver version is installed and its unit is masked."""
-    v = dpkg.installed_version(ctx, _package(ctx)) or ""
+    name = _package(ctx)
+    v = dpkg.asked_versions(ctx, [name])[name] or ""
     want = ctx.config.driver.version
     return (v == want or v.startswith(want + "-")) and IMEX.configured(ctx)
 

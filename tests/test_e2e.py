@@ -181,13 +181,29 @@ def test_rerun_on_a_provisioned_node_invokes_no_installer(make_world: MakeWorld)
     assert [c for c in new if c["cmd"] in ("nvidia-installer", "dpkg", "update-initramfs")] == []
     skipped = [e["state"] for e in _events(second.journal) if e["event"] == "state.skip"]  # type: ignore[arg-type]
     assert skipped == ["fetch", "driver", "fabric", "verify", "join"]
-    # the postconditions ask each question once: fabric's `systemctl show` of the fabric
-    # manager answers verify's too (nothing acted between them)
+    # the postconditions ask each question once: one `systemctl show` of every daemon
+    # answers driver's (persistenced), fabric's and verify's (the fabric manager), and
+    # one `dpkg-query` every package (nothing acted between them)
     asked = [" ".join(c["argv"]) for c in new if c["cmd"] == "systemctl"]
     assert asked == [
-        "show -p UnitFileState -p ActiveState nvidia-persistenced.service",
-        "show -p UnitFileState -p ActiveState nvidia-fabricmanager.service",
+        "show -p Id -p UnitFileState -p ActiveState nvidia-persistenced.service"
+        " nvidia-fabricmanager.service nvidia-imex.service containerd.service kubelet.service"
     ]
+    assert [c["cmd"] for c in new] == ["dpkg-query", "dkms", "systemctl", "nvidia-smi"]
+
+
+def test_gb300_rerun_asks_four_commands(make_world: MakeWorld) -> None:
+    """Grace-Blackwell: driver's toolkit question and imex's nvidia-imex question are one
+    `dpkg-query`; the persistence daemon, the fabric manager that must stay off and the
+    masked IMEX unit are one `systemctl show`."""
+    w = make_world("gb300")
+    assert run_in_process(w).outcome.ok
+    before = len(w.calls())
+    assert run_in_process(w).outcome.ok
+    new = w.calls()[before:]
+    assert [c["cmd"] for c in new] == ["dpkg-query", "dkms", "systemctl", "nvidia-smi"]
+    [query] = [c["argv"] for c in new if c["cmd"] == "dpkg-query"]
+    assert "nvidia-imex" in query and "nvidia-container-toolkit" in query
 
 
 def _journal_has(w: World, event: str) -> bool:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from bootfsm.install.units import UnitState, parse_show
+from bootfsm.install.units import UnitState, parse_show, parse_show_units
 
 
 def test_enabled_and_active() -> None:
@@ -22,3 +22,42 @@ def test_no_unit_file_and_unknown_states() -> None:
     assert parse_show("ActiveState=activating\nUnitFileState=generated\n") == UnitState("", False)
     assert parse_show("Failed to connect to bus: Host is down\n") == UnitState("", False)
     assert parse_show("ActiveState=failed\nUnitFileState=static\n") == UnitState("static", False)
+
+
+# `systemctl show -p Id -p UnitFileState -p ActiveState A B C` on systemd 252: one block
+# per unit named, in that order, an empty line between (src/systemctl/systemctl-show.c
+# prints the separator before every unit but the first); within a block systemd's own
+# property order (Id, then ActiveState, then UnitFileState), whatever the -p order.
+THREE = (
+    "Id=nvidia-persistenced.service\nActiveState=active\nUnitFileState=enabled\n"
+    "\n"
+    "Id=nvidia-imex.service\nActiveState=inactive\nUnitFileState=masked\n"
+    "\n"
+    "Id=kubelet.service\nActiveState=inactive\nUnitFileState=\n"
+)
+UNITS = ("nvidia-persistenced.service", "nvidia-imex.service", "kubelet.service")
+
+
+def test_several_units_in_the_order_named() -> None:
+    assert parse_show_units(THREE, UNITS) == {
+        "nvidia-persistenced.service": UnitState("enabled", True),
+        "nvidia-imex.service": UnitState("masked", False),
+        "kubelet.service": UnitState("", False),  # not found: no unit file
+    }
+
+
+def test_a_warning_line_does_not_shift_the_blocks() -> None:
+    # stderr is captured with stdout: a daemon-reload warning lands between blocks
+    warned = THREE.replace(
+        "\n\nId=nvidia-imex",
+        "\n\nWarning: The unit file of nvidia-imex.service changed on disk. Run "
+        "'systemctl daemon-reload' to reload units.\n\nId=nvidia-imex",
+    )
+    assert parse_show_units(warned, UNITS)["nvidia-imex.service"] == UnitState("masked", False)
+
+
+def test_a_block_count_that_does_not_match_guesses_nothing() -> None:
+    assert parse_show_units(THREE, (*UNITS, "containerd.service")) == {}
+    assert parse_show_units("Failed to connect to bus: Host is down\n", UNITS) == {}
+    two = THREE.split("\n\n", 1)[1]
+    assert parse_show_units(two, UNITS) == {}

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError
 from bootfsm.install import records
-from bootfsm.install.units import enabled_state, systemctl, unit_state
+from bootfsm.install.units import UnitState, systemctl, unit_state, unit_states
 from bootfsm.machine.context import Context
 
 __all__ = [
+    "ALL",
     "CONTAINERD",
     "FABRIC_MANAGER",
     "IMEX",
@@ -44,18 +45,26 @@ class Daemon:
     masked: bool = False  # it must not run on the host: configured means masked
     check: Callable[[Context], bool] | None = None
 
+    def state(self, ctx: Context) -> UnitState:
+        """Its enablement and activity, from the one `systemctl show` that asks about
+        every daemon here (``ALL``): inside ``ctx.asking`` every postcondition's unit
+        question is then answered by one command (`is-enabled` and `is-active` answer
+        from the same UnitFileState and ActiveState)."""
+        units = [d.unit for d in ALL] if self in ALL else [self.unit]
+        found = unit_states(ctx, units).get(self.unit)
+        return found if found is not None else unit_state(ctx, self.unit)
+
     def configured(self, ctx: Context) -> bool:
         """Enabled (masked, for a host-masked daemon)."""
-        return enabled_state(ctx, self.unit) == ("masked" if self.masked else "enabled")
+        return self.state(ctx).enabled == ("masked" if self.masked else "enabled")
 
     def running(self, ctx: Context) -> bool:
-        """Active, from the same `systemctl show` as ``ready`` (`is-active` answers from
-        the same ActiveState; one query shape lets postconditions share answers)."""
-        return unit_state(ctx, self.unit).active
+        """Active."""
+        return self.state(ctx).active
 
     def ready(self, ctx: Context) -> bool:
-        """Enabled and active, from one `systemctl show` (a postcondition's question)."""
-        state = unit_state(ctx, self.unit)
+        """Enabled and active (a postcondition's question)."""
+        state = self.state(ctx)
         return state.enabled == "enabled" and state.active
 
     def healthy(self, ctx: Context) -> bool:
@@ -65,7 +74,7 @@ class Daemon:
     def start(self, ctx: Context, *, reset_failed: bool = False) -> None:
         """Enable it unless enabled, and start it unless active (clearing an earlier
         failed start first with ``reset_failed``); ``code`` when systemctl fails."""
-        state = unit_state(ctx, self.unit)
+        state = self.state(ctx)
         if state.enabled != "enabled":
             systemctl(ctx, "enable", self.unit, code=self.code)
             records.unit_done(ctx, "enable", self.unit)  # uninstall disables it again
@@ -99,7 +108,7 @@ class Daemon:
     def mask(self, ctx: Context) -> None:
         """Stop, disable (when enabled) and mask it, recorded: it must not run on this
         host. Nothing to do when it is masked already."""
-        state = enabled_state(ctx, self.unit)
+        state = self.state(ctx).enabled
         if state == "masked":
             return
         if state == "enabled":
@@ -124,3 +133,6 @@ CONTAINERD = Daemon("containerd", "containerd.service", Code.CONTAINERD_RESTART_
 
 KUBELET = Daemon("kubelet", "kubelet.service", Code.KUBELET_NOT_HEALTHY)
 """Started last; healthy when its healthz answers ``ok`` (states/join.py sets the wait)."""
+
+ALL = (PERSISTENCED, FABRIC_MANAGER, IMEX, CONTAINERD, KUBELET)
+"""Every daemon bootfsm owns, in the order `systemctl show` is asked about them."""

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError, CommandError, TransientError
+from bootfsm.fetch.store import resolved
 from bootfsm.install import records
 from bootfsm.machine.context import Context
 
@@ -24,6 +25,7 @@ __all__ = [
     "LOCK",
     "LOCKS",
     "UPDATES_DIR",
+    "asked_versions",
     "install_debs",
     "installed_version",
     "installed_versions",
@@ -132,6 +134,17 @@ def installed_version(ctx: Context, package: str) -> str | None:
     return installed_versions(ctx, [package])[package]
 
 
+def asked_versions(ctx: Context, packages: Sequence[str]) -> dict[str, str | None]:
+    """``installed_versions`` of ``packages`` for a postcondition, asked in the one
+    `dpkg-query` that names every package this run deals in (``packages``, the
+    toolkit's, every deb fetch resolved, such as nvidia-imex): inside ``ctx.asking``
+    the driver's and imex's questions then share one answer."""
+    debs = [a.name for a in resolved(ctx) or () if a.filename.endswith(".deb")]
+    every = sorted({*packages, *ctx.config.sources.toolkit_packages, *debs})
+    found = installed_versions(ctx, every)
+    return {p: found[p] for p in packages}
+
+
 def installed_versions(ctx: Context, packages: Sequence[str]) -> dict[str, str | None]:
     """``installed_version`` of each package, from one `dpkg-query -W` for all of them."""
     argv = ["dpkg-query", "-W", "-f=${Package}|${db:Status-Abbrev}|${Version}\\n", *packages]
@@ -168,7 +181,7 @@ def install_debs(
     purges those and never one that was on the node before."""
     wait_for_lock(ctx)
     repair(ctx)
-    before = {n: installed_version(ctx, n) for n in names}
+    before = installed_versions(ctx, names) if names else {}
     argv = ["dpkg", "-i", *(f"--force-{f}" for f in force), *(str(d) for d in debs)]
     try:
         ctx.require(argv, code=code, timeout=300, what="dpkg -i failed")
@@ -179,7 +192,8 @@ def install_debs(
             ) from exc
         raise
     ours = {e["name"] for e in records.load(ctx.host, ctx.config) if e["kind"] == "package"}
+    after = installed_versions(ctx, names) if names else {}
     for name in names:  # new here, or bootfsm's own upgraded: the record follows the version
-        version = installed_version(ctx, name)
+        version = after[name]
         if (before[name] is None or name in ours) and version is not None:
             records.add(ctx, {"kind": "package", "name": name, "version": version})

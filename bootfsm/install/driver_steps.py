@@ -54,7 +54,7 @@ PROGRESS_EVERY_S = 10.0
 def toolkit_ok(ctx: Context) -> bool:
     """Every toolkit package is installed at the configured version."""
     want = ctx.config.sources.toolkit_version
-    found = dpkg.installed_versions(ctx, ctx.config.sources.toolkit_packages)
+    found = dpkg.asked_versions(ctx, ctx.config.sources.toolkit_packages)
     return all(v == want for v in found.values())
 
 

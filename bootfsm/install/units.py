@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bootfsm.core.codes import Code
 from bootfsm.host.host import CommandResult
 from bootfsm.machine.context import Context
 
-__all__ = ["UnitState", "enabled_state", "is_active", "parse_show", "systemctl", "unit_state"]
+__all__ = [
+    "UnitState",
+    "enabled_state",
+    "is_active",
+    "parse_show",
+    "parse_show_units",
+    "systemctl",
+    "unit_state",
+    "unit_states",
+]
 
 _QUERY_TIMEOUT = 15.0
 
@@ -43,6 +54,27 @@ def parse_show(output: str) -> UnitState:
     props = dict(line.partition("=")[::2] for line in output.splitlines() if "=" in line)
     enabled = props.get("UnitFileState", "").strip()
     return UnitState(enabled if enabled in _ENABLED else "", props.get("ActiveState") == "active")
+
+
+def parse_show_units(output: str, units: Sequence[str]) -> dict[str, UnitState]:
+    """Pure: `systemctl show -p Id -p UnitFileState -p ActiveState U1 U2...`, which
+    prints one block per unit in the order named, an empty line between blocks
+    (systemd src/systemctl/systemctl-show.c) -> unit -> its UnitState. Lines that are
+    not ``Key=value`` (a warning on stderr) are ignored; {} unless there is exactly one
+    block with an ``Id=`` per unit (then nothing is guessed)."""
+    blocks = [b for b in re.split(r"\n[ \t]*\n", output) if re.search(r"^Id=", b, re.M)]
+    if len(blocks) != len(units):
+        return {}
+    return {u: parse_show(b) for u, b in zip(units, blocks, strict=True)}
+
+
+def unit_states(ctx: Context, units: Sequence[str]) -> dict[str, UnitState]:
+    """Enablement and activity of several units from one `systemctl show` ({} when its
+    output cannot be split per unit: the caller asks each then)."""
+    argv = ["systemctl", "show", "-p", "Id", "-p", "UnitFileState", "-p", "ActiveState"]
+    return parse_show_units(
+        ctx.run([*argv, *units], timeout=_QUERY_TIMEOUT, probe=True).output, units
+    )
 
 
 def unit_state(ctx: Context, unit: str) -> UnitState:
