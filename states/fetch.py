@@ -23,7 +23,6 @@ from bootfsm.fetch.artifacts import (
     resolution_key,
     resolve,
 )
-from bootfsm.fetch.fetcher import Fetched, Fetcher, Job
 from bootfsm.fetch.indexes import (
     cached_ok,
     fetch_indexes,
@@ -55,6 +54,8 @@ def _mirror(url: str) -> str:
 
 
 def _download(ctx: Context, missing: list[Artifact]) -> None:
+    from bootfsm.fetch.fetcher import Fetched, Fetcher, Job  # a rerun downloads nothing
+
     cfg = ctx.config
     jobs = []
     for a in missing:

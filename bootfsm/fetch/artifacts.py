@@ -27,8 +27,6 @@ from bootfsm.core.redact import redact_url
 from bootfsm.node.facts import NodeFacts
 from bootfsm.node.guards import needs_fabric_manager, needs_imex
 from bootfsm.parsers import ParseError
-from bootfsm.parsers.debian_packages import select_packages
-from bootfsm.parsers.redistrib import parse_redistrib
 
 __all__ = [
     "Artifact",
@@ -178,6 +176,8 @@ def _from_packages(
     one index; each listed key must be found."""
     where = redact_url(join_url(bases[0], "Packages"))
     try:
+        from bootfsm.parsers.debian_packages import select_packages  # resolving only
+
         picked = select_packages(text, wants)
     except ParseError as exc:
         raise BootError(Code.INDEX_INVALID, f"{where}: {exc}") from exc
@@ -267,6 +267,8 @@ def _component(facts: NodeFacts, bases: Sequence[str], url: str, text: str, key:
     predates 580 or this platform has none."""
     assert facts.arch is not None
     try:
+        from bootfsm.parsers.redistrib import parse_redistrib  # resolving only
+
         manifest = parse_redistrib(text)
     except ParseError as exc:
         raise BootError(Code.INDEX_INVALID, f"{redact_url(url)}: {exc}") from exc

@@ -21,7 +21,6 @@ from bootfsm.fetch.artifacts import (
     resolve,
     sha256_of,
 )
-from bootfsm.fetch.repo_trust import check_packages, check_pinned
 from bootfsm.fetch.stamps import known_sha256, remember
 from bootfsm.host.http import check_url
 from bootfsm.machine.context import Context
@@ -115,8 +114,12 @@ NEXT_MIRROR = (Code.ARTIFACT_NOT_FOUND, Code.REPO_SIGNATURE_INVALID, Code.REPO_I
 def trust_index(ctx: Context, key: str, url: str, body: bytes) -> None:
     """Packages through the repository's signed Release; the redist manifest by its pin."""
     if key.endswith("_packages"):
+        from bootfsm.fetch.repo_trust import check_packages  # fetching only
+
         check_packages(ctx, key, url, body)
     elif key == "redistrib":
+        from bootfsm.fetch.repo_trust import check_pinned  # fetching only
+
         check_pinned(ctx, url, body)
 
 
