@@ -113,7 +113,7 @@ def _signed_release(
     body = _get(ctx, url)
     if body is not None:
         path = f"{d}/{key}.InRelease"
-        ctx.host.write_atomic(path, body, mode=0o600)
+        ctx.host.write_atomic(path, body, mode=0o600, durable=False)  # for gpgv, now
         try:
             text = clearsigned_body(body.decode("utf-8"))
         except (ParseError, UnicodeDecodeError) as exc:
@@ -127,8 +127,8 @@ def _signed_release(
     sig = _get(ctx, sibling_url(packages_url, "Release.gpg"))
     if sig is None:
         return text, url, ["Release has no Release.gpg signature"]
-    ctx.host.write_atomic(f"{d}/{key}.Release", body, mode=0o600)
-    ctx.host.write_atomic(f"{d}/{key}.Release.gpg", sig, mode=0o600)
+    ctx.host.write_atomic(f"{d}/{key}.Release", body, mode=0o600, durable=False)
+    ctx.host.write_atomic(f"{d}/{key}.Release.gpg", sig, mode=0o600, durable=False)
     return text, url, _gpgv(ctx, keyring, [f"{d}/{key}.Release.gpg", f"{d}/{key}.Release"])
 
 

@@ -36,11 +36,13 @@ def stamp(st: os.stat_result) -> Stamp:
 
 def remember(ctx: Context, node_path: str, st: os.stat_result, sha256: str) -> None:
     """Keep ``sha256`` for the file at ``node_path`` as it is now (``st``, its lstat):
-    in this run's memory and in its sidecar (atomic, 0600)."""
+    in this run's memory and in its sidecar (atomic, 0600; fsynced only with
+    ``fetch.fsync``, like the artifact: a sidecar lost is a hash made again)."""
     ctx.scratch.setdefault(MEMO, {})[str(ctx.host.path(node_path))] = (*stamp(st), sha256)
     doc: dict[str, int | str] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
     doc |= {"ino": st.st_ino, "ctime_ns": st.st_ctime_ns, "sha256": sha256}
-    ctx.host.write_atomic(node_path + SUFFIX, json.dumps(doc, sort_keys=True) + "\n", mode=0o600)
+    text = json.dumps(doc, sort_keys=True) + "\n"
+    ctx.host.write_atomic(node_path + SUFFIX, text, mode=0o600, durable=ctx.config.fetch.fsync)
 
 
 def known_sha256(

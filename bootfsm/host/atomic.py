@@ -39,10 +39,15 @@ def sweep(p: Path) -> None:
             os.unlink(path)
 
 
-def publish(p: Path, fill: Callable[[IO[bytes]], object], mode: int) -> None:
+def publish(
+    p: Path, fill: Callable[[IO[bytes]], object], mode: int, *, durable: bool = True
+) -> None:
     """Give ``p`` new content atomically: temporary written, chmodded and fsynced, renamed
     over ``p``, directory fsynced. Readers see the old or the new file, never a mix.
 
+    ``durable=False`` skips both fsyncs, for files that are checked when read and
+    rebuilt when lost (a hint, a cache's memo, a copy made to be executed now): readers
+    still never see a mix, but after a power loss the file may be the old one, or gone.
     A run killed mid-write can leave only a ``.NAME.*.tmp`` beside ``p``; the next write
     of ``p`` removes it.
     """
@@ -54,12 +59,14 @@ def publish(p: Path, fill: Callable[[IO[bytes]], object], mode: int) -> None:
             fill(fh)
             fh.flush()
             os.fchmod(fh.fileno(), mode)
-            os.fsync(fh.fileno())
+            if durable:
+                os.fsync(fh.fileno())
         os.replace(tmp, p)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    fsync_dir(p.parent)
+    if durable:
+        fsync_dir(p.parent)
 
 
 def append_line(p: Path, line: str) -> os.stat_result:

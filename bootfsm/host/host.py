@@ -214,7 +214,7 @@ class Host(Commands):
                     h.update(block)
                     out.write(block)
 
-            publish(dst, fill, 0o700)
+            publish(dst, fill, 0o700, durable=False)  # executed now, copied anew each time
         except OSError as exc:
             raise BootError(
                 Code.HOST_IO_ERROR, f"cannot copy {src} to {dst_dir}: {exc.strerror or exc}"
@@ -238,15 +238,18 @@ class Host(Commands):
             raise BootError(Code.HOST_IO_ERROR, f"cannot create {node_path}: {exc}") from exc
         return p
 
-    def write_atomic(self, node_path: str, data: bytes | str, mode: int = 0o644) -> None:
+    def write_atomic(
+        self, node_path: str, data: bytes | str, mode: int = 0o644, *, durable: bool = True
+    ) -> None:
         """Write a file so that readers see the old or the new content, never a mix.
 
-        Temporary file in the same directory, fsync, chmod, rename, fsync the directory.
+        Temporary file in the same directory, fsync, chmod, rename, fsync the directory
+        (no fsyncs when not ``durable``: bootfsm.host.atomic.publish).
         """
         p = self.path(node_path)
         payload = data.encode() if isinstance(data, str) else data
         try:
-            publish(p, lambda fh: fh.write(payload), mode)
+            publish(p, lambda fh: fh.write(payload), mode, durable=durable)
         except OSError as exc:
             what = "disk full" if exc.errno == errno.ENOSPC else str(exc)
             raise BootError(Code.HOST_IO_ERROR, f"cannot write {node_path}: {what}") from exc

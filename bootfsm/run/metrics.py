@@ -145,7 +145,7 @@ def _write(host: Host, cfg: Config, text: str) -> list[str]:
     if not target:
         return []
     try:
-        host.write_atomic(target, text, 0o644)
+        host.write_atomic(target, text, 0o644, durable=False)  # rewritten every run
     except (BootError, ValueError) as exc:
         return [f"metrics file {target} not written: {exc}"]
     return []

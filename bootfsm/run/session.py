@@ -225,16 +225,19 @@ class Session:
             **({"probe": True} if probe else {}),
         )
 
-    def checkpoint(self, state: str, outcome: str, **fields: object) -> None:
+    def checkpoint(
+        self, state: str, outcome: str, *, durable: bool = False, **fields: object
+    ) -> None:
         """checkpoint.json (``checkpoint=True`` only); a read-only or full state dir must
-        not hide the real outcome."""
+        not hide the real outcome. A transition's is a hint (the fsynced journal has the
+        same; it is checked when read), so only the run's last one is ``durable``."""
         if not self.opts.checkpoint:
             return
         base = {"run_id": self.run_id, "journal": str(self.path or ""), "pid": os.getpid()}
         data = {**base, "state": state, "outcome": outcome, **fields}
         with contextlib.suppress(BootError):
             path = f"{self.cfg.run.state_dir}/checkpoint.json"
-            self.host.write_atomic(path, json.dumps(data) + "\n", 0o600)
+            self.host.write_atomic(path, json.dumps(data) + "\n", 0o600, durable=durable)
 
     # -- the run ------------------------------------------------------------------------
     def drive(
@@ -294,7 +297,7 @@ class Session:
                 j.event("warning", level="warning", message=problem)
         j.close()
         code = {"code": outcome.code.value, "code_name": outcome.code.name}
-        self.checkpoint(outcome.state, kind, **code)
+        self.checkpoint(outcome.state, kind, durable=True, **code)
         if self.path is not None:
             self._prune()
         return SessionResult(outcome, self.run_id, self.path)
