@@ -478,9 +478,24 @@ def kubelet_after_bootfsm(c: Checks, bf: dict[str, str], kl: dict[str, str]) -> 
     c.true(f"kubelet started at {start:.3f} before bootfsm exited at {done:.3f}", start >= done > 0)
 
 
+def shared_unit_answers(c: Checks, b: Boot) -> None:
+    """Every `systemctl show` bootfsm ran names all five daemons and the real systemctl's
+    output split into one block per unit: a block count that does not match makes
+    bootfsm ask one unit (the fallback), which must never happen here."""
+    shows = [
+        cmd["argv"]
+        for cmd in json.loads(b.text("trace.json"))["commands"]
+        if cmd["argv"][:2] == ["systemctl", "show"]
+    ]
+    units = [sum(a.endswith(".service") for a in argv) for argv in shows]
+    c.true(f"systemctl show asked of {units} units (want 5 each)", bool(shows) and set(units) == {5})
+    c.facts.append(f"{len(shows)} systemctl show of 5 units")
+
+
 def check_success(b: Boot, systemd: str) -> Checks:
     c = Checks()
     base_checks(c, b, systemd)
+    shared_unit_answers(c, b)
     bf, kl = b.show("bootfsm"), b.show("kubelet")
     c.eq("ActiveState", bf.get("ActiveState"), "active")
     c.eq("SubState", bf.get("SubState"), "exited")
@@ -583,6 +598,7 @@ def check_restarted(b: Boot, systemd: str, exit_pattern: str) -> Checks:
 def check_reboot(b: Boot, systemd: str, first: Boot) -> Checks:
     c = Checks()
     base_checks(c, b, systemd)
+    shared_unit_answers(c, b)
     bf, kl = b.show("bootfsm"), b.show("kubelet")
     c.eq("ActiveState", bf.get("ActiveState"), "active")
     c.eq("ExecMainStatus", bf.get("ExecMainStatus"), "0")
