@@ -488,7 +488,8 @@ def shared_unit_answers(c: Checks, b: Boot) -> None:
         if cmd["argv"][:2] == ["systemctl", "show"]
     ]
     units = [sum(a.endswith(".service") for a in argv) for argv in shows]
-    c.true(f"systemctl show asked of {units} units (want 5 each)", bool(shows) and set(units) == {5})
+    ok = bool(shows) and set(units) == {5}
+    c.true(f"systemctl show asked of {units} units (want 5 each)", ok)
     c.facts.append(f"{len(shows)} systemctl show of 5 units")
 
 
