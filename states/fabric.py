@@ -95,14 +95,16 @@ def _extract(ctx: Context, role: str, suffix: str, code: Code) -> tuple[str, str
 
 def _install(ctx: Context) -> None:
     name, top = _extract(ctx, "fabricmanager", ".tar.xz", Code.FABRIC_MANAGER_FAILED)
+    files: list[tuple[str, str, int | None]] = []
     for src, dst in install_map(ctx.facts.raw_arch):
         if not ctx.host.exists(f"{top}/{src}") and not ctx.host.is_symlink(f"{top}/{src}"):
             raise BootError(Code.FABRIC_MANAGER_FAILED, f"{name} lacks {src}")
-        records.install_file(ctx, f"{top}/{src}", dst)
+        files.append((f"{top}/{src}", dst, None))
     for topo in ctx.host.listdir(f"{top}/share/nvidia/nvswitch"):
-        records.install_file(
-            ctx, f"{top}/share/nvidia/nvswitch/{topo}", f"/usr/share/nvidia/nvswitch/{topo}"
+        files.append(
+            (f"{top}/share/nvidia/nvswitch/{topo}", f"/usr/share/nvidia/nvswitch/{topo}", None)
         )
+    records.install_files(ctx, files)
     records.write_file(ctx, _marker(ctx), ctx.config.driver.version + "\n", 0o600)
     ctx.event("fabricmanager.installed", version=ctx.config.driver.version)
 
@@ -114,14 +116,15 @@ def install_nvlsm(ctx: Context) -> None:
     name, top = _extract(ctx, "nvlsm", ".tar.xz", code)
     if not ctx.host.exists(f"{top}/sbin/nvlsm"):
         raise BootError(code, f"{name} lacks sbin/nvlsm")
-    records.install_file(ctx, f"{top}/sbin/nvlsm", NVLSM_BIN, 0o755)
+    files: list[tuple[str, str, int | None]] = [(f"{top}/sbin/nvlsm", NVLSM_BIN, 0o755)]
     for src, dst in NVLSM_DIRS:
         for entry in ctx.host.listdir(f"{top}/{src}"):
-            records.install_file(ctx, f"{top}/{src}/{entry}", f"{dst}/{entry}")
-    if not ctx.host.exists("/usr/share/nvidia/nvlsm/nvlsm.conf"):
-        raise BootError(code, f"{name} lacks share/nvidia/nvlsm/nvlsm.conf")
+            files.append((f"{top}/{src}/{entry}", f"{dst}/{entry}", None))
     if ctx.host.exists(f"{top}/LICENSE"):
-        records.install_file(ctx, f"{top}/LICENSE", "/usr/share/doc/nvlsm/LICENSE")
+        files.append((f"{top}/LICENSE", "/usr/share/doc/nvlsm/LICENSE", None))
+    if not ctx.host.exists(f"{top}/share/nvidia/nvlsm/nvlsm.conf"):  # before any change
+        raise BootError(code, f"{name} lacks share/nvidia/nvlsm/nvlsm.conf")
+    records.install_files(ctx, files)
     records.write_file(ctx, _marker(ctx, "nvlsm"), name + "\n", 0o600)
     ctx.event("nvlsm.installed", archive=name)
 

@@ -64,6 +64,18 @@ def test_a_boot_fsyncs_what_must_survive_and_nothing_rebuilt(
     assert kinds["metrics"] == 0
     assert kinds["install record"] >= 10  # every record appended is durable
     assert kinds["journal"] >= 5  # run.start, state boundaries, run.end
+    # the fabric manager archive's files: recorded in one append, each directory fsynced
+    # once after all of its files (four topologies in one directory)
+    nvswitch = w.root / "usr/share/nvidia/nvswitch"
+    assert len(list(nvswitch.iterdir())) >= 4
+    assert fsynced.count(str(nvswitch)) == 1
+    lines = (w.root / "var/lib/bootfsm/installed.jsonl").read_text().splitlines()
+    records = [json.loads(x) for x in lines[1:]]  # after the header
+    archive = [r for r in records if r["kind"] in ("file", "link") and r.get("by") != "driver"]
+    archive = [r for r in archive if r["path"].startswith(("/usr/", "/lib/"))]
+    assert len(archive) >= 10
+    # one fsync per append: the archive's records took one, every other record its own
+    assert kinds["install record"] <= len(records) - len(archive) + 1
     cp = json.loads((w.root / "var/lib/bootfsm/checkpoint.json").read_text())
     assert cp["outcome"] == "done"  # the non-durable writes were still made, atomically
     cache = w.root / "var/cache/bootfsm"

@@ -40,7 +40,12 @@ def sweep(p: Path) -> None:
 
 
 def publish(
-    p: Path, fill: Callable[[IO[bytes]], object], mode: int, *, durable: bool = True
+    p: Path,
+    fill: Callable[[IO[bytes]], object],
+    mode: int,
+    *,
+    durable: bool = True,
+    sync_dir: bool = True,
 ) -> None:
     """Give ``p`` new content atomically: temporary written, chmodded and fsynced, renamed
     over ``p``, directory fsynced. Readers see the old or the new file, never a mix.
@@ -48,6 +53,8 @@ def publish(
     ``durable=False`` skips both fsyncs, for files that are checked when read and
     rebuilt when lost (a hint, a cache's memo, a copy made to be executed now): readers
     still never see a mix, but after a power loss the file may be the old one, or gone.
+    ``sync_dir=False`` leaves the directory's fsync to a caller that writes several
+    files there (one fsync of each directory after all of them).
     A run killed mid-write can leave only a ``.NAME.*.tmp`` beside ``p``; the next write
     of ``p`` removes it.
     """
@@ -65,16 +72,17 @@ def publish(
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    if durable:
+    if durable and sync_dir:
         fsync_dir(p.parent)
 
 
 def append_line(p: Path, line: str) -> os.stat_result:
-    """Append ``line`` (one line, its newline included) to the existing regular file
+    """Append ``line`` (whole lines, each with its newline) to the existing regular file
     ``p`` in one write, fsync it, and return its status after. A link in its place is
-    refused (ELOOP, never followed); a short write is an OSError (ENOSPC)."""
-    if not line.endswith("\n") or "\n" in line[:-1]:
-        raise ValueError("append_line takes exactly one line, newline included")
+    refused (ELOOP, never followed); a short write is an OSError (ENOSPC). A crash can
+    tear only the last line of the write, which a reader drops (no newline)."""
+    if not line.endswith("\n"):
+        raise ValueError("append_line takes whole lines, each newline included")
     data = line.encode()
     fd = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:

@@ -15,7 +15,8 @@ import os
 import shutil
 import stat
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import IO
 
@@ -255,8 +256,8 @@ class Host(Commands):
             raise BootError(Code.HOST_IO_ERROR, f"cannot write {node_path}: {what}") from exc
 
     def append_line(self, node_path: str, line: str) -> os.stat_result:
-        """Append one line (newline included) to an existing file durably: one write, one
-        fsync, a link never followed. Returns the file's status after the write."""
+        """Append whole lines (newlines included) to an existing file durably: one write,
+        one fsync, a link never followed. Returns the file's status after the write."""
         try:
             return append_line(self.path(node_path), line)
         except OSError as exc:
@@ -301,18 +302,25 @@ class Host(Commands):
             return
         shutil.rmtree(p, ignore_errors=True)
 
-    def install_file(self, src: str, dst: str, mode: int | None = None) -> None:
-        """Copy node file ``src`` to ``dst`` atomically (temp, fsync, rename); keep links."""
-        sp, dp = self.path(src), self.path(dst)
-        if sp.is_symlink():
-            self.symlink_atomic(os.readlink(sp), dst)
-            return
-        try:
-            keep = mode if mode is not None else (sp.stat().st_mode & 0o7777)
-            with sp.open("rb") as inp:
-                publish(dp, lambda out: shutil.copyfileobj(inp, out, 1 << 20), keep)
-        except OSError as exc:
-            raise BootError(Code.HOST_IO_ERROR, f"cannot install {dst}: {exc}") from exc
+    def install_files(self, files: Sequence[tuple[str, str, int | None]]) -> None:
+        """Copy each node file ``src`` to ``dst`` atomically (temp, fsync, rename; mode
+        ``mode``, else the source's), links kept as links; each directory is fsynced
+        once after all of them (an archive's files share a few directories)."""
+        dirs: dict[Path, None] = {}
+        for src, dst, mode in files:
+            sp, dp = self.path(src), self.path(dst)
+            if sp.is_symlink():
+                self.symlink_atomic(os.readlink(sp), dst)
+                continue
+            try:
+                keep = mode if mode is not None else (sp.stat().st_mode & 0o7777)
+                with sp.open("rb") as inp:
+                    publish(dp, partial(_copy_from, inp), keep, sync_dir=False)
+            except OSError as exc:
+                raise BootError(Code.HOST_IO_ERROR, f"cannot install {dst}: {exc}") from exc
+            dirs[dp.parent] = None
+        for d in dirs:
+            fsync_dir(d)
 
     def extract_tar(
         self,
@@ -364,3 +372,7 @@ class Host(Commands):
             return True
         finally:
             os.close(fd)
+
+
+def _copy_from(inp: IO[bytes], out: IO[bytes]) -> None:
+    shutil.copyfileobj(inp, out, 1 << 20)

@@ -22,7 +22,10 @@ file atomically (temporary, fsync, rename). The entries, in the order first inst
 
 An entry is written right after the action it records, so a crash in between leaves at
 most that one thing unrecorded (it is then left on the node, never removed blindly); a
-crash during the append leaves a last line without its newline, which is dropped.
+crash during the append leaves a last line without its newline, which is dropped. An
+archive's files (``install_files``) are the exception: all their entries are appended
+at once *before* the files are placed, so a crash in between leaves records of files
+not placed yet, which uninstall finds gone or with the bytes they had, and keeps.
 """
 
 from __future__ import annotations
@@ -46,7 +49,8 @@ __all__ = [
     "RESTORE_LIMIT",
     "RecordsError",
     "add",
-    "install_file",
+    "add_many",
+    "install_files",
     "load",
     "parse_records",
     "record_dkms",
@@ -205,6 +209,13 @@ def add(ctx: Context, entry: dict[str, Any]) -> None:
     """Record ``entry`` after what it describes was done: one line appended and fsynced
     (the first record writes the file with its header). Records that cannot be read
     are set aside as ``.bad`` (never lost) and new records begin."""
+    add_many(ctx, [entry])
+
+
+def add_many(ctx: Context, new: Sequence[dict[str, Any]]) -> None:
+    """``add`` of several entries in one append and one fsync."""
+    if not new:
+        return
     host, path = ctx.host, records_path(ctx.config)
     try:
         entries = load(host, ctx.config)
@@ -215,14 +226,17 @@ def add(ctx: Context, entry: dict[str, Any]) -> None:
         host.rename(path, bad)
         ctx.warn(f"{exc.message}; moved to {bad}, new install records begin")
         entries = []
-    _check(entry, "new record")
+    for entry in new:
+        _check(entry, "new record")
     real = str(host.path(path))
     clean = real in _SEEN and _SEEN[real][2]
-    _fold(entries, entry)
-    if len(entries) == 1 or not clean:  # the first record, or a torn last line to drop
+    first = not entries
+    for entry in new:
+        _fold(entries, entry)
+    if first or not clean:  # the first records, or a torn last line to drop
         save(host, ctx.config, entries)
         return
-    st = host.append_line(path, _line(entry))
+    st = host.append_line(path, "".join(_line(e) for e in new))
     _SEEN[real] = (_stamp(st), [dict(e) for e in entries], True)
 
 
@@ -277,15 +291,24 @@ def track(ctx: Context, path: str, before: dict[str, Any] | None) -> None:
     add(ctx, {"kind": "file", "path": path, "sha256": sha, "before": before, "by": ctx.state})
 
 
-def install_file(ctx: Context, src: str, dst: str, mode: int | None = None) -> None:
-    """``host.install_file`` (a link stays a link) and record the result."""
-    before = None if _recorded(ctx, "file", dst) else snapshot(ctx.host, dst)
-    ctx.host.install_file(src, dst, mode)
-    if ctx.host.is_symlink(dst):
-        target = ctx.host.readlink(dst) or ""
-        add(ctx, {"kind": "link", "path": dst, "target": target, "before": before})
-    else:
-        track(ctx, dst, before)
+def install_files(ctx: Context, files: Sequence[tuple[str, str, int | None]]) -> None:
+    """``host.install_files`` (a link stays a link), each file recorded first, in one
+    append: a record of a file not placed yet is harmless (uninstall finds it gone, or
+    with the bytes it had, and keeps it); the directories are fsynced once each."""
+    entries: list[dict[str, Any]] = []
+    for src, dst, _ in files:
+        before = None if _recorded(ctx, "file", dst) else snapshot(ctx.host, dst)
+        if ctx.host.is_symlink(src):
+            target = ctx.host.readlink(src) or ""
+            entries.append({"kind": "link", "path": dst, "target": target, "before": before})
+            continue
+        sha = ctx.host.sha256(src)
+        if sha is not None and (before is None or before.get("sha256") != sha):
+            entries.append(
+                {"kind": "file", "path": dst, "sha256": sha, "before": before, "by": ctx.state}
+            )
+    add_many(ctx, entries)
+    ctx.host.install_files(files)
 
 
 def record_dkms(ctx: Context, module: str, version: str, kernel: str) -> None:
