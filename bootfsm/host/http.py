@@ -15,6 +15,7 @@ the ``.part`` bookkeeping.
 from __future__ import annotations
 
 import email.utils
+import http.client
 import os
 import threading
 import time
@@ -252,14 +253,17 @@ class Http(Segmented):
     ) -> HttpResult:
         (conn, read) = self._kwargs(url, timeout)["timeout"]
         with Watch(total) as watch:
-            status, got, body = get_direct(
-                url,
-                headers=headers,
-                connect_timeout=conn,
-                read_timeout=read,
-                watch=watch,
-                max_bytes=max_bytes,
-            )
+            try:
+                status, got, body = get_direct(
+                    url,
+                    headers=headers,
+                    connect_timeout=conn,
+                    read_timeout=read,
+                    watch=watch,
+                    max_bytes=max_bytes,
+                )
+            except (OSError, ValueError, http.client.HTTPException) as exc:  # ValueError: port
+                raise self._classify(exc, url, watch) from exc
         if check:
             self._check_status(status, got, url)
         return HttpResult(status, got, body)

@@ -6,8 +6,8 @@ redirected elsewhere, so it needs none of what ``requests`` adds, and importing
 most of a rerun's own time when nothing is downloaded. The standard library's
 ``http.client`` reads these few hundred bytes directly, under the same bounds as every
 other request: connect and read timeouts, a total-time watch that shuts the socket, a
-body cap, and the same error classes (``TransientError`` for connection errors and
-timeouts, the caller's status policy for the reply). A redirect is not followed.
+body cap; the caller (``Http.get``) classifies its errors as it does every request's.
+A redirect is not followed.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 from bootfsm.core.codes import Code
-from bootfsm.core.errors import BootError, TransientError
+from bootfsm.core.errors import BootError
 from bootfsm.core.redact import redact_url
-from bootfsm.host.http_wire import Watch, short, too_slow
+from bootfsm.host.http_wire import Watch, too_slow
 
 __all__ = ["get_direct"]
 
@@ -35,9 +35,11 @@ def get_direct(
 ) -> tuple[int, dict[str, str], bytes]:
     """(status, headers, body) of one GET to a plain-HTTP local ``url``, read whole.
 
-    Raises ``TransientError`` when it cannot be made or read in time, ``BootError``
-    (``INDEX_INVALID``) for a body over ``max_bytes`` and (``ARTIFACT_NOT_FOUND``) for a
-    redirect, which a node-local endpoint has no reason to send."""
+    Raises what the connection raises (``OSError``, ``http.client.HTTPException``, or
+    ``ValueError`` for a bad port: ``Http._classify`` turns them into TransientError),
+    ``too_slow`` past the watch, ``BootError`` (``INDEX_INVALID``) for a body over
+    ``max_bytes`` and (``ARTIFACT_NOT_FOUND``) for a redirect, which a node-local
+    endpoint has no reason to send."""
     parts = urlsplit(url)
     path = parts.path or "/"
     if parts.query:
@@ -66,13 +68,6 @@ def get_direct(
                 status=r.status,
             )
         return r.status, dict(r.getheaders()), body
-    except (OSError, ValueError, http.client.HTTPException) as exc:  # ValueError: a bad port
-        if watch.fired:
-            raise too_slow(url, watch) from exc
-        raise TransientError(
-            Code.DOWNLOAD_RETRIES_EXHAUSTED,
-            f"{type(exc).__name__} fetching {redact_url(url)}: {short(exc)}",
-        ) from exc
     finally:
         if conn is not None:
             conn.close()
