@@ -287,6 +287,8 @@ def receive(
                     n = _read(r, read_into, buf, cap)
                 except read_errors as exc:
                     writer.give_back(buf)
+                    if bounds.watch.fired:  # the watch shut the socket: the time is up
+                        raise too_slow(url, bounds.watch) from exc
                     raise TransientError(
                         Code.DOWNLOAD_RETRIES_EXHAUSTED,
                         f"{type(exc).__name__} reading {redact_url(url)} after "
