@@ -12,6 +12,8 @@
     against the largest alone and against one after the other (bootfsm and curl).
 
 (b) and (c) use ``bootfsm.sim.mirror.Mirror`` (Range, ETag, Throttle, DropMidBody).
+The files go under ``BENCH_FETCH_DIR`` (default: the temporary directory); the report
+names the directory and its filesystem.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+import node_install
 
 from bootfsm.core.errors import TransientError
 from bootfsm.fetch.artifacts import Artifact
@@ -98,9 +102,10 @@ def _clean(out: Path) -> None:
 
 
 def _timed(*argvs: list[str]) -> float:
+    env = node_install.env(dict(os.environ))  # as a unit runs it: no development settings
     t0 = time.perf_counter()
     for argv in argvs:
-        subprocess.run(argv, capture_output=True, check=True)
+        subprocess.run(argv, capture_output=True, check=True, env=env)
     return time.perf_counter() - t0
 
 
@@ -124,7 +129,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 def _tools(url: str, dest: Path, sha: str, size: int, served: Path) -> dict[str, list[list[str]]]:
     """Whole-process commands, each leaving a verified (or, for curl -o, plain) DEST;
     ``hash``: the sha256 alone of the served file (page cache), no download at all."""
-    boot = [sys.executable, str(HERE / "fetch_one.py"), url, str(dest), sha, str(size)]
+    boot = [str(node_install.PYTHON), str(HERE / "fetch_one.py"), url, str(dest), sha, str(size)]
     tools = {
         "curl": [["curl", "-sS", "-o", str(dest), url]],
         "hash": [["openssl", "dgst", "-sha256", str(served)]],
@@ -372,22 +377,30 @@ def main() -> str:
     """Run (a), (b), (c) in a temporary directory and return the Markdown section."""
     if shutil.which("curl") is None:
         return "## Fetch\n\ncurl is not installed: nothing to compare against.\n"
-    with tempfile.TemporaryDirectory(prefix="bootfsm-bench-fetch-") as d:
+    node_install.install()
+    where = os.environ.get("BENCH_FETCH_DIR") or None
+    with tempfile.TemporaryDirectory(prefix="bootfsm-bench-fetch-", dir=where) as d:
         work = Path(d)
+        fs = subprocess.run(
+            ["stat", "-f", "-c", "%T", str(work)], capture_output=True, text=True, check=False
+        ).stdout.strip()
         free = shutil.disk_usage(work).free
         if free < 3 * GIB:
             return f"## Fetch\n\nskipped: {work} has {free / GIB:.1f} GiB free, 3 GiB needed.\n"
         parts = [bench_throughput(work), bench_drop(work), bench_parallel(work)]
+        where_line = f"Files under {work.parent} ({fs or 'unknown filesystem'}"
+        where_line += ", `BENCH_FETCH_DIR`)" if where else ", the default temporary directory)"
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     size = int(os.environ.get("BENCH_FETCH_MIB", "1024"))
     head = (
         "## Fetch: bootfsm vs curl and aria2c (bench/bench_fetch.py)\n\n"
         f"This run: (a) with a {size} MiB file and {RUNS} interleaved runs per cell "
         f"(`BENCH_FETCH_MIB={size} BENCH_FETCH_RUNS={RUNS}`); load average at the end "
-        f"{load} on {os.cpu_count()} cores. The same files for every tool; bootfsm runs its "
-        "real fetcher (bootfsm/fetch/fetcher.py: sha256 of every byte, verify, rename; no fsync "
-        "unless `fetch.fsync`); every server sends with sendfile(2) from its own process "
-        "in (a), so its CPU does not decide the race.\n\n"
+        f"{load} on {os.cpu_count()} cores. {where_line}. The same files for every tool; "
+        "bootfsm runs its real fetcher from a node install (bench/node_install.py) as "
+        "bench/fetch_one.py (bootfsm/fetch/fetcher.py: sha256 of every byte, verify, "
+        "rename; no fsync unless `fetch.fsync`); every server sends with sendfile(2) from "
+        "its own process in (a), on the same cores as the client.\n\n"
     )
     return head + "\n".join(parts)
 

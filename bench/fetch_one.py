@@ -37,6 +37,7 @@ def main(argv: list[str]) -> int:
         emit=lambda event, **fields: None,
         segments=segments,
         segment_min_size=spec.segment_min_size,
+        segment_below_rate=spec.segment_below_rate,
     ).run([Job(art, dest.with_name(dest.name + ".part"))], done)
     return 0
 

@@ -82,6 +82,7 @@ def _download(ctx: Context, missing: list[Artifact]) -> None:
         fsync=cfg.fetch.fsync,
         segments=cfg.fetch.segments,
         segment_min_size=cfg.fetch.segment_min_size,
+        segment_below_rate=cfg.fetch.segment_below_rate,
     )
 
     def done(f: Fetched) -> None:

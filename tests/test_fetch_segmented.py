@@ -261,3 +261,63 @@ def test_a_mirror_failing_later_ranges_hands_over_to_the_next(
     assert got[0].result.resumed_bytes == 0  # another mirror's bytes are never resumed
     assert _part(tmp_path).read_bytes() == BODY
     assert _ranges(mirror) == _expected(segment_plan(SIZE, SEGS))
+
+
+def test_one_connection_faster_than_below_rate_takes_every_piece_in_turn(
+    mirror: Mirror, tmp_path: Path
+) -> None:
+    """``fetch.segment_below_rate``: a mirror that one connection drains faster than the
+    rate gets no second connection; after the probe (the first piece), the rest comes in
+    one request on the same connection."""
+    part, url = _part(tmp_path), mirror.url + "/f.bin"
+    res = Http().stream_segmented(url, part, size=SIZE, segments=SEGS, below_rate=1)
+    assert (res.size, res.sha256) == (SIZE, SHA) and part.read_bytes() == BODY
+    first_end = segment_plan(SIZE, SEGS)[0][1]
+    assert [e.range_header for e in mirror.log] == [
+        f"bytes=0-{first_end - 1}",
+        f"bytes={first_end}-{SIZE - 1}",
+    ]
+    assert mirror.peak_inflight == 1
+    assert mirror.bytes_sent_total == SIZE
+
+
+def test_one_connection_slower_than_below_rate_opens_the_others(
+    mirror: Mirror, tmp_path: Path
+) -> None:
+    """Paced per connection (how a CDN limits a client) below the rate: the first
+    connection is watched for a quarter second, then the others open and share the rest."""
+    mirror.add_fault("/f.bin", Throttle(bytes_per_second=2 << 20))
+    part, url = _part(tmp_path), mirror.url + "/f.bin"
+    res = Http(read_timeout=10).stream_segmented(
+        url, part, size=SIZE, segments=SEGS, below_rate=100 << 20
+    )
+    assert (res.size, res.sha256) == (SIZE, SHA) and part.read_bytes() == BODY
+    assert mirror.peak_inflight == SEGS
+    assert _ranges(mirror) == _expected(segment_plan(SIZE, SEGS))  # each piece once
+    assert mirror.bytes_sent_total == SIZE
+
+
+def test_a_connection_that_slows_down_hands_its_pieces_to_the_others(
+    mirror: Mirror, tmp_path: Path
+) -> None:
+    """The first connection asked for every piece in a row, then fell below the rate
+    (here: its reader is slowed): the others open, it finishes the piece it is in and
+    hands back the ones it has not started; each is then fetched once, on its own."""
+    part, url = _part(tmp_path), mirror.url + "/f.bin"
+    plan = segment_plan(SIZE, SEGS)
+    main, naps = threading.current_thread(), []
+
+    def slow_reader(done: int, total: int | None) -> None:
+        if threading.current_thread() is main and done > plan[0][1] and len(naps) < 12:
+            naps.append(done)
+            threading.Event().wait(0.05)  # about 5 MB/s, far below the rate
+
+    res = Http(read_timeout=10).stream_segmented(
+        url, part, size=SIZE, segments=SEGS, below_rate=100 << 20, progress=slow_reader
+    )
+    assert (res.size, res.sha256) == (SIZE, SHA) and part.read_bytes() == BODY
+    ranges = [e.range_header for e in mirror.log]
+    assert ranges[:2] == [f"bytes=0-{plan[0][1] - 1}", f"bytes={plan[0][1]}-{SIZE - 1}"]
+    later = sorted(ranges[2:], key=str)
+    assert later and all(r in _expected(plan) for r in later)  # whole pieces, each once
+    assert len(set(later)) == len(later)

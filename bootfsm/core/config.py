@@ -121,6 +121,7 @@ class FetchSpec:
     ca_file: str = ""
     segments: int = 8
     segment_min_size: int = 64 << 20
+    segment_below_rate: int = 200_000_000
 
 
 @dataclass(frozen=True)
@@ -207,6 +208,7 @@ RANGES: dict[tuple[str, str], tuple[float, float, bool]] = {
     ("fetch", "artifact_timeout"): (0, _DAY, False),
     ("fetch", "segments"): (1, 16, True),
     ("fetch", "segment_min_size"): (1 << 20, 1 << 40, True),
+    ("fetch", "segment_below_rate"): (0, 1 << 40, True),
     ("verify", "fabric_timeout"): (0, _DAY, False),
     ("verify", "fabric_poll_interval"): (0, 3600, False),
     ("join", "containerd_restart_timeout"): (0, _DAY, False),

@@ -77,6 +77,7 @@ class Fetcher:
         fsync: bool = False,
         segments: int = 8,
         segment_min_size: int = 64 << 20,
+        segment_below_rate: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.http = http
@@ -89,6 +90,7 @@ class Fetcher:
         self.fsync = fsync
         self.segments = max(1, segments)
         self.segment_min_size = segment_min_size
+        self.segment_below_rate = segment_below_rate
         self.clock = clock
         self.attempts: dict[str, int] = {}  # HTTP attempts per artifact, failed ones too
         self._cancel = threading.Event()
@@ -215,6 +217,7 @@ class Fetcher:
                 cancel=self._cancel,
                 allow_http_hosts=self.allow_http_hosts,
                 fsync=self.fsync,
+                below_rate=self.segment_below_rate,
             )
         return self._client().stream_to(
             url,

@@ -1,10 +1,12 @@
 """The workers of a segmented download: the plan, the per-segment requests, the hasher.
 
-``Segs`` runs N kept-alive connections that take pieces of the file in order, each
+``Segs`` runs up to N kept-alive connections that take pieces of the file in order, each
 request bounded by its own watchdog and capped at its range, and writes each piece at
-its offset (``pwrite``) into the preallocated ``.part``; the sidecar is saved every
-``SAVE_EVERY_S`` so an interrupted download resumes per segment. Used by
-``bootfsm.host.segments``.
+its offset (``pwrite``) into the preallocated ``.part``. With ``Plan.below_rate`` the
+first connection runs alone (every piece left in one request) until a ``PACE_S`` window
+of it is slower than that; then the others open and it hands back what it has not begun.
+The sidecar is saved every ``SAVE_EVERY_S`` so an interrupted download resumes per
+segment. Used by ``bootfsm.host.segments``.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class Plan:
     fsync: bool
     headers: dict[str, str]  # the probe's: validators every other segment must match
     connections: int
+    below_rate: int = 0  # B/s: open the others only while one connection is slower; 0: at once
 
 
 class Aborted(Exception):
@@ -66,6 +69,7 @@ class Aborted(Exception):
 
 
 SAVE_EVERY_S = 0.5
+PACE_S = 0.25  # how long the first connection is watched at a time against ``below_rate``
 
 
 class Segs:
@@ -87,6 +91,34 @@ class Segs:
         self._halt = threading.Event()  # stop mid-piece too (permanent error, cancel)
         self._lock = threading.Lock()
         self._saved = time.monotonic()
+        self.threads: list[threading.Thread] = []  # the other connections, once opened
+        self._opened = False
+        self._window = (time.monotonic(), 0)  # (since, bytes) the first connection's pace
+
+    def open_others(self) -> None:
+        """Start the other connections (once), each taking pieces from the queue."""
+        with self._lock:
+            if self._opened:
+                return
+            self._opened = True
+            count = min(self.plan.connections - 1, len(self.queue))
+        for _ in range(count):
+            t = threading.Thread(target=self.worker, name="bootfsm-seg", daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    def pace(self, n: int) -> None:
+        """On the first connection, after each chunk: open the others once a window of
+        ``PACE_S`` received less than ``below_rate`` B/s. A mirror that one connection
+        already drains fast gets no more (they would only cost CPU and disk seeks)."""
+        since, got = self._window
+        now, got = time.monotonic(), got + n
+        if now - since < PACE_S:
+            self._window = (since, got)
+            return
+        if got < self.plan.below_rate * (now - since):
+            self.open_others()
+        self._window = (now, 0)
 
     def save(self, *, force: bool = False) -> None:
         """Write the sidecar with every segment's progress (at most every 0.5 s)."""
@@ -131,20 +163,33 @@ class Segs:
         finally:
             client.close()
 
-    def pieces(self, client: Any) -> None:
-        """Take the next piece in file order and fetch it, until none is left."""
+    def pieces(self, client: Any, *, first: bool = False) -> None:
+        """Take the next piece in file order and fetch it, until none is left. The first
+        connection (``first``), while it is alone, asks for every piece left in a row in
+        one request, paces itself against ``below_rate`` and hands the pieces it has not
+        started back once the others open."""
         while not self._abort.is_set():
             with self._lock:
                 if not self.queue:
                     return
-                i = self.queue.pop()
-            self._request(client, i)
+                ids = [self.queue.pop()]
+                segs = self.frontier.segments if self.frontier is not None else []
+                while (
+                    first
+                    and not self._opened
+                    and self.queue
+                    and self.queue[-1] == ids[-1] + 1
+                    and segs[self.queue[-1]][2] == 0
+                ):
+                    ids.append(self.queue.pop())
+            self._request(client, ids, first)
 
-    def _request(self, client: Any, i: int) -> None:
+    def _request(self, client: Any, ids: list[int], first: bool = False) -> None:
         import requests  # noqa: TID251
 
         assert self.frontier is not None
-        start, end, done = self.frontier.segments[i]
+        start, _, done = self.frontier.segments[ids[0]]
+        end = self.frontier.segments[ids[-1]][1]
         url, plan = self.url, self.plan
         headers = {"Accept-Encoding": "identity", "Range": f"bytes={start + done}-{end - 1}"}
         validator = pf.if_range(
@@ -184,19 +229,32 @@ class Segs:
                             f"(HTTP {r.status_code} for bytes {start + done}-{end - 1}); "
                             "partial file discarded",
                         )
-                    self.pump(r, i, watch)
+                    self.pump(r, ids, watch, first)
             except (requests.RequestException, OSError) as exc:
                 raise client._classify(exc, url, watch) from exc
 
-    def pump(self, r: Any, i: int, watch: Watch) -> None:
-        """Read segment ``i``'s body into its range of the file, never past its end."""
+    def pump(self, r: Any, ids: list[int], watch: Watch, first: bool = False) -> None:
+        """Read the body of the pieces ``ids`` (in a row) into their ranges of the file,
+        never past the last one's end. On the first connection (``first``) it is paced
+        against ``below_rate``; once the others are open, the pieces not started yet go
+        back to the queue and the response is dropped unread."""
+        fp = getattr(r.raw, "_fp", None)
+        for k, i in enumerate(ids):
+            if k and first and self._opened:
+                with self._lock:
+                    self.queue.extend(reversed(ids[k:]))  # popped from the end: in order
+                return
+            self._piece(r, fp, i, watch, first)
+        if fp is not None and fp.isclosed():  # body read to its end: keep the connection
+            r.raw.release_conn()
+
+    def _piece(self, r: Any, fp: Any, i: int, watch: Watch, first: bool) -> None:
         import urllib3
 
         read_errors = (http.client.HTTPException, OSError, urllib3.exceptions.HTTPError)
         fr, plan, url = self.frontier, self.plan, self.url
         assert fr is not None
         start, end, _ = fr.segments[i]
-        fp = getattr(r.raw, "_fp", None)
         read_into = getattr(fp, "readinto", None)
         buf = bytearray(CHUNK)
         view = memoryview(buf)
@@ -240,11 +298,11 @@ class Segs:
                 except OSError as exc:
                     raise pf.write_error(self.part, exc) from exc
             fr.advance(i, n)
+            if first and not self._opened:
+                self.pace(n)
             if plan.progress is not None:
                 plan.progress(fr.done(), self.size)
             self.save()
-        if fp is not None and fp.isclosed():  # body read to its end: keep the connection
-            r.raw.release_conn()
 
 
 def left_s(url: str, deadline: float | None) -> float | None:

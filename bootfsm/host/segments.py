@@ -1,15 +1,18 @@
 """Segmented downloads: one large artifact over several ranged connections.
 
 The segmented half of ``bootfsm.host.http.Http`` (a mixin). The first unfinished
-segment's ranged request probes the server; a ``206`` for the whole entity starts the
-others, each its own request with its own watchdog, ``If-Range`` and a read cap at its
-range, writing at its offset in one preallocated ``.part``; the sidecar records each
+segment's ranged request probes the server; a ``206`` for the whole entity lets the
+others open (at once, or with ``below_rate`` only once the first connection, which then
+asks for every piece left in a row, is seen slower than that), each its own request with
+its own watchdog, ``If-Range`` and a read cap at its range, writing at its offset in one
+preallocated ``.part``; the sidecar records each
 segment's progress so a later attempt asks only for what is missing; the sha256 covers
 the whole file on disk. A ``200`` (Range ignored) is read whole on one connection.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -71,6 +74,7 @@ class Segmented:
         cancel: threading.Event | None = None,
         allow_http_hosts: Sequence[str] | None = None,
         fsync: bool = False,
+        below_rate: int = 0,
     ) -> StreamResult:
         """Download ``url`` (``size`` B per its index) on up to ``segments`` connections.
 
@@ -81,12 +85,17 @@ class Segmented:
         each segment's progress, so a later attempt asks only for the missing ranges. A
         ``200`` to the probe (Range ignored) is read whole on that one connection, as
         ``stream_to`` would; a ``200`` to a resume (the entity changed) starts over.
-        The sha256 covers the whole file as it is on disk. Errors are those of
+        With ``below_rate`` (B/s) the other connections open only once the first is
+        seen receiving less than that (until then it takes the pieces in turn); 0 opens
+        them at once. The sha256 covers the whole file as it is on disk. Errors are those of
         ``stream_to``; a failed or cancelled segment stops the others and keeps the rest.
         """
         for _ in range(2):  # a resume whose entity changed starts over once
             res = self._segmented_once(
-                url, part, size, segments, deadline, progress, cancel, allow_http_hosts, fsync
+                url,
+                part,
+                size,
+                Plan(deadline, progress, cancel, allow_http_hosts, fsync, {}, segments, below_rate),
             )
             if res is not None:
                 return res
@@ -94,19 +103,11 @@ class Segmented:
             Code.DOWNLOAD_RETRIES_EXHAUSTED, f"{redact_url(url)} changed twice"
         )
 
-    def _segmented_once(
-        self,
-        url: str,
-        part: Path,
-        size: int,
-        count: int,
-        deadline: float | None,
-        progress: Progress | None,
-        cancel: threading.Event | None,
-        allow_http_hosts: Sequence[str] | None,
-        fsync: bool,
-    ) -> StreamResult | None:
+    def _segmented_once(self, url: str, part: Path, size: int, plan: Plan) -> StreamResult | None:
         import requests  # noqa: TID251
+
+        deadline, progress, cancel = plan.deadline, plan.progress, plan.cancel
+        allow_http_hosts, fsync, count = plan.allow_http_hosts, plan.fsync, plan.connections
 
         meta_file = pf.meta_path(part)
         meta = pf.read_meta(meta_file) if part.exists() else {}
@@ -116,15 +117,7 @@ class Segmented:
             segs, validator = sm.segment_plan(size, count), None
         first = next((i for i, (s, e, d) in enumerate(segs) if s + d < e), None)
         if first is None:  # every segment on disk: hash it as it is
-            return self._segments(
-                None,
-                part,
-                segs,
-                -1,
-                size,
-                url,
-                Plan(deadline, progress, cancel, allow_http_hosts, fsync, {}, count),
-            )
+            return self._segments(None, part, segs, -1, size, url, plan)
         left = left_s(url, deadline)
         start, end, done = segs[first]
         headers = {"Accept-Encoding": "identity", "Range": f"bytes={start + done}-{end - 1}"}
@@ -161,9 +154,7 @@ class Segmented:
                     if not validator:
                         pf.check_space(part, size, freed=file_size(part))
                         pf.discard(part)
-                    plan = Plan(
-                        deadline, progress, cancel, allow_http_hosts, fsync, dict(r.headers), count
-                    )
+                    plan = dataclasses.replace(plan, headers=dict(r.headers))
                     guarded_io(
                         part, lambda: sm.write_segments(meta_file, r.headers, size, url, segs)
                     )
@@ -212,7 +203,6 @@ class Segmented:
         except OSError as exc:
             raise pf.write_error(part, exc) from exc
         state = Segs(self, part, url, size, plan)
-        threads: list[threading.Thread] = []
         try:
             guarded_io(part, lambda: preallocate(fd, size))
             fr = sm.Frontier(fd, segs, size)
@@ -221,15 +211,13 @@ class Segmented:
             state.resumed = resumed
             state.queue = [i for i, (s, e, d) in enumerate(segs) if i != first and s + d < e]
             state.queue.reverse()  # popped from the end: in file order
-            for _ in range(min(plan.connections - 1, len(state.queue))):
-                t = threading.Thread(target=state.worker, name="bootfsm-seg", daemon=True)
-                t.start()
-                threads.append(t)
+            if probe is None or plan.below_rate <= 0:
+                state.open_others()
             if probe is not None:
-                state.guard(lambda: state.pump(probe[0], first, probe[1]))
+                state.guard(lambda: state.pump(probe[0], [first], probe[1], True))
                 probe[0].close()
-            state.guard(lambda: state.pieces(self))
-            for t in threads:
+            state.guard(lambda: state.pieces(self, first=True))
+            for t in state.threads:
                 t.join()
             if state.errors:
                 fr.stop()
@@ -248,7 +236,7 @@ class Segmented:
             return StreamResult(size, sha, resumed, size - resumed)
         finally:
             state.halt()  # on any way out, no receiver writes to fd once it is closed
-            for t in threads:
+            for t in state.threads:
                 t.join()
             if state.frontier is not None:
                 state.frontier.stop()

@@ -70,6 +70,7 @@ class Mirror:
         self._counts: dict[str, int] = {}
         self._log: list[LogEntry | None] = []
         self._inflight = 0
+        self._peak = 0
         self._bytes_total = 0
         self._conns: set[socket.socket] = set()
         self._stopping = threading.Event()
@@ -165,6 +166,12 @@ class Mirror:
             return [e for e in self._log if e is not None]  # in order of arrival
 
     @property
+    def peak_inflight(self) -> int:
+        """The most requests that were being answered at the same time so far."""
+        with self._lock:
+            return self._peak
+
+    @property
     def bytes_sent_total(self) -> int:
         """Body bytes written to clients so far (waits up to 1 s for in-flight requests)."""
         with self._lock:
@@ -177,6 +184,7 @@ class Mirror:
         with self._lock:
             self._counts[path] = self._counts.get(path, 0) + 1
             self._inflight += 1
+            self._peak = max(self._peak, self._inflight)
             self._log.append(None)
             return len(self._log) - 1
 
