@@ -301,14 +301,16 @@ def test_a_connection_that_slows_down_hands_its_pieces_to_the_others(
     mirror: Mirror, tmp_path: Path
 ) -> None:
     """The first connection asked for every piece in a row, then fell below the rate
-    (here: its reader is slowed): the others open, it finishes the piece it is in and
-    hands back the ones it has not started; each is then fetched once, on its own."""
+    (here: its reader is slowed): the others open at once and take the pieces it has not
+    begun; it finishes the one it is in. Each piece is fetched once."""
     part, url = _part(tmp_path), mirror.url + "/f.bin"
     plan = segment_plan(SIZE, SEGS)
-    main, naps = threading.current_thread(), []
+    main, naps, others = threading.current_thread(), [], set()
 
     def slow_reader(done: int, total: int | None) -> None:
-        if threading.current_thread() is main and done > plan[0][1] and len(naps) < 12:
+        if threading.current_thread() is not main:
+            others.add(threading.current_thread().name)
+        elif done > plan[0][1] and len(naps) < 12:
             naps.append(done)
             threading.Event().wait(0.05)  # about 5 MB/s, far below the rate
 
@@ -321,3 +323,4 @@ def test_a_connection_that_slows_down_hands_its_pieces_to_the_others(
     later = sorted(ranges[2:], key=str)
     assert later and all(r in _expected(plan) for r in later)  # whole pieces, each once
     assert len(set(later)) == len(later)
+    assert others == {"bootfsm-seg"}  # the other connections received bytes

@@ -93,14 +93,18 @@ class Segs:
         self._saved = time.monotonic()
         self.threads: list[threading.Thread] = []  # the other connections, once opened
         self._opened = False
+        self._held: list[int] = []  # pieces the first connection asked for, not begun yet
         self._window = (time.monotonic(), 0)  # (since, bytes) the first connection's pace
 
     def open_others(self) -> None:
-        """Start the other connections (once), each taking pieces from the queue."""
+        """Start the other connections (once), each taking pieces from the queue; the
+        pieces the first connection asked for but has not begun go back to it first."""
         with self._lock:
             if self._opened:
                 return
             self._opened = True
+            self.queue.extend(reversed(self._held))  # popped from the end: in file order
+            self._held.clear()
             count = min(self.plan.connections - 1, len(self.queue))
         for _ in range(count):
             t = threading.Thread(target=self.worker, name="bootfsm-seg", daemon=True)
@@ -239,12 +243,15 @@ class Segs:
         against ``below_rate``; once the others are open, the pieces not started yet go
         back to the queue and the response is dropped unread."""
         fp = getattr(r.raw, "_fp", None)
-        for k, i in enumerate(ids):
-            if k and first and self._opened:
-                with self._lock:
-                    self.queue.extend(reversed(ids[k:]))  # popped from the end: in order
-                return
+        held = list(ids[1:])  # only the first connection asks for more than one piece
+        if first:
+            with self._lock:
+                self._held = held
+        i: int | None = ids[0]
+        while i is not None:
             self._piece(r, fp, i, watch, first)
+            with self._lock:  # open_others may have taken the rest back meanwhile
+                i = held.pop(0) if held else None
         if fp is not None and fp.isclosed():  # body read to its end: keep the connection
             r.raw.release_conn()
 
