@@ -241,6 +241,9 @@ def test_offline_without_a_complete_cache_fails_with_a_download_code(
         ({"fetch": {"segment_min_size": 4096}}, "fetch.segment_min_size"),
         ({"fetch": {"segment_min_size": 1 << 41}}, "fetch.segment_min_size"),
         ({"fetch": {"segment_min_size": "64M"}}, "fetch.segment_min_size"),
+        ({"fetch": {"segment_below_rate": -1}}, "fetch.segment_below_rate"),
+        ({"fetch": {"segment_below_rate": 1 << 41}}, "fetch.segment_below_rate"),
+        ({"fetch": {"segment_below_rate": "200MB/s"}}, "fetch.segment_below_rate"),
     ],
 )
 def test_fetch_config_is_validated_by_key(data: dict[str, Any], needle: str) -> None:
@@ -257,6 +260,8 @@ def test_segment_keys_default_and_bounds() -> None:
     edge = parse_config({"fetch": {"segments": 16, "segment_min_size": 1 << 20}}).fetch
     assert (edge.segments, edge.segment_min_size) == (16, 1 << 20)
     assert parse_config({"fetch": {"segments": 1}}).fetch.segments == 1  # 1: off
+    assert parse_config({}).fetch.segment_below_rate == 200_000_000
+    assert parse_config({"fetch": {"segment_below_rate": 0}}).fetch.segment_below_rate == 0
 
 
 def test_an_index_past_the_old_64_mib_cap_resolves(make_world: MakeWorld) -> None:
