@@ -5,9 +5,9 @@ segment's ranged request probes the server; a ``206`` for the whole entity lets 
 others open (at once, or with ``below_rate`` only once the first connection, which then
 asks for every piece left in a row, is seen slower than that), each its own request with
 its own watchdog, ``If-Range`` and a read cap at its range, writing at its offset in one
-preallocated ``.part``; the sidecar records each
-segment's progress so a later attempt asks only for what is missing; the sha256 covers
-the whole file on disk. A ``200`` (Range ignored) is read whole on one connection.
+preallocated ``.part``. The sidecar records each segment's progress so a later attempt
+asks only for what is missing; the sha256 covers the whole file on disk. A ``200``
+(Range ignored) is read whole on one connection.
 """
 
 from __future__ import annotations
@@ -87,8 +87,9 @@ class Segmented:
         ``stream_to`` would; a ``200`` to a resume (the entity changed) starts over.
         With ``below_rate`` (B/s) the other connections open only once the first is
         seen receiving less than that (until then it takes the pieces in turn); 0 opens
-        them at once. The sha256 covers the whole file as it is on disk. Errors are those of
-        ``stream_to``; a failed or cancelled segment stops the others and keeps the rest.
+        them at once. The sha256 covers the whole file as it is on disk. Errors are
+        those of ``stream_to``; a failed or cancelled segment stops the others and keeps
+        the rest.
         """
         for _ in range(2):  # a resume whose entity changed starts over once
             res = self._segmented_once(
