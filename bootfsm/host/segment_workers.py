@@ -172,12 +172,13 @@ class Segs:
         connection (``first``), while it is alone, asks for every piece left in a row in
         one request, paces itself against ``below_rate`` and hands the pieces it has not
         started back once the others open."""
+        assert self.frontier is not None
+        segs = self.frontier.segments
         while not self._abort.is_set():
             with self._lock:
                 if not self.queue:
                     return
                 ids = [self.queue.pop()]
-                segs = self.frontier.segments if self.frontier is not None else []
                 while (
                     first
                     and not self._opened
