@@ -155,9 +155,14 @@ def on_gate(p: Probe) -> bool:
 
 
 def on_partial_download(p: Probe) -> bool:
-    """Kill once the runfile's .part in the cache holds some (not all) of its bytes."""
+    """Kill once the runfile's .part in the cache holds some (not all) of its bytes: a
+    segmented download's file is preallocated, so its sidecar says how many are in."""
     for part in p.world.root.joinpath(CACHE_DIR).glob("*/*.run.part"):
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            meta = part.with_name(part.name + ".meta")
+            segs = json.loads(meta.read_text()).get("segments") if meta.exists() else None
+            if segs:
+                return sum(done for _, _, done in segs) > 0
             if part.stat().st_size > 0:
                 return True
     return False

@@ -324,3 +324,128 @@ def test_a_connection_that_slows_down_hands_its_pieces_to_the_others(
     assert later and all(r in _expected(plan) for r in later)  # whole pieces, each once
     assert len(set(later)) == len(later)
     assert others == {"bootfsm-seg"}  # the other connections received bytes
+
+
+# -- an artifact whose index gives no size (the driver runfile) -------------------------
+
+
+def _unsized_fetcher(**kw: object) -> Fetcher:
+    args: dict[str, object] = {
+        "parallel": 1,
+        "allow_http_hosts": ["127.0.0.1", "localhost"],
+        "artifact_timeout": 60,
+        "remaining": lambda: 60.0,
+        "emit": lambda event, **f: None,
+        "segments": SEGS,
+        "segment_min_size": 1 << 20,
+    }
+    args.update(kw)
+    return Fetcher(Http(read_timeout=10), **args)  # type: ignore[arg-type]
+
+
+def _runfile(url: str) -> Artifact:
+    return Artifact("f.bin", "runfile", url, SHA, None, "f.bin")  # no size, as resolve gives
+
+
+def test_an_unsized_artifact_is_segmented_from_the_probes_total(
+    mirror: Mirror, tmp_path: Path
+) -> None:
+    """The runfile has a sha256 but no size: the probe asks for all of it, and a mirror
+    that limits each connection still gets the other connections, planned from the
+    probe's Content-Range total."""
+    mirror.add_fault("/f.bin", Throttle(bytes_per_second=2 << 20))
+    got: list[Fetched] = []
+    part = _part(tmp_path)
+    _unsized_fetcher(segment_below_rate=100 << 20).run(
+        [Job(_runfile(mirror.url + "/f.bin"), part)], got.append
+    )
+    assert got[0].result.sha256 == SHA and part.read_bytes() == BODY
+    ranges = [e.range_header for e in mirror.log]
+    assert ranges[0] == "bytes=0-"  # the probe: the size comes from its answer
+    # SEGS connections; the probe's open-ended answer, dropped once its first piece is
+    # in, lingers at the server until its next paced write fails: one more at most
+    assert SEGS <= mirror.peak_inflight <= SEGS + 1
+    plan = segment_plan(SIZE, SEGS)
+    later = sorted(ranges[1:], key=str)
+    assert later and all(r in _expected(plan) for r in later) and len(set(later)) == len(later)
+    assert read_meta(part.with_name(part.name + ".meta"))["size"] == SIZE
+
+
+def test_an_unsized_artifact_on_a_fast_mirror_is_one_request(
+    mirror: Mirror, tmp_path: Path
+) -> None:
+    part = _part(tmp_path)
+    res = Http().stream_segmented(
+        mirror.url + "/f.bin", part, size=None, segments=SEGS, below_rate=1, min_size=1 << 20
+    )
+    assert (res.size, res.sha256, res.transferred) == (SIZE, SHA, SIZE)
+    assert [e.range_header for e in mirror.log] == ["bytes=0-"]
+    assert mirror.peak_inflight == 1 and mirror.bytes_sent_total == SIZE
+
+
+def test_an_unsized_artifact_below_the_minimum_is_one_segment(
+    mirror: Mirror, tmp_path: Path
+) -> None:
+    mirror.add_fault("/f.bin", Throttle(bytes_per_second=16 << 20))
+    part = _part(tmp_path)
+    got: list[Fetched] = []
+    _unsized_fetcher(segment_min_size=SIZE + 1).run(
+        [Job(_runfile(mirror.url + "/f.bin"), part)], got.append
+    )
+    assert got[0].result.sha256 == SHA and part.read_bytes() == BODY
+    assert [e.range_header for e in mirror.log] == ["bytes=0-"]
+    assert mirror.peak_inflight == 1 and mirror.bytes_sent_total == SIZE
+
+
+def test_an_unsized_artifact_resumes_per_segment_with_the_recorded_size(
+    mirror: Mirror, tmp_path: Path
+) -> None:
+    # the probe's answer (the whole file) is dropped at 50 %, after its first piece is
+    # in; the second request breaks inside its piece
+    mirror.add_fault("/f.bin", DropMidBody(times=2, fraction=0.5))
+    part, url = _part(tmp_path), mirror.url + "/f.bin"
+    with pytest.raises(TransientError):
+        Http(read_timeout=5).stream_segmented(url, part, size=None, segments=SEGS)
+    meta = read_meta(part.with_name(part.name + ".meta"))
+    assert meta["size"] == SIZE
+    missing = _expected(meta["segments"])
+    assert missing
+    before = len(mirror.log)
+    res = Http(read_timeout=5).stream_segmented(url, part, size=None, segments=SEGS)
+    assert _ranges(mirror, before) == missing  # no new probe of the whole file
+    assert res.sha256 == SHA and part.read_bytes() == BODY
+    assert res.resumed_bytes == sum(d for _, _, d in meta["segments"])
+
+
+def test_a_206_without_a_total_is_read_on_one_connection(
+    httpserver: HTTPServer, tmp_path: Path
+) -> None:
+    seen: list[str | None] = []
+
+    def handler(request: Request) -> Response:
+        seen.append(request.headers.get("Range"))
+        if request.headers.get("Range"):  # RFC 9110 allows "*" for an unknown length
+            return Response(BODY, status=206, headers={"Content-Range": f"bytes 0-{SIZE - 1}/*"})
+        return Response(BODY, status=200)
+
+    httpserver.expect_request("/f").respond_with_handler(handler)
+    part = _part(tmp_path)
+    res = Http().stream_segmented(httpserver.url_for("/f"), part, size=None, segments=SEGS)
+    assert res.sha256 == SHA and part.read_bytes() == BODY
+    assert seen == ["bytes=0-", None]
+
+
+def test_an_announced_total_beyond_the_free_disk_reserves_nothing(
+    httpserver: HTTPServer, tmp_path: Path
+) -> None:
+    """A mirror announcing a petabyte for the runfile fails the download at once
+    (INSUFFICIENT_SPACE): nothing is preallocated or written."""
+    huge = 1 << 50
+    httpserver.expect_request("/f").respond_with_response(
+        Response(BODY[:65536], status=206, headers={"Content-Range": f"bytes 0-65535/{huge}"})
+    )
+    part = _part(tmp_path)
+    with pytest.raises(BootError) as err:
+        Http().stream_segmented(httpserver.url_for("/f"), part, size=None, segments=SEGS)
+    assert err.value.code is Code.INSUFFICIENT_SPACE and str(huge) in err.value.message
+    assert not part.exists() and not part.with_name(part.name + ".meta").exists()

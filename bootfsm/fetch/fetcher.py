@@ -206,11 +206,12 @@ class Fetcher:
         self, a: Artifact, part: Path, url: str, deadline: float, track: Track
     ) -> StreamResult:
         """One attempt from one mirror: in segments when the artifact is large enough."""
-        if self.segments > 1 and a.size is not None and a.size >= self.segment_min_size:
-            return self._client().stream_segmented(
+        if self.segments > 1 and (a.size is None or a.size >= self.segment_min_size):
+            return self._client().stream_segmented(  # an unsized one: planned from the probe
                 url,
                 part,
                 size=a.size,
+                min_size=self.segment_min_size,
                 segments=self.segments,
                 deadline=deadline,
                 progress=track.update,

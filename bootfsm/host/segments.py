@@ -46,6 +46,10 @@ from bootfsm.host.segment_workers import (
 __all__ = ["Segmented"]
 
 
+class _NoTotal(Exception):
+    """An unsized probe's 206 gave no total to plan segments from."""
+
+
 class Segmented:
     """Http's segmented-download methods (the client's own helpers come from Http)."""
 
@@ -67,7 +71,7 @@ class Segmented:
         url: str,
         part: Path,
         *,
-        size: int,
+        size: int | None,
         segments: int,
         deadline: float | None = None,
         progress: Progress | None = None,
@@ -75,6 +79,7 @@ class Segmented:
         allow_http_hosts: Sequence[str] | None = None,
         fsync: bool = False,
         below_rate: int = 0,
+        min_size: int = 0,
     ) -> StreamResult:
         """Download ``url`` (``size`` B per its index) on up to ``segments`` connections.
 
@@ -90,21 +95,52 @@ class Segmented:
         them at once. The sha256 covers the whole file as it is on disk. Errors are
         those of ``stream_to``; a failed or cancelled segment stops the others and keeps
         the rest.
+
+        ``size`` None (an artifact whose index gives no size, such as the driver
+        runfile): the probe asks for ``bytes=0-`` and the segments are planned from its
+        ``Content-Range`` total (a file under ``min_size`` is one segment on that one
+        connection; the total must fit on the disk before anything is reserved); a
+        resume takes the size its sidecar recorded. A 206 that gives no total is read
+        as ``stream_to`` reads an unsized file.
         """
         for _ in range(2):  # a resume whose entity changed starts over once
-            res = self._segmented_once(
-                url,
-                part,
-                size,
-                Plan(deadline, progress, cancel, allow_http_hosts, fsync, {}, segments, below_rate),
-            )
+            try:
+                res = self._segmented_once(
+                    url,
+                    part,
+                    size,
+                    Plan(
+                        deadline,
+                        progress,
+                        cancel,
+                        allow_http_hosts,
+                        fsync,
+                        {},
+                        segments,
+                        below_rate,
+                    ),
+                    min_size,
+                )
+            except _NoTotal:  # a 206 without a total: read it as an unsized file
+                return self.stream_to(
+                    url,
+                    part,
+                    deadline=deadline,
+                    progress=progress,
+                    cancel=cancel,
+                    expect_size=None,
+                    allow_http_hosts=allow_http_hosts,
+                    fsync=fsync,
+                )
             if res is not None:
                 return res
         raise TransientError(  # pragma: no cover - the second try never resumes
             Code.DOWNLOAD_RETRIES_EXHAUSTED, f"{redact_url(url)} changed twice"
         )
 
-    def _segmented_once(self, url: str, part: Path, size: int, plan: Plan) -> StreamResult | None:
+    def _segmented_once(
+        self, url: str, part: Path, indexed: int | None, plan: Plan, min_size: int = 0
+    ) -> StreamResult | None:
         import requests  # noqa: TID251
 
         deadline, progress, cancel = plan.deadline, plan.progress, plan.cancel
@@ -112,16 +148,23 @@ class Segmented:
 
         meta_file = pf.meta_path(part)
         meta = pf.read_meta(meta_file) if part.exists() else {}
-        segs = sm.resume_segments(meta, size) if meta else None
+        size = indexed if indexed is not None else _recorded_size(meta)
+        segs = sm.resume_segments(meta, size) if meta and size is not None else None
         validator = pf.if_range(meta) if segs is not None else None
-        if segs is None or validator is None or meta.get("source") != url_id(url):
+        if size is not None and (
+            segs is None or validator is None or meta.get("source") != url_id(url)
+        ):
             segs, validator = sm.segment_plan(size, count), None
-        first = next((i for i, (s, e, d) in enumerate(segs) if s + d < e), None)
-        if first is None:  # every segment on disk: hash it as it is
-            return self._segments(None, part, segs, -1, size, url, plan)
+        if size is None or segs is None:  # no size known: the probe asks for all of it
+            size, segs, first = None, [], 0
+            headers = {"Accept-Encoding": "identity", "Range": "bytes=0-"}
+        else:
+            first = next((i for i, (s, e, d) in enumerate(segs) if s + d < e), -1)
+            if first < 0:  # every segment on disk: hash it as it is
+                return self._segments(None, part, segs, [], size, url, plan)
+            start, end, done = segs[first]
+            headers = {"Accept-Encoding": "identity", "Range": f"bytes={start + done}-{end - 1}"}
         left = left_s(url, deadline)
-        start, end, done = segs[first]
-        headers = {"Accept-Encoding": "identity", "Range": f"bytes={start + done}-{end - 1}"}
         if validator:
             headers["If-Range"] = validator
         session = self._sess()
@@ -139,7 +182,16 @@ class Segmented:
                     if r.status_code != 206:  # Range ignored: this response is the download
                         return self._whole(r, part, size, url, bounds, progress, cancel, fsync)
                     got, total = pf.content_range(r.headers.get("Content-Range", ""))
-                    if total != size:
+                    if size is None:
+                        if got != 0 or not total:  # no total to plan from: one connection
+                            raise _NoTotal
+                        size = total
+                        segs = sm.segment_plan(size, count) if size >= min_size else [[0, size, 0]]
+                        start, end, done = segs[0]
+                    elif total != size:
+                        if indexed is None:  # not the size the sidecar recorded: start over
+                            pf.discard(part)
+                            return None
                         raise BootError(
                             Code.CHECKSUM_MISMATCH,
                             f"{redact_url(url)} is {total} B but its index says {size} B",
@@ -156,10 +208,14 @@ class Segmented:
                         pf.check_space(part, size, freed=file_size(part))
                         pf.discard(part)
                     plan = dataclasses.replace(plan, headers=dict(r.headers))
+                    known: int = size
                     guarded_io(
-                        part, lambda: sm.write_segments(meta_file, r.headers, size, url, segs)
+                        part, lambda: sm.write_segments(meta_file, r.headers, known, url, segs)
                     )
-                    return self._segments((r, watch), part, segs, first, size, url, plan)
+                    ids = [first]
+                    if indexed is None and not validator and plan.below_rate > 0:
+                        ids = list(range(len(segs)))  # it was asked for all of them
+                    return self._segments((r, watch), part, segs, ids, size, url, plan)
             except (requests.RequestException, OSError) as exc:
                 raise self._classify(exc, url, watch) from exc
 
@@ -167,7 +223,7 @@ class Segmented:
         self,
         r: Any,
         part: Path,
-        size: int,
+        size: int | None,
         url: str,
         bounds: Bounds,
         progress: Progress | None,
@@ -176,13 +232,13 @@ class Segmented:
     ) -> StreamResult:
         """A 200 to the probe: the whole body on this connection, as ``stream_to`` reads it."""
         total = int_or_none(r.headers.get("Content-Length"))
-        if total is not None and total != size:
+        if total is not None and size is not None and total != size:
             raise BootError(
                 Code.CHECKSUM_MISMATCH,
                 f"{redact_url(url)} is {total} B but its index says {size} B",
                 wrong_size=True,
             )
-        pf.check_space(part, size, freed=file_size(part))
+        pf.check_space(part, size if size is not None else total or 0, freed=file_size(part))
         pf.discard(part)
         pf.write_meta(pf.meta_path(part), r.headers, total, url)
         return receive(r, part, 0, total, url, bounds, progress, cancel, fsync=fsync)
@@ -192,13 +248,14 @@ class Segmented:
         probe: tuple[Any, Watch] | None,
         part: Path,
         segs: list[list[int]],
-        first: int,
+        ids: list[int],
         size: int,
         url: str,
         plan: Plan,
     ) -> StreamResult:
-        """Receive every unfinished segment (``first`` on ``probe``, the others on their
-        own connections) into ``part``; hash the file in order as its prefix completes."""
+        """Receive every unfinished segment (``ids``, in a row, on ``probe``; the others on
+        their own connections) into ``part``; hash the file in order as its prefix
+        completes."""
         try:
             fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         except OSError as exc:
@@ -210,12 +267,12 @@ class Segmented:
             state.frontier, state.fd = fr, fd
             resumed = fr.done()
             state.resumed = resumed
-            state.queue = [i for i, (s, e, d) in enumerate(segs) if i != first and s + d < e]
+            state.queue = [i for i, (s, e, d) in enumerate(segs) if i not in ids and s + d < e]
             state.queue.reverse()  # popped from the end: in file order
             if probe is None or plan.below_rate <= 0:
                 state.open_others()
             if probe is not None:
-                state.guard(lambda: state.pump(probe[0], [first], probe[1], True))
+                state.guard(lambda: state.pump(probe[0], ids, probe[1], True))
                 probe[0].close()
             state.guard(lambda: state.pieces(self, first=True))
             for t in state.threads:
@@ -242,3 +299,11 @@ class Segmented:
             if state.frontier is not None:
                 state.frontier.stop()
             os.close(fd)
+
+
+def _recorded_size(meta: Mapping[str, Any]) -> int | None:
+    """The size a segmented sidecar recorded (from an earlier probe's total), else None."""
+    size = meta.get("size")
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0 and meta.get("segments"):
+        return size
+    return None
