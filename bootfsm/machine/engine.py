@@ -142,15 +142,37 @@ class _Backoff:
 
 
 def attempt(ctx: Context, srow: StateRow, action: Callable[[], None]) -> int:
-    """Run ``action`` under the row's retry policy; return the number of attempts."""
+    """Run ``action`` under the row's retry policy; return the number of attempts.
+
+    The first attempt runs on its own, so a boot where nothing fails never imports
+    tenacity; a transient failure is handed to tenacity as its attempt 1, and the stop,
+    wait and events from there on are the policy's, as if tenacity had run it.
+    """
+    ctx.event("state.attempt", attempt=1)
+    try:
+        action()
+    except TransientError as exc:
+        return _retry(ctx, srow, action, exc)
+    return 1
+
+
+def _retry(ctx: Context, srow: StateRow, action: Callable[[], None], failed: TransientError) -> int:
+    """Attempts 2.. of ``attempt`` under tenacity; attempt 1 replays ``failed``."""
     from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, stop_any
 
     attempts = 0
+    first: list[TransientError] = [failed]
+
+    def replay() -> None:
+        if first:
+            raise first.pop()
+        action()
 
     def before(rs: Any) -> None:
         nonlocal attempts
         attempts = rs.attempt_number
-        ctx.event("state.attempt", attempt=rs.attempt_number)
+        if rs.attempt_number > 1:  # attempt 1's event came before it ran
+            ctx.event("state.attempt", attempt=rs.attempt_number)
 
     def before_sleep(rs: Any) -> None:
         exc = rs.outcome.exception()
@@ -174,7 +196,7 @@ def attempt(ctx: Context, srow: StateRow, action: Callable[[], None]) -> int:
         reraise=True,
     )
     try:
-        retrying(action)
+        retrying(replay)
     except TransientError as exc:
         raise BootError(
             exc.code, f"{exc.message} (gave up after {attempts} attempt(s))", attempts=attempts
