@@ -193,7 +193,11 @@ def install_debs(
         raise
     ours = {e["name"] for e in records.load(ctx.host, ctx.config) if e["kind"] == "package"}
     after = installed_versions(ctx, names) if names else {}
-    for name in names:  # new here, or bootfsm's own upgraded: the record follows the version
-        version = after[name]
-        if (before[name] is None or name in ours) and version is not None:
-            records.add(ctx, {"kind": "package", "name": name, "version": version})
+    records.add_many(  # new here, or bootfsm's own upgraded: the record follows the version
+        ctx,
+        [
+            {"kind": "package", "name": name, "version": after[name]}
+            for name in names
+            if (before[name] is None or name in ours) and after[name] is not None
+        ],
+    )
