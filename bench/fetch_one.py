@@ -4,7 +4,9 @@
 
 runs the real Fetcher (as the fetch state does: ``DEST.part``, sidecar, sha256 of every
 byte, verify, rename to DEST); SEGMENTS (default 8) is ``fetch.segments`` with
-``fetch.segment_min_size`` at its default. Exit 0 when DEST verifies.
+``fetch.segment_min_size`` at its default. SIZE ``-``: the artifact has no size, as the
+driver runfile (its segments are planned from the first answer). Exit 0 when DEST
+verifies.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from bootfsm.host.http import Http
 
 
 def main(argv: list[str]) -> int:
-    url, dest, sha, size = argv[0], Path(argv[1]), argv[2], int(argv[3])
+    url, dest, sha = argv[0], Path(argv[1]), argv[2]
+    size = None if argv[3] == "-" else int(argv[3])
     spec = FetchSpec()
     segments = int(argv[4]) if len(argv) > 4 else spec.segments
     art = Artifact(dest.name, "bench", url, sha, size, dest.name)
