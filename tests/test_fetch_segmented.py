@@ -449,3 +449,20 @@ def test_an_announced_total_beyond_the_free_disk_reserves_nothing(
         Http().stream_segmented(httpserver.url_for("/f"), part, size=None, segments=SEGS)
     assert err.value.code is Code.INSUFFICIENT_SPACE and str(huge) in err.value.message
     assert not part.exists() and not part.with_name(part.name + ".meta").exists()
+
+
+def test_an_unsized_artifact_on_a_server_ignoring_range_is_one_request(
+    httpserver: HTTPServer, tmp_path: Path
+) -> None:
+    seen: list[str | None] = []
+
+    def handler(request: Request) -> Response:
+        seen.append(request.headers.get("Range"))
+        return Response(BODY, status=200, headers={"ETag": '"v1"'})  # like python -m http.server
+
+    httpserver.expect_request("/f").respond_with_handler(handler)
+    part = _part(tmp_path)
+    res = Http().stream_segmented(httpserver.url_for("/f"), part, size=None, segments=SEGS)
+    assert (res.size, res.sha256) == (SIZE, SHA) and part.read_bytes() == BODY
+    assert seen == ["bytes=0-"]  # the probe's 200 is the download
+    assert "segments" not in read_meta(part.with_name(part.name + ".meta"))
