@@ -162,9 +162,14 @@ TOOL_NAMES = {
 
 
 def _interleaved(tools: dict[str, list[list[str]]], out: Path, runs: int) -> dict[str, list[float]]:
-    """Seconds per tool per run; each run takes the tools in a rotated order."""
+    """Seconds per tool per run; each run takes the tools in a rotated order, after one
+    discarded round of every tool (the first writes of a fresh file system's pages cost
+    the kernel more than any later ones, whichever tool happens to come first)."""
     times: dict[str, list[float]] = {k: [] for k in tools}
     names = list(tools)
+    for k in names:  # the warm-up round, not timed
+        _clean(out)
+        _timed(*tools[k])
     for r in range(runs):
         for k in names[r % len(names) :] + names[: r % len(names)]:
             _clean(out)
@@ -266,8 +271,9 @@ def bench_throughput(work: Path) -> str:
         f"### (a) one {size // MIB} MiB artifact, whole processes, {runs} interleaved runs\n\n"
         "Each cell is a fresh process (bootfsm: bench/fetch_one.py, the real Fetcher with "
         "its imports, `.part`, sha256 of every byte, verify, rename), timed from the outside; "
-        "the tools take turns in a rotated order each run and the output is removed and "
-        "`sync`ed between cells. Speed is paired per run (curl's time / the tool's time) "
+        "the tools take turns in a rotated order each run (after one untimed warm-up round "
+        "of every tool) and the output is removed and `sync`ed between cells. Speed is "
+        "paired per run (curl's time / the tool's time) "
         "and shown as median (min-max). `curl -o` hashes nothing; bootfsm hashes every byte "
         "(OpenSSL's sha256) while it receives, and a segmented download hashes each piece "
         "in file order from the page cache (one more copy than one connection).\n\n"

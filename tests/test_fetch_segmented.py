@@ -466,3 +466,31 @@ def test_an_unsized_artifact_on_a_server_ignoring_range_is_one_request(
     assert (res.size, res.sha256) == (SIZE, SHA) and part.read_bytes() == BODY
     assert seen == ["bytes=0-"]  # the probe's 200 is the download
     assert "segments" not in read_meta(part.with_name(part.name + ".meta"))
+
+
+def test_time_outside_a_response_is_not_counted_as_a_slow_mirror(
+    mirror: Mirror, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first connection's pace counts from its response's first byte: a slow
+    preallocation (a large file on a slow disk) before it is not the mirror being slow,
+    and opens no other connection on a mirror that one connection drains."""
+    import time
+
+    import bootfsm.host.segments as segments_mod
+
+    real = segments_mod.preallocate
+
+    def slow_disk(fd: int, size: int) -> None:
+        time.sleep(0.4)
+        real(fd, size)
+
+    monkeypatch.setattr(segments_mod, "preallocate", slow_disk)
+    part, url = _part(tmp_path), mirror.url + "/f.bin"
+    res = Http().stream_segmented(url, part, size=SIZE, segments=SEGS, below_rate=1 << 20)
+    assert (res.size, res.sha256) == (SIZE, SHA) and part.read_bytes() == BODY
+    first_end = segment_plan(SIZE, SEGS)[0][1]
+    assert [e.range_header for e in mirror.log] == [
+        f"bytes=0-{first_end - 1}",
+        f"bytes={first_end}-{SIZE - 1}",
+    ]
+    assert mirror.peak_inflight == 1

@@ -94,7 +94,8 @@ class Segs:
         self.threads: list[threading.Thread] = []  # the other connections, once opened
         self._opened = False
         self._held: list[int] = []  # pieces the first connection asked for, not begun yet
-        self._window = (time.monotonic(), 0)  # (since, bytes) the first connection's pace
+        self._window = (time.monotonic(), 0)  # (since, bytes) the first connection's pace,
+        # counted per response (``pump``)
 
     def open_others(self) -> None:
         """Start the other connections (once), each taking pieces from the queue; the
@@ -248,6 +249,9 @@ class Segs:
         if first:
             with self._lock:
                 self._held = held
+            # its pace counts from this response's first byte: the time to preallocate
+            # the file or to ask for the next pieces is not the mirror being slow
+            self._window = (time.monotonic(), 0)
         i: int | None = ids[0]
         while i is not None:
             self._piece(r, fp, i, watch, first)
