@@ -494,3 +494,21 @@ def test_time_outside_a_response_is_not_counted_as_a_slow_mirror(
         f"bytes={first_end}-{SIZE - 1}",
     ]
     assert mirror.peak_inflight == 1
+
+
+def test_the_first_connections_pace_carries_over_into_its_next_request(
+    mirror: Mirror, tmp_path: Path
+) -> None:
+    """From a mirror slower than the rate, a first piece shorter than the pace window:
+    the window goes on into the connection's next request (the gap between the two left
+    out), so the others open while it is still in its second piece and take the third."""
+    mirror.add_fault("/f.bin", Throttle(bytes_per_second=5 << 20))
+    plan = segment_plan(SIZE, SEGS)  # 1 MiB pieces: 0.2 s each at this pace
+    part, url = _part(tmp_path), mirror.url + "/f.bin"
+    res = Http(read_timeout=10).stream_segmented(
+        url, part, size=SIZE, segments=SEGS, below_rate=100 << 20
+    )
+    assert (res.size, res.sha256) == (SIZE, SHA) and part.read_bytes() == BODY
+    ranges = [e.range_header for e in mirror.log]
+    assert ranges[:2] == [f"bytes=0-{plan[0][1] - 1}", f"bytes={plan[0][1]}-{SIZE - 1}"]
+    assert f"bytes={plan[2][0]}-{plan[2][1] - 1}" in ranges[2:]  # another connection's

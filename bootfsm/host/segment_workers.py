@@ -94,8 +94,8 @@ class Segs:
         self.threads: list[threading.Thread] = []  # the other connections, once opened
         self._opened = False
         self._held: list[int] = []  # pieces the first connection asked for, not begun yet
-        self._window = (time.monotonic(), 0)  # (since, bytes) the first connection's pace,
-        # counted per response (``pump``)
+        self._window = (time.monotonic(), 0)  # (since, bytes) the first connection's pace
+        self._gap_from: float | None = None  # when its last response ended (``pump``)
 
     def open_others(self) -> None:
         """Start the other connections (once), each taking pieces from the queue; the
@@ -249,16 +249,24 @@ class Segs:
         if first:
             with self._lock:
                 self._held = held
-            # its pace counts from this response's first byte: the time to preallocate
-            # the file or to ask for the next pieces is not the mirror being slow
-            self._window = (time.monotonic(), 0)
+            self._resume_pace()
         i: int | None = ids[0]
         while i is not None:
             self._piece(r, fp, i, watch, first)
             with self._lock:  # open_others may have taken the rest back meanwhile
                 i = held.pop(0) if held else None
+        if first:
+            self._gap_from = time.monotonic()
         if fp is not None and fp.isclosed():  # body read to its end: keep the connection
             r.raw.release_conn()
+
+    def _resume_pace(self) -> None:
+        """The first connection's pace counts only while it receives: from its first
+        response's first byte, with the time between two of its responses left out
+        (preallocating the file, asking for the next pieces: not the mirror being slow)."""
+        now = time.monotonic()
+        since, got = self._window
+        self._window = (now, 0) if self._gap_from is None else (since + now - self._gap_from, got)
 
     def _piece(self, r: Any, fp: Any, i: int, watch: Watch, first: bool) -> None:
         import urllib3
