@@ -101,8 +101,15 @@ def test_fetcher_uses_segments_from_the_minimum_size_and_fails_over(
     assert [e.range_header for e in mirror.log[before:]] == [None]
 
 
+@pytest.mark.parametrize(
+    ("size", "probe"),
+    [
+        (SIZE, f"bytes=0-{segment_plan(SIZE, SEGS)[0][1] - 1}"),
+        (None, "bytes=0-"),  # no size given (the runfile): the probe asks for all of it
+    ],
+)
 def test_server_ignoring_range_is_read_on_one_connection(
-    httpserver: HTTPServer, tmp_path: Path
+    httpserver: HTTPServer, tmp_path: Path, size: int | None, probe: str
 ) -> None:
     seen: list[str | None] = []
 
@@ -112,8 +119,8 @@ def test_server_ignoring_range_is_read_on_one_connection(
 
     httpserver.expect_request("/f").respond_with_handler(handler)
     part = _part(tmp_path)
-    res = Http().stream_segmented(httpserver.url_for("/f"), part, size=SIZE, segments=SEGS)
-    assert seen == [f"bytes=0-{segment_plan(SIZE, SEGS)[0][1] - 1}"]  # the probe, nothing more
+    res = Http().stream_segmented(httpserver.url_for("/f"), part, size=size, segments=SEGS)
+    assert seen == [probe]  # the probe's 200 is the download, nothing more
     assert res.sha256 == SHA and res.size == SIZE and part.read_bytes() == BODY
     assert "segments" not in read_meta(part.with_name(part.name + ".meta"))
 
@@ -449,23 +456,6 @@ def test_an_announced_total_beyond_the_free_disk_reserves_nothing(
         Http().stream_segmented(httpserver.url_for("/f"), part, size=None, segments=SEGS)
     assert err.value.code is Code.INSUFFICIENT_SPACE and str(huge) in err.value.message
     assert not part.exists() and not part.with_name(part.name + ".meta").exists()
-
-
-def test_an_unsized_artifact_on_a_server_ignoring_range_is_one_request(
-    httpserver: HTTPServer, tmp_path: Path
-) -> None:
-    seen: list[str | None] = []
-
-    def handler(request: Request) -> Response:
-        seen.append(request.headers.get("Range"))
-        return Response(BODY, status=200, headers={"ETag": '"v1"'})  # like python -m http.server
-
-    httpserver.expect_request("/f").respond_with_handler(handler)
-    part = _part(tmp_path)
-    res = Http().stream_segmented(httpserver.url_for("/f"), part, size=None, segments=SEGS)
-    assert (res.size, res.sha256) == (SIZE, SHA) and part.read_bytes() == BODY
-    assert seen == ["bytes=0-"]  # the probe's 200 is the download
-    assert "segments" not in read_meta(part.with_name(part.name + ".meta"))
 
 
 def test_time_outside_a_response_is_not_counted_as_a_slow_mirror(
