@@ -9,13 +9,13 @@ yet valid (a clock not yet synced at boot).
 from __future__ import annotations
 
 import datetime
-import select
 import socket
 import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trustme
@@ -29,16 +29,19 @@ from bootfsm.host.http import SYSTEM_CA_BUNDLES, Http
 from bootfsm.machine.context import trust_store
 
 Serve = Callable[[socket.socket, threading.Event], None]
+MakeRaw = Callable[..., "RawServer"]
 
 
 class RawServer:
     """A one-connection-at-a-time loopback server running ``serve`` per connection.
 
-    Bounded: it stops when the test ends (the event) or after 30 s.
+    Bounded: it stops when the test ends (the event) or after 30 s. With ``tls`` it
+    speaks HTTPS (the handshake, then ``serve`` on the TLS socket).
     """
 
-    def __init__(self, serve: Serve) -> None:
+    def __init__(self, serve: Serve, tls: ssl.SSLContext | None = None) -> None:
         self.stop = threading.Event()
+        self.tls = tls
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.sock.settimeout(0.2)
         self.port = self.sock.getsockname()[1]
@@ -55,13 +58,15 @@ class RawServer:
             with conn:
                 conn.settimeout(5)
                 try:
+                    if self.tls is not None:
+                        conn = self.tls.wrap_socket(conn, server_side=True)
                     conn.recv(65536)  # the request
                     serve(conn, self.stop)
                 except OSError:
                     pass
 
     def url(self, path: str = "/x") -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}{path}"
 
     def close(self) -> None:
         self.stop.set()
@@ -73,8 +78,8 @@ class RawServer:
 def raw_server() -> Iterator[Callable[[Serve], RawServer]]:
     servers: list[RawServer] = []
 
-    def make(serve: Serve) -> RawServer:
-        servers.append(RawServer(serve))
+    def make(serve: Serve, tls: ssl.SSLContext | None = None) -> RawServer:
+        servers.append(RawServer(serve, tls))
         return servers[-1]
 
     yield make
@@ -82,22 +87,31 @@ def raw_server() -> Iterator[Callable[[Serve], RawServer]]:
         s.close()
 
 
-def _peer_hung_up(conn: socket.socket) -> bool:
-    """The client shut its socket (its request was read already, so readable means EOF)."""
-    readable, _, _ = select.select([conn], [], [], 0)
-    return bool(readable) and conn.recv(1, socket.MSG_PEEK) == b""
+@pytest.fixture
+def reader_off_cpu(monkeypatch: pytest.MonkeyPatch) -> Callable[[float], None]:
+    """``(at)``: the first socket read to return ``at`` s or more from now is followed by
+    0.6 s off the CPU, as a loaded machine deschedules a thread: the deadline falls, and
+    the peer's next bytes arrive, while the reader is between two reads."""
+
+    def arm(at: float) -> None:
+        real = socket.SocketIO.readinto
+        t0, fired = time.monotonic(), []
+
+        def readinto(self: socket.SocketIO, b: Any) -> int | None:
+            n = real(self, b)
+            if not fired and time.monotonic() - t0 >= at:
+                fired.append(True)
+                time.sleep(0.6)
+            return n
+
+        monkeypatch.setattr(socket.SocketIO, "readinto", readinto)
+
+    return arm
 
 
 def _trickle(conn: socket.socket, stop: threading.Event, data: bytes, every: float) -> None:
-    """One byte every ``every`` s until the client hangs up.
-
-    It stops at the client's FIN: Linux answers data that reaches a socket shut for
-    reading with a reset (tcp_rcv_state_process, FIN_WAIT1/2, "RFC 1122 says we MUST
-    send a reset"), and a reset drops whatever the client had read but not yet returned,
-    so a byte sent after the deadline could race the bytes the test then counts.
-    """
     for i in range(len(data)):
-        if stop.wait(every) or _peer_hung_up(conn):
+        if stop.wait(every):
             return
         conn.sendall(data[i : i + 1])
 
@@ -135,10 +149,14 @@ def test_trickling_peer_cannot_stretch_a_small_get(
 
 
 def test_slowloris_download_ends_at_its_deadline(
-    raw_server: Callable[[Serve], RawServer], tmp_path: Path
+    raw_server: Callable[[Serve], RawServer],
+    reader_off_cpu: Callable[[float], None],
+    tmp_path: Path,
 ) -> None:
-    """A download's deadline holds mid-body; the bytes so far stay for a resume."""
+    """A download's deadline holds mid-body; the bytes so far stay for a resume, also
+    when the reader is off the CPU as the deadline falls and the peer keeps sending."""
     srv = raw_server(slow_body)
+    reader_off_cpu(1.7)
     part = tmp_path / "a.part"
     t0 = time.monotonic()
     with pytest.raises(TransientError) as err:
@@ -272,3 +290,38 @@ def test_the_node_system_store_is_the_default(
         Http(ca_file=custom, env={}).get(https.url_for("/i"))
     assert err.value.code is Code.TLS_VERIFY_FAILED and "does not exist" in str(err.value)
     assert trust_store(parse_config({}), Host(tmp_path / "bare")) == ""
+
+
+def steady_body(conn: socket.socket, stop: threading.Event) -> None:
+    """``x`` in 16 KiB writes, 2 ms apart (8 MB/s, 16 MiB in all): some of it is always
+    in flight when the client's deadline falls."""
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (16 << 20))
+    for _ in range(1 << 10):
+        if stop.wait(0.002):
+            return
+        conn.sendall(b"x" * (16 << 10))
+
+
+def test_https_download_cut_at_its_deadline_keeps_only_plaintext(
+    raw_server: MakeRaw,
+    reader_off_cpu: Callable[[float], None],
+    ca: trustme.CA,
+    ca_file: str,
+    tmp_path: Path,
+) -> None:
+    """The deadline wakes the TLS reader at the socket, under the TLS layer: what it had
+    received is decrypted and kept; nothing still in flight is read past TLS. (Shutting
+    the ssl.SSLSocket itself drops its TLS state, and the records still queued were read
+    as plain body: ciphertext in the part file, which the resume then extended.)"""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ca.issue_cert("127.0.0.1").configure_cert(ctx)
+    srv = raw_server(steady_body, ctx)
+    reader_off_cpu(0.8)
+    part = tmp_path / "a.part"
+    with pytest.raises(TransientError) as err:
+        Http(ca_file=ca_file, env={}, read_timeout=30).stream_to(
+            srv.url(), part, deadline=time.monotonic() + 1
+        )
+    assert err.value.code is Code.DOWNLOAD_TIMEOUT
+    body = part.read_bytes()
+    assert body and body == b"x" * len(body)  # a prefix of the body, for the resume

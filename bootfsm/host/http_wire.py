@@ -109,10 +109,23 @@ class Watch:
 
 
 def _shut(conn: Any) -> None:
+    """Wake a read blocked on ``conn``: it returns what it has, then end of file.
+
+    The read side only. After a FIN of ours, Linux answers the peer's next segment with
+    a reset (RFC 1122; tcp_rcv_state_process in FIN_WAIT1/2), and a reset fails the read
+    that was under way, dropping the bytes it had received: a download whose deadline
+    fell while its reader was off the CPU kept nothing for the resume. The request was
+    sent whole before any read, so no write is left to wake; the connection is closed
+    when the error unwinds.
+
+    On the kernel socket, under TLS: ``ssl.SSLSocket.shutdown`` drops the TLS state
+    first, and a read that came after it returned the still-queued records as they are,
+    ciphertext appended to the part file as body.
+    """
     sock = getattr(conn, "sock", None)
     if sock is not None:
         with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
+            socket.socket.shutdown(sock, socket.SHUT_RD)
 
 
 def _register(conn: Any) -> None:
