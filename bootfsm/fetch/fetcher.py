@@ -8,6 +8,10 @@ after receiving bytes stops there so the next attempt resumes from the same mirr
 Verification happens in the worker; the caller's ``on_done`` (on the calling thread)
 moves the verified ``.part`` to its final name, so nothing unverified ever has it.
 
+The calling thread waits for finished workers on a ``queue.SimpleQueue``, whose ``get``
+blocks in C: a SIGTERM handler's exception raised there leaves no lock half-taken, as
+it can inside ``concurrent.futures.wait`` (bootfsm/run/interrupts.py).
+
 The first failure sets a shared cancel event: the other workers stop at their next
 chunk and keep their ``.part`` files for a resume. The calling thread is the only one
 that writes the journal (events from workers are queued) and the console.
@@ -19,7 +23,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -113,10 +117,15 @@ class Fetcher:
         errors: list[BaseException] = []
         pool = ThreadPoolExecutor(min(self.parallel, len(jobs)), thread_name_prefix="bootfsm-dl")
         pending: set[Future[Fetched]] = set()
+        finished: queue.SimpleQueue[Future[Fetched]] = queue.SimpleQueue()
         try:
-            pending = {pool.submit(self._one, j, tracks[j.artifact.name]) for j in jobs}
+            for j in jobs:
+                fut = pool.submit(self._one, j, tracks[j.artifact.name])
+                pending.add(fut)
+                fut.add_done_callback(finished.put)
             while pending:
-                done, pending = wait(pending, timeout=_TICK_S, return_when=FIRST_COMPLETED)
+                done = _finished(finished, _TICK_S)
+                pending.difference_update(done)
                 self._drain()
                 for fut in done:
                     exc = fut.exception()
@@ -306,3 +315,18 @@ def _worst(errors: list[BaseException]) -> BaseException:
         if isinstance(e, BootError):
             return e
     return errors[0]
+
+
+def _finished(
+    finished: queue.SimpleQueue[Future[Fetched]], timeout: float
+) -> list[Future[Fetched]]:
+    """The futures that finished within ``timeout`` (waiting in C), in the order they did."""
+    try:
+        out = [finished.get(timeout=timeout)]
+    except queue.Empty:
+        return []
+    while True:
+        try:
+            out.append(finished.get_nowait())
+        except queue.Empty:
+            return out

@@ -29,7 +29,7 @@ from bootfsm.machine.table import (
 )
 from bootfsm.node.guards import GUARDS
 
-__all__ = ["Interrupted", "Outcome", "attempt", "build_machine", "drive"]
+__all__ = ["Interrupted", "Outcome", "attempt", "build_machine", "drive", "interruption"]
 
 
 class Interrupted(BaseException):
@@ -38,6 +38,20 @@ class Interrupted(BaseException):
     def __init__(self, signame: str) -> None:
         super().__init__(signame)
         self.signame = signame
+
+
+def interruption(exc: BaseException) -> Interrupted | None:
+    """The ``Interrupted`` that ``exc`` was raised while handling, if any: an error the
+    interruption caused on its way out (a lock it left half-released) is the
+    interruption, not a failure of its own."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, Interrupted):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__context__
+    return None
 
 
 @dataclass(frozen=True)
@@ -251,6 +265,21 @@ def _failed(ctx: Context, state: str, code: Code, message: str, **fields: Any) -
     return Outcome(code, state, message)
 
 
+def _state_failed(ctx: Context, name: str, exc: Exception) -> Outcome:
+    """The outcome of a state that raised: its BootError's code, else a bug (110)."""
+    if isinstance(exc, BootError):
+        detail = {k: v for k, v in exc.detail.items() if k != "output"}
+        output = exc.detail.get("output", "")
+        return _failed(ctx, name, exc.code, exc.message, detail=detail, output=output)
+    return _failed(  # a bug: still end with a documented code
+        ctx,
+        name,
+        Code.INTERNAL_ERROR,
+        f"{type(exc).__name__}: {exc}",
+        traceback=traceback.format_exc(limit=8),
+    )
+
+
 def drive(
     ctx: Context,
     registry: Mapping[str, Any],
@@ -269,25 +298,11 @@ def drive(
         guards: dict[str, bool] = {}
         try:
             _run_state(ctx, name, registry[name])
-        except BootError as exc:
-            outcome = _failed(
-                ctx,
-                name,
-                exc.code,
-                exc.message,
-                detail={k: v for k, v in exc.detail.items() if k != "output"},
-                output=exc.detail.get("output", ""),
-            )
+        except Exception as exc:
+            if (stop := interruption(exc)) is not None:
+                raise Interrupted(stop.signame) from exc
+            outcome = _state_failed(ctx, name, exc)
             getattr(model, "fail")()  # noqa: B009 - trigger bound by transitions
-        except Exception as exc:  # a bug: still end with a documented code
-            outcome = _failed(
-                ctx,
-                name,
-                Code.INTERNAL_ERROR,
-                f"{type(exc).__name__}: {exc}",
-                traceback=traceback.format_exc(limit=8),
-            )
-            getattr(model, "fail")()  # noqa: B009
         else:
             guards = _guard_values(ctx, name, transitions)
             if not getattr(model, "advance")():  # noqa: B009

@@ -17,14 +17,11 @@ import calendar
 import contextlib
 import json
 import os
-import signal
-import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import IO, Any
 
 from bootfsm import __version__
@@ -34,10 +31,11 @@ from bootfsm.core.errors import BootError
 from bootfsm.host.host import CommandResult, Host
 from bootfsm.host.lock import NodeLock, own_dirs
 from bootfsm.machine.context import Context
-from bootfsm.machine.engine import Interrupted, Outcome, drive
+from bootfsm.machine.engine import Interrupted, Outcome, drive, interruption
 from bootfsm.machine.table import TRANSITIONS, TransitionRow
 from bootfsm.observe.journal import Journal, new_run_id
 from bootfsm.observe.liveness import boot_id
+from bootfsm.run.interrupts import Interrupts
 
 __all__ = ["Session", "SessionOptions", "SessionResult", "journal_stamp", "run_session"]
 
@@ -89,57 +87,6 @@ def journal_stamp(names: list[str], kind: str, now: float) -> str:
     return time.strftime(STAMP, time.gmtime(last + 1))
 
 
-class _Interrupts:
-    """SIGTERM/SIGINT for one session: stop the command in flight, then raise ``Interrupted``.
-
-    Signals raise only inside ``armed()`` (the lock wait and the body); one that arrives
-    outside is remembered and raised when ``armed()`` is next entered, or ignored once
-    the run has concluded. Only the first signal acts: a second one while stopping
-    (systemd and a terminal may both send one) is ignored.
-    """
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-    def __init__(self, host: Host) -> None:
-        self.host = host
-        self.pending: str | None = None
-        self.stopped: list[str] = []  # argv of the command the signal stopped
-        self._armed = False
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> _Interrupts:
-        if threading.current_thread() is threading.main_thread():
-            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for s, h in self._previous.items():
-            signal.signal(s, h)
-
-    @contextlib.contextmanager
-    def armed(self) -> Iterator[None]:
-        """Raise ``Interrupted`` for a signal pending now or arriving inside the block."""
-        if self.pending is not None:
-            raise Interrupted(self.pending)
-        self._armed = True
-        try:
-            yield
-        finally:
-            self._armed = False
-
-    def _handle(self, signum: int, _frame: FrameType | None) -> None:
-        if self.pending is not None:
-            return
-        self.pending = signal.Signals(signum).name
-        if not self._armed:
-            return
-        self._armed = False
-        stopped = self.host.stop_child()  # the command in flight and its whole group
-        if stopped is not None:
-            self.stopped = stopped
-        raise Interrupted(self.pending)
-
-
 def run_session(
     cfg: Config, opts: SessionOptions, body: Callable[[Session], Outcome]
 ) -> SessionResult:
@@ -147,7 +94,7 @@ def run_session(
     Never raises for node problems: a refused lock is an outcome with no journal."""
     host = Host(opts.root, env=opts.env)
     lock = NodeLock(host.path(f"{cfg.run.state_dir}/lock"))
-    with _Interrupts(host) as interrupts:
+    with Interrupts(host) as interrupts:
         try:
             own_dirs(host, cfg.run.state_dir, cfg.run.log_dir, *opts.dirs)
             with interrupts.armed():
@@ -175,7 +122,7 @@ def run_session(
 class Session:
     """The locked part: journal, context, command events, run.start/run.end, checkpoint."""
 
-    def __init__(self, cfg: Config, opts: SessionOptions, host: Host, interrupts: _Interrupts):
+    def __init__(self, cfg: Config, opts: SessionOptions, host: Host, interrupts: Interrupts):
         self.cfg, self.opts, self.host, self.interrupts = cfg, opts, host, interrupts
         self.run_id = new_run_id()
         self.journal, self.path = self._open_journal()
@@ -309,9 +256,12 @@ class Session:
         except Interrupted as exc:
             # a signal after drive() returned does not undo its outcome
             return self.outcome or self._interrupted(exc)
-        except BootError as exc:  # the body's own steps around the engine
-            return Outcome(exc.code, self.ctx.state, exc.message)
-        except Exception as exc:  # a bug: still end with a documented code and a journal
+        except Exception as exc:
+            if (stop := interruption(exc)) is not None:  # what the signal broke on its way
+                return self.outcome or self._interrupted(stop)
+            if isinstance(exc, BootError):  # the body's own steps around the engine
+                return Outcome(exc.code, self.ctx.state, exc.message)
+            # a bug: still end with a documented code and a journal
             self.journal.event("run.error", level="error", traceback=traceback.format_exc(8))
             return Outcome(Code.INTERNAL_ERROR, self.ctx.state, f"{type(exc).__name__}: {exc}")
 
