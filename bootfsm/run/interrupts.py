@@ -10,8 +10,9 @@ the fetch pool started its threads). So the handler looks where the main thread 
 inside ``threading``, ``queue`` or ``concurrent.futures`` it raises nothing yet, and
 an interval timer (SIGALRM every ``RETRY_S``) looks again until the main thread is back
 in code that can take the exception; the command in flight is stopped and
-``Interrupted`` raised there. The fetch loop leaves its wait every 0.2 s, so the
-delay is at most that.
+``Interrupted`` raised there. Those moments are short: the main thread's long waits
+block in C (a child's pidfd, ``SimpleQueue.get`` in the fetch loop, ``time.sleep``),
+where the exception is raised at once.
 """
 
 from __future__ import annotations
