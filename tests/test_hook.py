@@ -77,10 +77,14 @@ def test_hook_success_is_one_ok_line(make_world: MakeWorld) -> None:
     w = make_world("h100-pcie")
     p = run_hook(w)
     assert p.returncode == 0
-    assert re.fullmatch(
-        rf"bootfsm: OK code=0 OK state=done: node provisioned in \d+\.\d s \| run {RUN_ID}",
+    m = re.fullmatch(
+        rf"bootfsm: OK code=0 OK state=done: node provisioned in (\d+\.\d) s \| run {RUN_ID}",
         only_line(p),
     )
+    assert m is not None
+    [journal] = (w.root / "var/log/bootfsm").glob("run-*.jsonl")
+    end = json.loads(journal.read_text().splitlines()[-1])
+    assert end["event"] == "run.end" and m[1] == f"{end['duration_s']:.1f}"  # the run's own
 
 
 FAIL_FAST = [

@@ -109,16 +109,8 @@ def main(args: argparse.Namespace) -> int:
         on_status=notifier.status if notifier.enabled else None,
     )
     result = execute(cfg, opts)
-    line = summary_line(result, _elapsed(result), exit_codes)
+    line = summary_line(result, result.duration_s, exit_codes)
     notifier.status(line.removeprefix("bootfsm: "))
     notifier.close()
     print(line)
     return exit_code(result.outcome, exit_codes)
-
-
-def _elapsed(result: RunResult) -> float:
-    from bootfsm.observe.trace import load_run
-
-    if result.journal is None:
-        return 0.0
-    return load_run(result.journal).duration_s or 0.0

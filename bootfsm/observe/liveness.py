@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bootfsm.core.errors import BootError
 from bootfsm.host.host import Host
-from bootfsm.observe.trace import TraceReport
+
+if TYPE_CHECKING:  # a run reads boot_id from here; it never loads the trace reader
+    from bootfsm.observe.trace import TraceReport
 
 __all__ = ["annotate", "boot_id", "lock_holders", "pid_exists", "run_alive"]
 

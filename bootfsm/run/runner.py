@@ -43,11 +43,12 @@ class RunOptions:
 
 @dataclass(frozen=True)
 class RunResult:
-    """The outcome plus where its journal is."""
+    """The outcome, where its journal is, and the run's duration (``run.end``'s)."""
 
     outcome: Outcome
     run_id: str
     journal: Path | None
+    duration_s: float = 0.0
 
 
 CHECKPOINT_OUTCOMES = ("running", "done", "failed", "interrupted")
@@ -86,7 +87,7 @@ def execute(cfg: Config, opts: RunOptions) -> RunResult:
         checkpoint=True,
     )
     r = run_session(cfg, session, lambda s: _machine(s, opts))
-    return RunResult(r.outcome, r.run_id, r.journal)
+    return RunResult(r.outcome, r.run_id, r.journal, r.duration_s)
 
 
 def _machine(s: Session, opts: RunOptions) -> Outcome:
@@ -146,9 +147,9 @@ def _export_trace(jpath: Path, env: Mapping[str, str]) -> list[str]:
 
 
 def _registry() -> Mapping[str, Any]:
-    from bootfsm.states import REGISTRY
+    from bootfsm.states import ahead
 
-    return dict(REGISTRY)
+    return ahead()
 
 
 def _callbacks() -> Mapping[str, Callable[[Context], None]]:

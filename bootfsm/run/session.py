@@ -61,11 +61,13 @@ class SessionOptions:
 
 @dataclass(frozen=True)
 class SessionResult:
-    """The outcome, the run id and where the journal is (None: refused, or console only)."""
+    """The outcome, the run id, where the journal is (None: refused, or console only) and
+    the run's duration as ``run.end`` records it (0 for a refused run)."""
 
     outcome: Outcome
     run_id: str
     journal: Path | None
+    duration_s: float = 0.0
 
 
 def journal_stamp(names: list[str], kind: str, now: float) -> str:
@@ -225,6 +227,7 @@ class Session:
         outcome = self._body(body)
         kind = "done" if outcome.ok else "failed"
         kind = "interrupted" if outcome.code is Code.INTERRUPTED else kind
+        duration = round(j.elapsed(), 4)
         j.event(
             "run.end",
             durable=True,
@@ -236,7 +239,7 @@ class Session:
             state=outcome.state,
             message=outcome.message,
             hint=info(outcome.code).hint,
-            duration_s=round(j.elapsed(), 4),
+            duration_s=duration,
             **self.end_fields,
         )
         for hook in self.after_end:
@@ -247,7 +250,7 @@ class Session:
         self.checkpoint(outcome.state, kind, durable=True, **code)
         if self.path is not None:
             self._prune()
-        return SessionResult(outcome, self.run_id, self.path)
+        return SessionResult(outcome, self.run_id, self.path, duration)
 
     def _body(self, body: Callable[[Session], Outcome]) -> Outcome:
         try:
