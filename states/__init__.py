@@ -120,7 +120,8 @@ def preload(names: Iterable[str]) -> threading.Thread | None:
     one is loaded already). Loading is most of the CPU a state costs before its first
     command; done while the current state waits (the thread holds the GIL only between
     the waits of the main thread), it is off the boot's critical path. An import error
-    is left for the engine's own import of that module to report."""
+    is left for the engine's own import of that module to report; where no thread can
+    be started (a cgroup's tasks limit), nothing is preloaded."""
     import sys
 
     todo = [n for n in names if n in NAMES and f"{__name__}.{n}" not in sys.modules]
@@ -135,5 +136,8 @@ def preload(names: Iterable[str]) -> threading.Thread | None:
                 continue
 
     t = threading.Thread(target=load, name="bootfsm-preload", daemon=True)
-    t.start()
+    try:
+        t.start()
+    except RuntimeError:  # no thread to spare (a tasks limit): the engine loads it later
+        return None
     return t

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -28,11 +29,26 @@ print(json.dumps(out))
 """
 
 
-def _probe() -> dict[str, list[str]]:
+_NO_THREADS = """
+import json, sys, threading
+def refuse(self):
+    raise RuntimeError("can't start new thread")
+threading.Thread.start = refuse
+import bootfsm.states as s
+m = s.ahead()["driver"]
+print(json.dumps([m.NAME, sorted(n for n in s.NAMES if "bootfsm.states." + n in sys.modules)]))
+"""
+
+
+def _probe(code: str = _PROBE) -> Any:
     p = subprocess.run(
-        [sys.executable, "-c", _PROBE], capture_output=True, text=True, check=True, timeout=60
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
-    return dict(json.loads(p.stdout))
+    return json.loads(p.stdout)
+
+
+def test_a_node_out_of_threads_still_gets_each_state_only_without_preloading() -> None:
+    assert _probe(_NO_THREADS) == ["driver", ["driver"]]
 
 
 def test_the_package_loads_no_state_and_a_state_loads_on_first_use() -> None:
