@@ -13,9 +13,12 @@ current state waits on its commands and downloads, off the boot's critical path.
 from __future__ import annotations
 
 import importlib
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Protocol, cast
+
+from bootfsm.machine.table import STATES, TRANSITIONS
 
 if TYPE_CHECKING:
     from bootfsm.machine.context import Context
@@ -30,8 +33,8 @@ __all__ = [
     "preload",
 ]
 
-NAMES = ("detect", "fetch", "driver", "fabric", "imex", "verify", "mig", "join")
-"""Every working state; each is the module ``bootfsm.states.<name>``."""
+NAMES = tuple(s.name for s in STATES)
+"""Every working state of the table; each is the module ``bootfsm.states.<name>``."""
 
 
 class StateModule(Protocol):
@@ -83,8 +86,6 @@ class _Registry(Mapping[str, StateModule]):
     def __getitem__(self, name: str) -> StateModule:
         module = _load(name)
         if self._ahead:
-            from bootfsm.machine.table import TRANSITIONS
-
             preload(t.dest for t in TRANSITIONS if t.source == name)
         return module
 
@@ -118,12 +119,10 @@ CALLBACKS: Mapping[str, Callable[[Context], None]] = {
 def preload(names: Iterable[str]) -> threading.Thread | None:
     """Import these states' modules on a daemon thread, and return it (None when every
     one is loaded already). Loading is most of the CPU a state costs before its first
-    command; done while the current state waits (the thread holds the GIL only between
-    the waits of the main thread), it is off the boot's critical path. An import error
+    command; the thread shares the GIL with the main thread while that one runs Python
+    and runs alone while it waits on a command or a download, off the critical path. An import error
     is left for the engine's own import of that module to report; where no thread can
     be started (a cgroup's tasks limit), nothing is preloaded."""
-    import sys
-
     todo = [n for n in names if n in NAMES and f"{__name__}.{n}" not in sys.modules]
     if not todo:
         return None

@@ -64,8 +64,7 @@ def test_a_runs_registry_preloads_the_states_the_table_can_move_to() -> None:
 
 
 def test_every_state_module_is_handed_out_by_name_and_unknown_names_are_refused() -> None:
-    assert [s.name for s in STATES] == list(REGISTRY) == list(NAMES)
-    for name in NAMES:
+    for name in (s.name for s in STATES):  # every state of the table has its module
         assert name == REGISTRY[name].NAME
         assert ahead()[name] is REGISTRY[name]
     with pytest.raises(KeyError):
