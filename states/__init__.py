@@ -120,9 +120,9 @@ def preload(names: Iterable[str]) -> threading.Thread | None:
     """Import these states' modules on a daemon thread, and return it (None when every
     one is loaded already). Loading is most of the CPU a state costs before its first
     command; the thread shares the GIL with the main thread while that one runs Python
-    and runs alone while it waits on a command or a download, off the critical path. An import error
-    is left for the engine's own import of that module to report; where no thread can
-    be started (a cgroup's tasks limit), nothing is preloaded."""
+    and runs alone while it waits on a command or a download, off the critical path.
+    An import error is left for the engine's own import of that module to report;
+    where no thread can be started (a cgroup's tasks limit), nothing is preloaded."""
     todo = [n for n in names if n in NAMES and f"{__name__}.{n}" not in sys.modules]
     if not todo:
         return None
