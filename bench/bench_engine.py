@@ -7,7 +7,8 @@ after run (``BENCH_ENGINE_RUNS``, default 7). From the run's own journal:
 - children: the sum of every command's ``duration_s`` (stand-ins are Python scripts, so
   this is most of the wall on a simulated node; on a real node it is the installer,
   DKMS and nvidia-smi);
-- network: the union of the intervals of index and artifact downloads (they overlap);
+- network: the union of the intervals of index and artifact downloads and of the Release
+  files an index's trust check fetches (each a GET alone, ending at its event; they overlap);
 - overhead = wall - children - network: what bootfsm itself adds (interpreter start,
   imports, config, the engine, journal, hashing, parsing).
 
@@ -15,6 +16,15 @@ Side by side: the interpreter alone (``python3 -c pass``), and the same node's r
 (every state satisfied; nothing to download, run, or hash). bootfsm runs from a node
 install (bench/node_install.py: the wheel's files, byte-compiled, its console script),
 not from the development venv's editable install.
+
+The simulated nodes live under ``BENCH_ENGINE_DIR`` (default ``build/bench-engine`` in
+the checkout: the checkout's disk, as a node's root is its disk), not the system temp
+directory: an h100-hgx boot creates 61 files, 35 directories and one unnamed temporary
+file per command (40; counted with strace), and a temp directory can be far slower
+to create files in than the disk under it (on the machine these figures come from,
+/tmp took about 0.9 ms per new file against 0.04 ms elsewhere on the same ext4), which
+would be counted as bootfsm's overhead. The output gives the measured cost per new
+file of both, so the figure can be read against a node's disk.
 """
 
 from __future__ import annotations
@@ -37,6 +47,19 @@ SKUS = ("h100-hgx", "gb300")
 GOAL_S = 0.150
 RERUN_GOAL_S = 0.5
 ROOT = Path(__file__).resolve().parents[1]
+NODES = Path(os.environ.get("BENCH_ENGINE_DIR", ROOT / "build" / "bench-engine"))
+
+
+def _create_ms(where: Path, n: int = 200) -> float:
+    """Median milliseconds to create (and close) one new file in ``where``, as
+    ``open(O_CREAT|O_EXCL)`` does for every file a boot writes."""
+    with tempfile.TemporaryDirectory(dir=where) as d:
+        ts = []
+        for i in range(n):
+            t0 = time.perf_counter()
+            os.close(os.open(f"{d}/f{i}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            ts.append(time.perf_counter() - t0)
+    return statistics.median(ts) * 1000
 
 
 def _journal(w: World) -> list[dict[str, object]]:
@@ -54,13 +77,17 @@ def _union(spans: list[tuple[float, float]]) -> float:
     return total
 
 
+#: Events whose ``duration_s`` is a transfer that ends at the event's ``t``.
+NETWORK_EVENTS = ("artifact.fetched", "index.fetched", "index.release_fetched")
+
+
 def _split(events: list[dict[str, object]]) -> tuple[float, float, int]:
     """(children s, network s, commands) of one run's journal."""
     children = sum(float(e["duration_s"]) for e in events if e["event"] == "command")  # type: ignore[arg-type]
     spans = [
         (float(e["t"]) - float(e["duration_s"]), float(e["t"]))  # type: ignore[arg-type]
         for e in events
-        if e["event"] in ("artifact.fetched", "index.fetched") and "duration_s" in e
+        if e["event"] in NETWORK_EVENTS and "duration_s" in e
     ]
     n = sum(1 for e in events if e["event"] == "command")
     return children, _union(spans), n
@@ -82,6 +109,14 @@ def _own(c: dict[str, list[float]]) -> list[float]:
 def _ratio(c: dict[str, list[float]]) -> list[float]:
     """Each run's own overhead over the same run's import of the three libraries."""
     return [o / f for o, f in zip(_own(c), c["floor"], strict=True)]
+
+
+def _where(p: Path) -> str:
+    """``p`` relative to the checkout when it is inside it."""
+    try:
+        return str(p.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(p)
 
 
 def _spread(ts: list[float], unit: float = 1000.0, fmt: str = "{:.0f}") -> str:
@@ -109,7 +144,10 @@ def main() -> str:
     deps_code = "import requests, structlog, transitions, os; os._exit(0)"
     rerun_deps: list[float] = []  # what a rerun imports of them (it downloads nothing)
     rerun_code = "import structlog, transitions, os; os._exit(0)"
-    with tempfile.TemporaryDirectory() as d:
+    NODES.mkdir(parents=True, exist_ok=True)
+    tmp = tempfile.gettempdir()
+    create = {str(NODES): _create_ms(NODES), tmp: _create_ms(Path(tmp))}
+    with tempfile.TemporaryDirectory(dir=NODES) as d:
         for i in range(RUNS):
             order = SKUS if i % 2 == 0 else tuple(reversed(SKUS))
             for sku in order:
@@ -146,6 +184,12 @@ def main() -> str:
         "every command's own duration minus the time downloads were in flight (from the",
         "run's journal); the goal is at most 150 ms. Load average at the end: "
         f"{load[0]:.1f}, {load[1]:.1f}, {load[2]:.1f} on {os.cpu_count()} cores.",
+        "Nodes under "
+        + _where(NODES)
+        + f" (`BENCH_ENGINE_DIR`): a new file there took {create[str(NODES)]:.2f} ms "
+        f"(median of 200 creates); in {tmp} "
+        f"{create[tmp]:.2f} ms. An h100-hgx boot creates 61 files, 35 directories and 40 unnamed",
+        "temporary files (one per command's output).",
         "",
         "| simulated node | commands | wall | children | network | **overhead** | goal | "
         "rerun wall (goal < 500) |",

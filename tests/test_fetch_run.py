@@ -128,3 +128,35 @@ def test_plain_http_mirror_is_refused_before_any_download(make_world: MakeWorld)
     assert (result.outcome.code, result.outcome.state) == (Code.INSECURE_URL_REFUSED, "fetch")
     assert "mirror.example" in result.outcome.message
     assert [e.path for e in w.mirror.log if e.path.endswith((".run", ".deb"))] == []
+
+
+def test_index_durations_are_their_transfers_alone(make_world: MakeWorld) -> None:
+    """``index.fetched`` times the index's GET, not its trust check: a stalled InRelease
+    shows in ``index.release_fetched``, and gpgv starts after both transfers ended."""
+    from bootfsm.sim.mirror import Stall
+
+    w = make_world("h100-pcie")
+    w.mirror.add_fault("InRelease", Stall(0.3))
+    result = run_in_process(w)
+    assert result.outcome.ok, result.outcome.message
+    evs = _events(result)
+    eps = 2e-4  # t and duration_s are rounded to 0.1 ms
+    indexes = [i for i, e in enumerate(evs) if e["event"] == "index.fetched"]
+    assert indexes
+    checked = 0
+    for i in indexes:
+        index = evs[i]
+        after = evs[i + 1 :]
+        nxt = next((j for j, e in enumerate(after) if e["event"] == "index.fetched"), len(after))
+        releases = [e for e in after[:nxt] if e["event"] == "index.release_fetched"]
+        gpgv = [e for e in after[:nxt] if e["event"] == "command" and e["argv"][0] == "gpgv"]
+        if not releases:
+            continue  # an index without a Release (the pinned redistrib JSON)
+        [release] = releases
+        assert release["url"].endswith("/InRelease") and release["size"] > 0
+        assert release["duration_s"] >= 0.3  # the stall is the release's, not the index's
+        assert index["t"] <= release["t"] - release["duration_s"] + eps
+        [cmd] = gpgv
+        assert release["t"] <= cmd["t"] - cmd["duration_s"] + eps
+        checked += 1
+    assert checked >= 1

@@ -141,3 +141,25 @@ def test_https_is_required_unless_host_allowed() -> None:
         check_url("http://mirror.example.com/x?sig=SECRET", ("127.0.0.1",))
     assert info.value.code is Code.INSECURE_URL_REFUSED
     assert "SECRET" not in info.value.message
+
+
+def test_warm_loads_the_library_and_builds_the_session_without_io(
+    httpserver: HTTPServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A timed request after ``warm`` measures the network: the session exists, built
+    while no connection could be opened, and the request then reuses it."""
+    import socket
+
+    def refuse(*_a: object, **_k: object) -> None:
+        raise AssertionError("warm opened a connection")
+
+    http = Http()
+    with monkeypatch.context() as m:
+        m.setattr(socket, "create_connection", refuse)
+        m.setattr(socket.socket, "connect", refuse)
+        http.warm()
+    session = http._session
+    assert session is not None
+    httpserver.expect_request("/a").respond_with_data(b"ok")
+    assert http.get(httpserver.url_for("/a")).body == b"ok"
+    assert http._session is session

@@ -127,11 +127,20 @@ def fetch_index(ctx: Context, key: str, urls: tuple[str, ...]) -> tuple[str, int
     """(text, position of the URL that served it); a cached copy when no mirror answers."""
     allow = ctx.config.fetch.allow_http_hosts
     failures: list[BootError | TransientError] = []
+    ctx.http.warm()  # duration_s is the transfer alone: not the library's import
     for i, url in enumerate(urls):
-        t0 = ctx.host.monotonic()
         try:
+            t0 = ctx.host.monotonic()
             r = ctx.http.get(
                 url, timeout=ctx.remaining(), allow_http_hosts=allow, max_bytes=INDEX_MAX_BYTES
+            )
+            ctx.event(  # before the trust checks, which journal their own fetches and gpgv
+                "index.fetched",
+                index=key,
+                url=redact_url(url),
+                mirror=i,
+                size=len(r.body),
+                duration_s=round(ctx.host.monotonic() - t0, 4),
             )
             trust_index(ctx, key, url, r.body)
         except TransientError as exc:
@@ -141,14 +150,6 @@ def fetch_index(ctx: Context, key: str, urls: tuple[str, ...]) -> tuple[str, int
                 raise
             failures.append(exc)
         else:
-            ctx.event(
-                "index.fetched",
-                index=key,
-                url=redact_url(url),
-                mirror=i,
-                size=len(r.body),
-                duration_s=round(ctx.host.monotonic() - t0, 4),
-            )
             return r.body.decode("utf-8", "replace"), i
         if len(urls) > 1:
             ctx.warn(f"index {key}: {failures[-1].message}", index=key, mirror=i)

@@ -55,7 +55,9 @@ def keyring_for(ctx: Context, key: str) -> str:
 
 
 def _get(ctx: Context, url: str) -> bytes | None:
-    """The body, or None on 404 (transient failures propagate to the mirror loop)."""
+    """The body, or None on 404 (transient failures propagate to the mirror loop).
+    Journals ``index.release_fetched`` with the transfer's duration."""
+    t0 = ctx.host.monotonic()
     try:
         r = ctx.http.get(
             url,
@@ -67,6 +69,12 @@ def _get(ctx: Context, url: str) -> bytes | None:
         if exc.code is Code.ARTIFACT_NOT_FOUND:
             return None
         raise
+    ctx.event(
+        "index.release_fetched",
+        url=redact_url(url),
+        size=len(r.body),
+        duration_s=round(ctx.host.monotonic() - t0, 4),
+    )
     return r.body
 
 

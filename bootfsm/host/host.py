@@ -22,7 +22,6 @@ from typing import IO
 
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError
-from bootfsm.host import archive as archive_rules
 from bootfsm.host.atomic import append_line, fsync_dir, publish, sweep
 from bootfsm.host.owndir import check_chain, check_dir
 from bootfsm.host.process import OUTPUT_LIMIT_BYTES, OUTPUT_TAIL_BYTES, CommandResult, Commands
@@ -342,6 +341,8 @@ class Host(Commands):
         while the listing is read; ``deadline`` (monotonic) bounds listing and extraction
         (``on_timeout()`` is raised, else DEADLINE_EXCEEDED).
         """
+        from bootfsm.host import archive as archive_rules  # tarfile: only when extracting
+
         parent = dest.rsplit("/", 1)[0]
         if parent:  # bootfsm's extract dir: never a planted link (the root is the caller's)
             self.own_dir(parent)

@@ -131,6 +131,11 @@ class Http(Segmented):
             self._session.close()
             self._session = None
 
+    def warm(self) -> None:
+        """Load the HTTP library and build the session now, with no I/O, so that a timed
+        request that follows measures the network and not Python importing requests."""
+        self._sess()
+
     def _sess(self) -> requests.Session:
         if self._session is None:
             s = session_class()()
