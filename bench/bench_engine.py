@@ -18,13 +18,13 @@ install (bench/node_install.py: the wheel's files, byte-compiled, its console sc
 not from the development venv's editable install.
 
 The simulated nodes live under ``BENCH_ENGINE_DIR`` (default ``build/bench-engine`` in
-the checkout: the checkout's disk, as a node's root is its disk), not the system temp
-directory: an h100-hgx boot creates 61 files, 35 directories and one unnamed temporary
-file per command (40; counted with strace), and a temp directory can be far slower
-to create files in than the disk under it (on the machine these figures come from,
-/tmp took about 0.9 ms per new file against 0.04 ms elsewhere on the same ext4), which
-would be counted as bootfsm's overhead. The output gives the measured cost per new
-file of both, so the figure can be read against a node's disk.
+the checkout: the checkout's disk, as a node's root is its disk). An h100-hgx boot
+creates 61 files, 35 directories and one unnamed temporary file per command (40;
+counted with strace), so the cost of a new file matters: on the machine these figures
+come from it varied from 0.02 to 0.9 ms between directories and hours on the same
+ext4 (5 us on tmpfs). The output gives the median cost measured just before the runs,
+in the node directory and in the temp directory, to read the figure against a node's
+disk.
 """
 
 from __future__ import annotations
@@ -182,7 +182,9 @@ def main() -> str:
         "",
         f"{RUNS} interleaved runs per node; median (min-max) in ms. Overhead is wall minus",
         "every command's own duration minus the time downloads were in flight (from the",
-        "run's journal); the goal is at most 150 ms. Load average at the end: "
+        "run's journal: each index, Release file and artifact GET alone, so importing",
+        "requests before the first GET, gpgv and parsing count as overhead); the goal is",
+        "at most 150 ms. Load average at the end: "
         f"{load[0]:.1f}, {load[1]:.1f}, {load[2]:.1f} on {os.cpu_count()} cores.",
         "Nodes under "
         + _where(NODES)
