@@ -286,12 +286,17 @@ def entry() -> NoReturn:
     by one (about 30 ms on each boot, after the run has ended). By then every file bootfsm
     wrote is closed and fsynced and its worker threads have been joined; the standard
     streams are flushed here. A reader that went away (``bootfsm codes | head -1``) ends
-    the command quietly with 141, as a tool killed by SIGPIPE reports in a shell."""
+    the command quietly with 141, as a tool killed by SIGPIPE reports in a shell. Ctrl-C
+    before a command is running (while the parser or the command's module loads) ends it
+    with 130 and one line, as it does inside the command."""
     try:
         rc = main()
         sys.stdout.flush()
     except BrokenPipeError:
         rc = 128 + signal.SIGPIPE
+    except KeyboardInterrupt:
+        print("bootfsm: interrupted", file=sys.stderr)
+        rc = 130
     with contextlib.suppress(OSError, ValueError):
         sys.stderr.flush()
     os._exit(rc)

@@ -117,11 +117,60 @@ def test_ctrl_c_in_status_wait_exits_130_without_a_traceback(tmp_path: Path) -> 
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(1.0)  # let it reach the wait loop (no run on this node: it waits)
+    _until_sleeping(proc.pid)  # in the wait loop (no run on this node: it waits)
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=30)
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        why = _proc_signals(proc.pid)  # what the kernel says of the child, for the report
+        proc.kill()
+        proc.communicate()
+        raise AssertionError(f"SIGINT did not end bootfsm status --wait: {why}") from None
     assert proc.returncode == 130, (out, err)
     assert "Traceback" not in err and "interrupted" in err
+
+
+def test_ctrl_c_before_the_command_runs_exits_130_without_a_traceback() -> None:
+    """SIGINT while the parser or a command's module loads (main() has not reached the
+    command yet): one line and 130, as inside a command, not the interpreter's report."""
+    code = (
+        "import bootfsm.cli as c\n"
+        "def main(argv=None):\n"
+        "    raise KeyboardInterrupt\n"
+        "c.main = main\n"
+        "c.entry()\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 130, p.stderr
+    assert p.stderr == "bootfsm: interrupted\n"
+
+
+def _until_sleeping(pid: int, limit_s: float = 30.0) -> None:
+    """Wait until the child sleeps in nanosleep (its poll loop), per /proc/PID/wchan; a
+    kernel that hides wchan gets a fixed second instead."""
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        try:
+            wchan = Path(f"/proc/{pid}/wchan").read_text().strip()
+        except OSError:
+            return
+        if wchan in ("", "0"):
+            time.sleep(1.0)
+            return
+        if "nanosleep" in wchan:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"bootfsm status --wait never reached its wait loop: {_proc_signals(pid)}")
+
+
+def _proc_signals(pid: int) -> str:
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+        wchan = Path(f"/proc/{pid}/wchan").read_text().strip()
+    except OSError as exc:
+        return str(exc)
+    keep = [x for x in lines if x.startswith(("State", "Threads", "SigPnd", "ShdPnd", "Sig"))]
+    return f"wchan={wchan} " + " ".join(keep)
 
 
 def test_the_process_exit_keeps_every_byte_printed(
