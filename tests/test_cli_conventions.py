@@ -111,12 +111,19 @@ def test_run_commands_json_carry_schema_and_kind(make_world: MakeWorld) -> None:
 
 
 def test_ctrl_c_in_status_wait_exits_130_without_a_traceback(tmp_path: Path) -> None:
-    proc = subprocess.Popen(
-        [*BOOTFSM, "status", "--root", str(tmp_path), "--wait", "--timeout", "60"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    """Ctrl-C in a terminal: the child starts with SIGINT at its default, as a foreground
+    job does. (A suite started in the background by a shell without job control inherits
+    SIGINT ignored, and Python then keeps ignoring it: the child would sleep on.)"""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # reset at exec
+    try:
+        proc = subprocess.Popen(
+            [*BOOTFSM, "status", "--root", str(tmp_path), "--wait", "--timeout", "60"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    finally:
+        signal.signal(signal.SIGINT, before)
     _until_sleeping(proc.pid)  # in the wait loop (no run on this node: it waits)
     proc.send_signal(signal.SIGINT)
     try:
