@@ -86,6 +86,14 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         compileall.compile_dir(repo / tree, quiet=2)
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """End this process's shared signing key's gpg-agent (a daemon) and remove its home:
+    xdist workers end without running atexit handlers."""
+    from bootfsm.sim.artifacts_signing import close_shared
+
+    close_shared()
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """One line when tests were skipped because the real samples are absent."""
     from tests.samples import SKIP_REASON

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -107,6 +112,43 @@ def test_run_with_invalid_config_exits_10(
     cfg.write_text("[driver]\nmodule_type = 'closed'\n")
     assert main(["run", "--root", str(tmp_path), "--config", str(cfg)]) == 10
     assert "driver.module_type" in capsys.readouterr().err
+
+
+def _gpg_homes(tmp: Path) -> tuple[list[Path], list[int]]:
+    """Signing homes under ``tmp`` and the pids of processes whose command line names one."""
+    homes = sorted(tmp.glob("bootfsm-sim-gpg-*"))
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if str(tmp).encode() in (d / "cmdline").read_bytes():
+                    pids.append(int(d.name))
+            except OSError:
+                continue
+    return homes, pids
+
+
+def test_demo_leaves_no_gpg_agent_behind() -> None:
+    """The demo signs its mirror with a real gpg key, whose agent is a daemon: when the
+    demo ends, the agent is gone and its home removed (the console script ends with
+    os._exit, so this cannot be left to atexit)."""
+    # a short TMPDIR: gpg-agent's sockets live in its home (a unix socket path has 108 B)
+    with tempfile.TemporaryDirectory(prefix="bfsm-") as short:
+        tmp = Path(short)
+        p = subprocess.run(
+            [sys.executable, "-m", "bootfsm", "demo", "--sku", "gb300"],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=300,
+            env={**os.environ, "TMPDIR": str(tmp)},
+        )
+        homes, pids = _gpg_homes(tmp)
+        for pid in pids:  # leave nothing running even when the assertion fails
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert p.returncode == 0, p.stderr
+    assert (homes, pids) == ([], [])
 
 
 def test_demo_lists_faults_and_boots(tmp_path: object) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 from bootfsm.sim.artifacts_tools import ArtifactError, digests, run_tool
 
-__all__ = ["RepoSigner", "shared_signer", "sign_repository", "write_release"]
+__all__ = ["RepoSigner", "close_shared", "shared_signer", "sign_repository", "write_release"]
 
 _SIGNER_UID = "bootfsm simulator mirror <mirror@bootfsm.invalid>"
 _GPG_BATCH = ("--batch", "--quiet", "--no-tty", "--pinentry-mode", "loopback", "--passphrase", "")
@@ -92,12 +92,23 @@ _SHARED: RepoSigner | None = None
 
 def shared_signer() -> RepoSigner:
     """One signing key per process, made on first use (key generation and the agent's
-    start cost ~0.3 s; every world of a test session or the demo reuses it)."""
+    start cost ~0.3 s; every world of a test session or the demo reuses it). Its
+    gpg-agent is a daemon that outlives the process: ``close_shared`` ends it (the demo
+    and the test session call it; atexit is only a fallback, which a process ending in
+    os._exit, as the console script does, never runs)."""
     global _SHARED
     if _SHARED is None:
         _SHARED = RepoSigner()
-        atexit.register(_SHARED.close)
+        atexit.register(close_shared)
     return _SHARED
+
+
+def close_shared() -> None:
+    """Kill the shared signer's gpg-agent and remove its home, if one was made."""
+    global _SHARED
+    if _SHARED is not None:
+        _SHARED.close()
+        _SHARED = None
 
 
 def write_release(

@@ -15,6 +15,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from bootfsm.sim.artifacts_signing import close_shared
 from bootfsm.sim.world import FAULTS, World
 
 __all__ = ["run_demo"]
@@ -28,6 +29,13 @@ def run_demo(args: argparse.Namespace, show: Callable[[Path], None]) -> int:
         for name, text in FAULTS.items():
             print(f"{name:<28} {text}")
         return 0
+    try:
+        return _demo(args, show)
+    finally:
+        close_shared()  # the signing key's gpg-agent: a daemon, never left behind
+
+
+def _demo(args: argparse.Namespace, show: Callable[[Path], None]) -> int:
     with tempfile.TemporaryDirectory(prefix="bootfsm-demo-") as tmp:
         base = Path(args.keep) if args.keep else Path(tmp)
         base.mkdir(parents=True, exist_ok=True)
