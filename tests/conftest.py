@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,6 +37,20 @@ def make_world(tmp_path: Path) -> Iterator[MakeWorld]:
     yield make
     for w in worlds:
         w.__exit__(None, None, None)
+
+
+def processes_naming(base: Path) -> list[int]:
+    """Pids (not ours, not zombies) whose command line names a path under ``base``: the
+    stand-ins, gpg-agents and other processes a test started there."""
+    mine, needle, out = os.getpid(), str(base).encode(), []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == mine:
+            continue
+        with contextlib.suppress(OSError):
+            stat = (d / "stat").read_text()
+            if needle in (d / "cmdline").read_bytes() and stat.rsplit(")", 1)[1].split()[0] != "Z":
+                out.append(int(d.name))
+    return out
 
 
 def run_in_process(w: World, **opts: Any) -> RunResult:

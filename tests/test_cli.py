@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bootfsm.cli import main
-from tests.conftest import MakeWorld
+from tests.conftest import MakeWorld, processes_naming
 
 
 def test_plan_json_has_no_side_effects(
@@ -114,20 +114,6 @@ def test_run_with_invalid_config_exits_10(
     assert "driver.module_type" in capsys.readouterr().err
 
 
-def _gpg_homes(tmp: Path) -> tuple[list[Path], list[int]]:
-    """Signing homes under ``tmp`` and the pids of processes whose command line names one."""
-    homes = sorted(tmp.glob("bootfsm-sim-gpg-*"))
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if str(tmp).encode() in (d / "cmdline").read_bytes():
-                    pids.append(int(d.name))
-            except OSError:
-                continue
-    return homes, pids
-
-
 def test_demo_leaves_no_gpg_agent_behind() -> None:
     """The demo signs its mirror with a real gpg key, whose agent is a daemon: when the
     demo ends, the agent is gone and its home removed (the console script ends with
@@ -143,7 +129,7 @@ def test_demo_leaves_no_gpg_agent_behind() -> None:
             timeout=300,
             env={**os.environ, "TMPDIR": str(tmp)},
         )
-        homes, pids = _gpg_homes(tmp)
+        homes, pids = sorted(tmp.glob("bootfsm-sim-gpg-*")), processes_naming(tmp)
         for pid in pids:  # leave nothing running even when the assertion fails
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)

@@ -48,7 +48,7 @@ from bootfsm.observe.trace import load_run
 from bootfsm.sim.mirror import Fault, Stall, Throttle
 from bootfsm.sim.node import SKUS, simulate_reboot
 from bootfsm.sim.world import World
-from tests.conftest import MakeWorld
+from tests.conftest import MakeWorld, processes_naming
 
 STATE_DIR = "var/lib/bootfsm"
 CACHE_DIR = "var/cache/bootfsm"
@@ -274,23 +274,10 @@ def _install_gate(w: World, gate: Gate | None, gate_dir: Path) -> None:
     script.chmod(0o755)
 
 
-def _descendants_of(base: Path) -> list[int]:
-    """Pids (not ours) whose command line runs something under ``base``: our stand-ins."""
-    mine, needle, out = os.getpid(), str(base).encode(), []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit() or int(d.name) == mine:
-            continue
-        with contextlib.suppress(OSError):
-            stat = (d / "stat").read_text()
-            if needle in (d / "cmdline").read_bytes() and stat.rsplit(")", 1)[1].split()[0] != "Z":
-                out.append(int(d.name))
-    return out
-
-
 def _kill_leftovers(base: Path) -> None:
     """What systemd does when a unit's main process dies: kill the rest of the unit."""
     deadline = time.monotonic() + 10
-    while pids := _descendants_of(base):
+    while pids := processes_naming(base):
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
