@@ -114,15 +114,22 @@ def test_run_with_invalid_config_exits_10(
     assert "driver.module_type" in capsys.readouterr().err
 
 
-def test_demo_leaves_no_gpg_agent_behind() -> None:
-    """The demo signs its mirror with a real gpg key, whose agent is a daemon: when the
-    demo ends, the agent is gone and its home removed (the console script ends with
-    os._exit, so this cannot be left to atexit)."""
-    # a short TMPDIR: gpg-agent's sockets live in its home (a unix socket path has 108 B)
+def test_demo_lists_faults_boots_and_leaves_no_gpg_agent() -> None:
+    p = subprocess.run(
+        [sys.executable, "-m", "bootfsm", "demo", "--fault", "list"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert p.returncode == 0 and "checksum-mismatch" in p.stdout and "installer-hangs" in p.stdout
+    # The demo signs its mirror with a real gpg key, whose agent is a daemon: when the
+    # demo ends, the agent is gone and its home removed (the console script ends with
+    # os._exit, so this cannot be left to atexit). A short TMPDIR: gpg-agent's sockets
+    # live in its home, and a unix socket path has 108 bytes.
     with tempfile.TemporaryDirectory(prefix="bfsm-") as short:
         tmp = Path(short)
         p = subprocess.run(
-            [sys.executable, "-m", "bootfsm", "demo", "--sku", "gb300"],
+            [sys.executable, "-m", "bootfsm", "demo", "--sku", "h100-pcie"],
             capture_output=True,
             text=True,
             check=False,
@@ -134,26 +141,8 @@ def test_demo_leaves_no_gpg_agent_behind() -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     assert p.returncode == 0, p.stderr
-    assert (homes, pids) == ([], [])
-
-
-def test_demo_lists_faults_and_boots(tmp_path: object) -> None:
-    p = subprocess.run(
-        [sys.executable, "-m", "bootfsm", "demo", "--fault", "list"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert p.returncode == 0 and "checksum-mismatch" in p.stdout and "installer-hangs" in p.stdout
-    p = subprocess.run(
-        [sys.executable, "-m", "bootfsm", "demo", "--sku", "h100-pcie"],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
-    )
-    assert p.returncode == 0, p.stderr
     assert "bootfsm: OK code=0" in p.stdout and "verify" in p.stdout
+    assert (homes, pids) == ([], [])
     bad = subprocess.run(
         [sys.executable, "-m", "bootfsm", "demo", "--fault", "nope"],
         capture_output=True,
