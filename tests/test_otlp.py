@@ -236,3 +236,17 @@ def test_the_run_span_ends_at_run_end_not_at_later_warnings() -> None:
     [root] = trace_request(events)["resourceSpans"][0]["scopeSpans"][0]["spans"]
     assert int(root["endTimeUnixNano"]) - int(root["startTimeUnixNano"]) == 2_000_000_000
     assert [e["name"] for e in root["events"]] == ["warning"]
+
+
+def test_the_run_span_starts_at_run_start_not_at_the_journals_origin() -> None:
+    """The journal's clock starts when it is opened; run.start comes a few ms later (more
+    on a loaded node): the run span spans run.start to run.end, its timestamp's
+    instant, as the journal's events do."""
+    events = [
+        {"event": "run.start", "t": 0.25, "ts": "2026-12-01T10:00:00Z", "run_id": "abcd1234"},
+        {"event": "run.end", "t": 2.0, "code": 0, "code_name": "OK"},
+    ]
+    [root] = trace_request(events)["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    start, end = int(root["startTimeUnixNano"]), int(root["endTimeUnixNano"])
+    assert start == pytest.approx(1796119200 * 10**9, abs=1000)  # 2026-12-01T10:00:00Z
+    assert end - start == pytest.approx(1_750_000_000, abs=1000)  # ns, through a float

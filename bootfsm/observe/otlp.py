@@ -177,7 +177,8 @@ class _Builder:
         state = str(ev.get("state") or "")
         if not self.ended:  # the run span ends at run.end; later warnings are notes on it
             self.run.end = max(self.run.end, self.base + t)
-        if name == "run.start":
+        if name == "run.start":  # the run's span starts here, not at the journal's t=0
+            self.run.start = self.base + t
             self.run.attributes = _fields(ev)
         elif name == "state.enter":
             self._open_state(state, t, ev)
