@@ -32,7 +32,8 @@ def _marker(ctx: Context) -> str:
 
 
 def _containerd_major(ctx: Context) -> int:
-    r = ctx.require(["containerd", "--version"], code=Code.CONTAINERD_RESTART_FAILED, timeout=30)
+    argv, code = ["containerd", "--version"], Code.CONTAINERD_RESTART_FAILED
+    r = ctx.require(argv, code=code, timeout=30, die_with_bootfsm=False)  # only reads
     try:
         return parse_containerd_version(r.output)[0]
     except ParseError as exc:
@@ -103,7 +104,8 @@ def wire_containerd(ctx: Context, major: int) -> bool:
         ctx.event("containerd.import_added", config=CONFIG, entry=containerd.DROPIN_GLOB)
         changed = True
     argv = ["containerd", "--config", str(ctx.host.path(CONFIG)), "config", "dump"]
-    r, dump = ctx.host.capture(argv, timeout=max(0.0, min(30.0, ctx.remaining())))
+    limit = max(0.0, min(30.0, ctx.remaining()))
+    r, dump = ctx.host.capture(argv, timeout=limit, die_with_bootfsm=False)  # only reads
     if not r.ok:
         raise BootError(
             Code.CONTAINERD_CONFIG_INVALID,
@@ -123,7 +125,8 @@ def refresh_cdi(ctx: Context) -> None:
     """Regenerate the CDI spec: the toolkit's refresh unit when installed (reset-failed,
     restart), else `nvidia-ctk cdi generate`; CDI_REFRESH_FAILED when it fails."""
     if any(ctx.host.exists(f"{d}/{CDI_UNIT}") for d in CDI_UNIT_DIRS):
-        ctx.run(["systemctl", "reset-failed", CDI_UNIT, "nvidia-cdi-refresh.path"], timeout=15)
+        argv = ["systemctl", "reset-failed", CDI_UNIT, "nvidia-cdi-refresh.path"]
+        ctx.run(argv, timeout=15, die_with_bootfsm=False)
         systemctl(ctx, "restart", CDI_UNIT, code=Code.CDI_REFRESH_FAILED, what="CDI refresh")
         return
     ctx.host.makedirs(CDI_SPEC.rsplit("/", 1)[0])
@@ -133,7 +136,11 @@ def refresh_cdi(ctx: Context) -> None:
     if r.ok:
         records.track(ctx, CDI_SPEC, before)
         return
-    smi = ctx.run(["nvidia-smi", "-q"], timeout=120) if EMPTY_DEVICE_EDITS in r.output else None
+    smi = (
+        ctx.run(["nvidia-smi", "-q"], timeout=120, die_with_bootfsm=False)
+        if EMPTY_DEVICE_EDITS in r.output
+        else None
+    )
     case = tolerated_case(r.output, mig_modes(smi.output) if smi and smi.ok else [])
     if case is None or r.timed_out:
         code = ctx.state_row.timeout_code if r.timed_out and ctx.state_row else None

@@ -48,7 +48,7 @@ def _layout(ctx: Context) -> tuple[MigItem, ...]:
 
 
 def _gpus(ctx: Context) -> tuple[SmiGpu, ...]:
-    r = ctx.run([SMI, "-q", "-x"], timeout=60)
+    r = ctx.run([SMI, "-q", "-x"], timeout=60, die_with_bootfsm=False)  # only reads
     if not r.ok:
         raise TransientError(Code.MIG_CONFIG_FAILED, f"nvidia-smi -q -x exit {r.returncode}")
     try:

@@ -137,7 +137,8 @@ def test_a_command_dies_with_bootfsm_unless_it_is_a_read_only_probe(
     import subprocess
     import time
 
-    tag = f"{os.getpid() % 1000}.{int(die_with_bootfsm)}7"  # a `sleep` nobody else runs
+    # a `sleep` nobody else runs, long past the 5 s watched below whatever the pid
+    tag = f"{1000 + os.getpid() % 1000}.{int(die_with_bootfsm)}7"
     code = (
         "from pathlib import Path; from bootfsm.host.host import Host; "
         f"Host(Path('/')).run(['sleep', {tag!r}], timeout=60, die_with_bootfsm={die_with_bootfsm})"
@@ -175,7 +176,46 @@ def test_context_starts_probes_untied_and_actions_tied_to_bootfsm(tmp_path: Path
     ctx.run(["true"], timeout=10, probe=True)
     ctx.run(["true"], timeout=10)
     ctx.require(["true"], code=Code.HOST_IO_ERROR, timeout=10)
-    assert seen == [False, True, True]
+    ctx.run(["true"], timeout=10, die_with_bootfsm=False)  # a reader that is no probe
+    ctx.require(["true"], code=Code.HOST_IO_ERROR, timeout=10, die_with_bootfsm=False)
+    assert seen == [False, True, True, False, False]
+
+
+def test_systemctl_verbs_are_not_tied_to_bootfsm(tmp_path: Path) -> None:
+    """`systemctl start` asks PID 1, which carries the job out whether systemctl lives or
+    not, so killing it with bootfsm would save nothing: it starts untied (vfork)."""
+    from bootfsm.core.config import parse_config
+    from bootfsm.install.units import systemctl
+    from bootfsm.machine.context import Context
+    from bootfsm.observe.journal import Journal
+
+    seen: list[tuple[str, bool]] = []
+
+    class Recording(Host):
+        def run(self, argv, *, timeout, die_with_bootfsm=True, **kw):  # type: ignore[no-untyped-def,override]
+            seen.append((argv[1], die_with_bootfsm))
+            return super().run(argv, timeout=timeout, die_with_bootfsm=die_with_bootfsm, **kw)
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "systemctl").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "systemctl").chmod(0o755)
+    host = Recording(tmp_path, env={"PATH": str(bin_dir)})
+    ctx = Context.create(parse_config({}), host, Journal(None, run_id="t"))
+    systemctl(ctx, "start", "kubelet.service", code=Code.KUBELET_NOT_HEALTHY)
+    systemctl(ctx, "daemon-reload", code=Code.KUBELET_NOT_HEALTHY)
+    assert seen == [("start", False), ("daemon-reload", False)]
+
+
+@pytest.mark.parametrize("die_with_bootfsm", [True, False])
+def test_spawn_s_is_bootfsms_part_of_a_commands_duration(
+    tmp_path: Path, die_with_bootfsm: bool
+) -> None:
+    """``spawn_s`` ends at the command's exec: a command that sleeps 0.3 s has a
+    duration past 0.3 s and a spawn a small part of it, whichever way it started."""
+    r = Host(tmp_path).run(["sleep", "0.3"], timeout=10, die_with_bootfsm=die_with_bootfsm)
+    assert r.ok and r.duration_s >= 0.3
+    assert 0 < r.spawn_s < 0.15, r
 
 
 def test_postconditions_share_answers_until_something_acts(tmp_path: Path) -> None:

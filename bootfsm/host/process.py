@@ -71,7 +71,10 @@ class CommandResult:
     """What one command did: argv, exit code, duration and its whole output.
 
     ``output`` is everything the command printed (stdout and stderr together, at most
-    ``OUTPUT_LIMIT_BYTES``); ``tail`` is the part fit to journal or show.
+    ``OUTPUT_LIMIT_BYTES``); ``tail`` is the part fit to journal or show. ``spawn_s`` is
+    the part of ``duration_s`` that was bootfsm's own: from the start (its output file
+    made) to the command's exec (about 0.3 ms by vfork; 2-4 ms by the fork that the
+    parent-death hook needs, on a VM).
     """
 
     argv: tuple[str, ...]
@@ -79,6 +82,7 @@ class CommandResult:
     duration_s: float
     output: str
     timed_out: bool = False
+    spawn_s: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -166,9 +170,11 @@ class Commands:
         ``BootError(HOST_IO_ERROR)`` (the command's tail is still journaled). On timeout
         the whole process group gets SIGTERM, then SIGKILL; if bootfsm itself dies, the
         command gets SIGKILL (parent-death signal), unless ``die_with_bootfsm`` is False:
-        a read-only question left running harms nothing, and without the signal's
-        pre-exec hook the child is started with vfork, about 1.5 ms sooner. A command
-        not on PATH raises ``BootError(COMMAND_MISSING)``.
+        a command that only reads, or only asks a daemon to act (systemctl: PID 1 carries
+        out the job whether systemctl lives or not), harms nothing left running, and
+        without the signal's pre-exec hook the child is started with vfork, 2-4 ms
+        sooner on a VM (a fork copies bootfsm's page tables). A command not on PATH
+        raises ``BootError(COMMAND_MISSING)``.
         """
         exe = self.which(argv[0])
         if exe is None:
@@ -176,13 +182,13 @@ class Commands:
         full_env = {**self.env, "LC_ALL": "C.UTF-8", **(env or {})}
         start = self.monotonic()
         with tempfile.TemporaryFile() as out:
-            proc, timed_out = self._spawn_wait(
+            proc, timed_out, spawned = self._spawn_wait(
                 exe, argv, out, subprocess.STDOUT, full_env, cwd, timeout, die_with_bootfsm
             )
             size = out.seek(0, os.SEEK_END)
             out.seek(size - OUTPUT_TAIL_BYTES if size > OUTPUT_LIMIT_BYTES else 0)
             captured = out.read().decode("utf-8", errors="replace")
-        result = self._finished(argv, proc, start, captured, timed_out)
+        result = self._finished(argv, proc, start, spawned, captured, timed_out)
         if size > OUTPUT_LIMIT_BYTES:
             raise BootError(
                 Code.HOST_IO_ERROR,
@@ -193,7 +199,12 @@ class Commands:
         return result
 
     def capture(
-        self, argv: Sequence[str], *, timeout: float, max_bytes: int = 1 << 20
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        max_bytes: int = 1 << 20,
+        die_with_bootfsm: bool = True,
     ) -> tuple[CommandResult, str]:
         """Run argv (no shell) like ``run``, but keep its standard output whole (up to
         ``max_bytes``) for commands whose output is data (``containerd config dump`` is
@@ -204,19 +215,22 @@ class Commands:
         start = self.monotonic()
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             env = {**self.env, "LC_ALL": "C.UTF-8"}
-            proc, timed_out = self._spawn_wait(exe, argv, out, err, env, None, timeout, True)
+            proc, timed_out, spawned = self._spawn_wait(
+                exe, argv, out, err, env, None, timeout, die_with_bootfsm
+            )
             out.seek(0)
             data = out.read(max_bytes).decode("utf-8", errors="replace")
             size = err.seek(0, os.SEEK_END)
             err.seek(max(0, size - OUTPUT_TAIL_BYTES))
             tail = err.read().decode("utf-8", errors="replace")
-        return self._finished(argv, proc, start, tail, timed_out), data
+        return self._finished(argv, proc, start, spawned, tail, timed_out), data
 
     def _finished(
         self,
         argv: Sequence[str],
         proc: subprocess.Popen[bytes],
         start: float,
+        spawned: float,
         output: str,
         timed_out: bool,
     ) -> CommandResult:
@@ -227,6 +241,7 @@ class Commands:
             duration_s=round(self.monotonic() - start, 4),
             output=output,
             timed_out=timed_out,
+            spawn_s=round(spawned - start, 4),
         )
         if self.on_command is not None:
             self.on_command(result)
@@ -242,10 +257,10 @@ class Commands:
         cwd: Path | None,
         timeout: float,
         die_with_bootfsm: bool,
-    ) -> tuple[subprocess.Popen[bytes], bool]:
+    ) -> tuple[subprocess.Popen[bytes], bool, float]:
         """Start argv in its own session (stdin closed; SIGKILL if bootfsm dies, when
         ``die_with_bootfsm``) and wait at most ``timeout``; past it the whole group is
-        killed. (process, timed out)."""
+        killed. (process, timed out, monotonic time of its exec: Popen returns then)."""
         try:
             proc = subprocess.Popen(
                 [exe, *argv[1:]],
@@ -259,12 +274,13 @@ class Commands:
             )
         except OSError as exc:
             raise _exec_error(exe, exc) from exc
+        spawned = self.monotonic()
         self._child = proc
         try:
             if _wait_exact(proc, max(timeout, 0.01)):
-                return proc, False
+                return proc, False, spawned
             self._kill_group(proc)
-            return proc, True
+            return proc, True, spawned
         finally:
             self._child = None
 

@@ -81,7 +81,7 @@ class Daemon:
         if state.active:
             return
         if reset_failed:
-            ctx.run(["systemctl", "reset-failed", self.unit], timeout=15)
+            ctx.run(["systemctl", "reset-failed", self.unit], timeout=15, die_with_bootfsm=False)
         what = f"systemctl start {self.unit} failed"
         systemctl(ctx, "start", self.unit, code=self.code, timeout=self.start_timeout, what=what)
         records.unit_done(ctx, "start", self.unit)

@@ -120,7 +120,7 @@ def _load(ctx: Context) -> None:
 def _smi_answers(ctx: Context, seen: list[str]) -> bool | None:
     """One nvidia-smi try: True when it answers, None to try again (its failure appended
     to ``seen``); a version mismatch is final (DRIVER_LIBRARY_MISMATCH)."""
-    r = ctx.run(["nvidia-smi"], timeout=120)
+    r = ctx.run(["nvidia-smi"], timeout=120, die_with_bootfsm=False)  # only reads
     failure = classify_smi_failure(r.output)
     if failure is SmiFailure.DRIVER_LIBRARY_MISMATCH:
         raise BootError(

@@ -86,5 +86,7 @@ def unit_state(ctx: Context, unit: str) -> UnitState:
 def systemctl(
     ctx: Context, *args: str, code: Code, timeout: float = 60.0, what: str = ""
 ) -> CommandResult:
-    """Run `systemctl ARGS`; raise with ``code`` when it fails."""
-    return ctx.require(["systemctl", *args], code=code, timeout=timeout, what=what)
+    """Run `systemctl ARGS`; raise with ``code`` when it fails. Not tied to bootfsm's
+    life: PID 1 carries out the job whether systemctl lives or not."""
+    argv = ["systemctl", *args]
+    return ctx.require(argv, code=code, timeout=timeout, what=what, die_with_bootfsm=False)

@@ -145,6 +145,7 @@ class Context:
         *,
         timeout: float | None = None,
         probe: bool = False,
+        die_with_bootfsm: bool | None = None,
         **kw: Any,
     ) -> CommandResult:
         """Run a command bounded by ``timeout`` and what remains; journaled by the host hook.
@@ -153,7 +154,9 @@ class Context:
         (`dpkg-query` of a package not yet installed, `systemctl is-active` answering 3):
         its journal event carries ``probe: true`` at level info, and `trace --html`
         draws it neutral; a probe only reads, so it is not tied to bootfsm's life
-        (``Host.run``'s ``die_with_bootfsm``). Raises the time error when the remaining
+        (``Host.run``'s ``die_with_bootfsm``, which defaults to ``not probe``: pass False
+        for a command that is not a probe but harms nothing left running, one that only
+        reads or only asks a daemon to act). Raises the time error when the remaining
         budget, not ``timeout``, cut it short.
         """
         key, keep = tuple(argv), probe and self.asking_ and not kw
@@ -167,7 +170,8 @@ class Context:
         limit = budget if timeout is None else min(timeout, budget)
         self.probing = probe
         try:
-            result = self.host.run(argv, timeout=limit, die_with_bootfsm=not probe, **kw)
+            tied = not probe if die_with_bootfsm is None else die_with_bootfsm
+            result = self.host.run(argv, timeout=limit, die_with_bootfsm=tied, **kw)
         finally:
             self.probing = False
         if result.timed_out and (timeout is None or budget <= timeout):

@@ -169,6 +169,7 @@ class Session:
             argv=list(r.argv),
             rc=r.returncode,
             duration_s=r.duration_s,
+            spawn_s=r.spawn_s,
             timed_out=r.timed_out,
             output=r.output[-2000:],
             **({"probe": True} if probe else {}),
