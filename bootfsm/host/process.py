@@ -73,7 +73,7 @@ class CommandResult:
     ``output`` is everything the command printed (stdout and stderr together, at most
     ``OUTPUT_LIMIT_BYTES``); ``tail`` is the part fit to journal or show. ``spawn_s`` is
     the part of ``duration_s`` that was bootfsm's own: from the start (its output file
-    made) to the command's exec (about 0.3 ms by vfork; 2-4 ms by the fork that the
+    made) to the command's exec (under 1 ms by vfork; 3-9 ms by the fork that the
     parent-death hook needs, on a VM).
     """
 
@@ -172,7 +172,7 @@ class Commands:
         command gets SIGKILL (parent-death signal), unless ``die_with_bootfsm`` is False:
         a command that only reads, or only asks a daemon to act (systemctl: PID 1 carries
         out the job whether systemctl lives or not), harms nothing left running, and
-        without the signal's pre-exec hook the child is started with vfork, 2-4 ms
+        without the signal's pre-exec hook the child is started with vfork, 3-9 ms
         sooner on a VM (a fork copies bootfsm's page tables). A command not on PATH
         raises ``BootError(COMMAND_MISSING)``.
         """
