@@ -10,7 +10,7 @@ from bootfsm.install import containerd, records
 from bootfsm.install.cdi import EMPTY_DEVICE_EDITS, mig_modes, tolerated_case
 from bootfsm.install.containerd import CONFIG, DROPIN, ContainerdConfigError
 from bootfsm.install.daemons import CONTAINERD, KUBELET
-from bootfsm.install.units import systemctl
+from bootfsm.install.units import reset_failed, systemctl
 from bootfsm.machine.context import Context
 from bootfsm.parsers import ParseError
 from bootfsm.parsers.driver_info import parse_containerd_version
@@ -125,8 +125,7 @@ def refresh_cdi(ctx: Context) -> None:
     """Regenerate the CDI spec: the toolkit's refresh unit when installed (reset-failed,
     restart), else `nvidia-ctk cdi generate`; CDI_REFRESH_FAILED when it fails."""
     if any(ctx.host.exists(f"{d}/{CDI_UNIT}") for d in CDI_UNIT_DIRS):
-        argv = ["systemctl", "reset-failed", CDI_UNIT, "nvidia-cdi-refresh.path"]
-        ctx.run(argv, timeout=15, die_with_bootfsm=False)
+        reset_failed(ctx, CDI_UNIT, "nvidia-cdi-refresh.path")
         systemctl(ctx, "restart", CDI_UNIT, code=Code.CDI_REFRESH_FAILED, what="CDI refresh")
         return
     ctx.host.makedirs(CDI_SPEC.rsplit("/", 1)[0])

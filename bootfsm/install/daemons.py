@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError
-from bootfsm.install import records
+from bootfsm.install import records, units
 from bootfsm.install.units import UnitState, systemctl, unit_state, unit_states
 from bootfsm.machine.context import Context
 
@@ -50,8 +50,8 @@ class Daemon:
         every daemon here (``ALL``): inside ``ctx.asking`` every postcondition's unit
         question is then answered by one command (`is-enabled` and `is-active` answer
         from the same UnitFileState and ActiveState)."""
-        units = [d.unit for d in ALL] if self in ALL else [self.unit]
-        found = unit_states(ctx, units).get(self.unit)
+        names = [d.unit for d in ALL] if self in ALL else [self.unit]
+        found = unit_states(ctx, names).get(self.unit)
         return found if found is not None else unit_state(ctx, self.unit)
 
     def configured(self, ctx: Context) -> bool:
@@ -81,7 +81,7 @@ class Daemon:
         if state.active:
             return
         if reset_failed:
-            ctx.run(["systemctl", "reset-failed", self.unit], timeout=15, die_with_bootfsm=False)
+            units.reset_failed(ctx, self.unit)
         what = f"systemctl start {self.unit} failed"
         systemctl(ctx, "start", self.unit, code=self.code, timeout=self.start_timeout, what=what)
         records.unit_done(ctx, "start", self.unit)

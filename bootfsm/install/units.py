@@ -16,6 +16,7 @@ __all__ = [
     "is_active",
     "parse_show",
     "parse_show_units",
+    "reset_failed",
     "systemctl",
     "unit_state",
     "unit_states",
@@ -90,3 +91,10 @@ def systemctl(
     life: PID 1 carries out the job whether systemctl lives or not."""
     argv = ["systemctl", *args]
     return ctx.require(argv, code=code, timeout=timeout, what=what, die_with_bootfsm=False)
+
+
+def reset_failed(ctx: Context, *units: str) -> None:
+    """`systemctl reset-failed UNITS`, so that a start is not refused for an earlier
+    failure; its answer is not checked (a unit never failed, or not loaded, says so).
+    Untied, as ``systemctl``."""
+    ctx.run(["systemctl", "reset-failed", *units], timeout=_QUERY_TIMEOUT, die_with_bootfsm=False)
