@@ -88,7 +88,9 @@ def systemctl(
     ctx: Context, *args: str, code: Code, timeout: float = 60.0, what: str = ""
 ) -> CommandResult:
     """Run `systemctl ARGS`; raise with ``code`` when it fails. Not tied to bootfsm's
-    life: PID 1 carries out the job whether systemctl lives or not."""
+    life: PID 1 carries out the job whether systemctl lives or not (systemctl(1),
+    --no-block: without it the job is enqueued and systemctl only waits for it; offline,
+    as in an image chroot, enable and disable are idempotent link edits)."""
     argv = ["systemctl", *args]
     return ctx.require(argv, code=code, timeout=timeout, what=what, die_with_bootfsm=False)
 
