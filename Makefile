@@ -89,7 +89,7 @@ fmt: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 
 bench: $(STAMP)
-	@$(MAKE) --no-print-directory _apt WANT="makeself:makeself dpkg-deb:dpkg xz:xz-utils curl:curl jq:jq"
+	@$(MAKE) --no-print-directory _apt WANT="makeself:makeself dpkg-deb:dpkg xz:xz-utils curl:curl jq:jq strace:strace"
 	$(PY) bench/run.py
 
 # fuzz every reader of outside input for FUZZ_SECONDS (make fuzz FUZZ_SECONDS=3600)

@@ -14,18 +14,18 @@ after run (``BENCH_ENGINE_RUNS``, default 7). From the run's own journal:
   imports, config, the engine, journal, hashing, parsing).
 
 Side by side: the interpreter alone (``python3 -c pass``), and the same node's rerun
-(every state satisfied; nothing to download, run, or hash). bootfsm runs from a node
-install (bench/node_install.py: the wheel's files, byte-compiled, its console script),
-not from the development venv's editable install.
+(every state satisfied; nothing to download, run, or hash).
 
-The simulated nodes live under ``BENCH_ENGINE_DIR`` (default ``build/bench-engine`` in
-the checkout: the checkout's disk, as a node's root is its disk). An h100-hgx boot
-creates 61 files, 35 directories and one unnamed temporary file per command (40;
-counted with strace), so the cost of a new file matters: on the machine these figures
-come from it varied from 0.02 to 0.9 ms between directories and hours on the same
-ext4 (5 us on tmpfs). The output gives the median cost measured just before the runs,
-in the node directory and in the temp directory, to read the figure against a node's
-disk.
+The floor: what a boot of this shape costs before any of bootfsm's own work runs,
+measured, not assumed. One untimed census boot per node lists the modules it loads
+(``-X importtime``), another counts the fsyncs of bootfsm's own threads, not of the
+commands it runs (``strace -f -y``; a directory's told from a file's after the run).
+The runs also time ``import`` of those modules alone (the run's code loaded, nothing
+run, paired per run). A file's and a directory's fsync and a vfork ``Popen`` (the
+cheapest start of a command from Python) are timed in the node directory. floor =
+the process that imports the three libraries and exits + fsyncs at their cost +
+commands at the vfork start;
+with the run's code loaded in place of the libraries alone, the second floor.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ from __future__ import annotations
 import compileall
 import json
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -61,6 +63,81 @@ def _create_ms(where: Path, n: int = 200) -> float:
             os.close(os.open(f"{d}/f{i}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
             ts.append(time.perf_counter() - t0)
     return statistics.median(ts) * 1000
+
+
+def _fsync_ms(where: Path, n: int = 100) -> tuple[float, float]:
+    """Median milliseconds of one fsync of a new 4 KiB file, and of its directory's,
+    in ``where`` (the atomic write: temporary file, fsync, rename, fsync the directory)."""
+    files, dirs = [], []
+    with tempfile.TemporaryDirectory(dir=where) as d:
+        dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for i in range(n):
+                fd = os.open(f"{d}/f{i}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                os.write(fd, b"x" * 4096)
+                t0 = time.perf_counter()
+                os.fsync(fd)
+                files.append(time.perf_counter() - t0)
+                os.close(fd)
+                os.rename(f"{d}/f{i}", f"{d}/g{i}")
+                t0 = time.perf_counter()
+                os.fsync(dfd)
+                dirs.append(time.perf_counter() - t0)
+        finally:
+            os.close(dfd)
+    return statistics.median(files) * 1000, statistics.median(dirs) * 1000
+
+
+def _vfork_ms(n: int = 100) -> float:
+    """Median milliseconds for ``Popen`` of ``true`` to return (vfork and exec, no
+    pre-exec hook: the cheapest start of a command from Python)."""
+    true, ts = shutil.which("true") or "/bin/true", []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        p = subprocess.Popen([true], stdout=subprocess.DEVNULL)
+        ts.append(time.perf_counter() - t0)
+        p.wait()
+    return statistics.median(ts) * 1000
+
+
+def _census(sku: str, where: Path) -> tuple[list[str], int, int]:
+    """(bootfsm modules a boot loads, its file fsyncs, its directory fsyncs): two
+    untimed boots of fresh ``sku`` nodes, one under ``-X importtime``, one under strace
+    (fsyncs 0, 0 without strace on PATH)."""
+    with World(where / f"census-{sku}-imports", sku) as w:
+        argv = [str(node_install.PYTHON), "-X", "importtime", *node_install.argv(*w.argv()[3:])]
+        p = subprocess.run(argv, env=node_install.env(w.env()), capture_output=True)  # not in
+        # the environment: the stand-ins are Python too, and would print theirs
+        if p.returncode != 0:
+            raise SystemExit(f"bench_engine: {sku} census boot exited {p.returncode}")
+    mods = [
+        line.rsplit("|", 1)[1].strip()
+        for line in p.stderr.decode(errors="replace").splitlines()
+        if line.startswith("import time:") and "|" in line
+    ]
+    mods = [m for m in mods if m == "bootfsm" or m.startswith("bootfsm.")]
+    strace = shutil.which("strace")
+    if not strace:
+        return mods, 0, 0
+    with World(where / f"census-{sku}-fsyncs", sku) as w:
+        log = where / f"census-{sku}.strace"
+        argv = [strace, "-f", "-qq", "-y", "-e", "trace=fsync,fdatasync,execve", "-o", str(log)]
+        p = subprocess.run(
+            [*argv, *node_install.argv(*w.argv()[3:])],
+            env=node_install.env(w.env()),
+            capture_output=True,
+        )
+        if p.returncode != 0:
+            raise SystemExit(f"bench_engine: {sku} strace boot exited {p.returncode}")
+        lines = log.read_text().splitlines()
+        ran = {ln.split()[0] for ln in lines[1:] if " execve(" in ln}  # commands, not threads
+        paths = [
+            m.group(2)
+            for m in (re.match(r"(\d+) +f(?:data)?sync\(\d+<([^>]*)>\) = 0", ln) for ln in lines)
+            if m and m.group(1) not in ran
+        ]
+        dirs = sum(1 for x in paths if os.path.isdir(x))  # files were renamed: gone
+    return mods, len(paths) - dirs, dirs
 
 
 def _journal(w: World) -> list[dict[str, object]]:
@@ -140,6 +217,7 @@ def main() -> str:
             "cmds": [],
             "spawning": [],
             "floor": [],
+            "code": [],
         }
         for s in SKUS
     }
@@ -151,7 +229,10 @@ def main() -> str:
     NODES.mkdir(parents=True, exist_ok=True)
     tmp = tempfile.gettempdir()
     create = {str(NODES): _create_ms(NODES), tmp: _create_ms(Path(tmp))}
+    fsync_ms = _fsync_ms(NODES)
+    vfork_ms = _vfork_ms()
     with tempfile.TemporaryDirectory(dir=NODES) as d:
+        census = {sku: _census(sku, Path(d)) for sku in SKUS}
         for i in range(RUNS):
             order = SKUS if i % 2 == 0 else tuple(reversed(SKUS))
             for sku in order:
@@ -178,6 +259,10 @@ def main() -> str:
                 subprocess.run([str(python), "-c", deps_code], check=True)
                 deps.append(time.perf_counter() - t0)
                 c["floor"].append(deps[-1])  # paired with this run's overhead
+                code = f"import {', '.join(census[sku][0])}, os; os._exit(0)"
+                t0 = time.perf_counter()  # cwd: not the source tree, which -c puts on the path
+                subprocess.run([str(python), "-c", code], check=True, cwd=node_install.NODE)
+                c["code"].append(time.perf_counter() - t0)
                 t0 = time.perf_counter()
                 subprocess.run([str(python), "-c", rerun_code], check=True)
                 rerun_deps.append(time.perf_counter() - t0)
@@ -234,8 +319,52 @@ def main() -> str:
         "made at different times): "
         + "; ".join(f"{sku} {_spread(_ratio(cells[sku]), 1.0, '{:.2f}')}x" for sku in SKUS)
         + ".",
+        "",
+        *_floor_lines(cells, census, deps, fsync_ms, vfork_ms),
     ]
     return "\n".join(out) + "\n"
+
+
+def _floor_lines(
+    cells: dict[str, dict[str, list[float]]],
+    census: dict[str, tuple[list[str], int, int]],
+    deps: list[float],
+    fsync_ms: tuple[float, float],
+    vfork_ms: float,
+) -> list[str]:
+    """The floor table: each boot's census at the measured unit costs, in ms."""
+    out = [
+        f"The floor (see the module docstring): a file's fsync in the node directory took "
+        f"{fsync_ms[0]:.2f} ms, a directory's {fsync_ms[1]:.2f} ms, a vfork `Popen` of "
+        f"`true` {vfork_ms:.2f} ms (medians of 100).",
+        "",
+        "| simulated node | interpreter + three libraries | fsyncs (files + directories) "
+        "| starting the commands by vfork | **floor** | the run's code loaded instead "
+        "(modules, nothing run) | floor with the code | left of the 150 ms goal for "
+        "all of bootfsm's own work |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    base = statistics.median(deps) * 1000  # a whole process: the interpreter's start too
+    for sku in SKUS:
+        mods, files, dirs = census[sku]
+        fs = files * fsync_ms[0] + dirs * fsync_ms[1]
+        starts = statistics.median(cells[sku]["cmds"]) * vfork_ms
+        code = statistics.median(cells[sku]["code"]) * 1000
+        fsyncs = f"{files} + {dirs}: {fs:.0f}" if files + dirs else "- (no strace)"
+        out.append(
+            f"| {sku} | {base:.0f} | {fsyncs} | {starts:.0f} | **{base + fs + starts:.0f}** | "
+            f"{code:.0f} ({len(mods)} modules) | {code + fs + starts:.0f} | "
+            f"{GOAL_S * 1000 - (base + fs + starts):.0f} |"
+        )
+    out += [
+        "",
+        "No change to bootfsm's own code moves the floor: the interpreter, the design",
+        "card's libraries, one fsync per file a boot must not lose (temporary file, fsync,",
+        "rename, fsync the directory) and one process per command. The last column is",
+        "what all of bootfsm's own work (config, engine, journal, parsers, the files it",
+        "writes, its module imports) would have to fit in to meet the goal.",
+    ]
+    return out
 
 
 if __name__ == "__main__":
