@@ -289,3 +289,15 @@ def test_garbled_output_is_transient(tmp_path: Path) -> None:
         verify.run(node.ctx)
     assert err.value.code is Code.DRIVER_NOT_STARTED
     assert "unreadable" in err.value.message
+
+
+def test_a_real_h200_nodes_own_report_passes(tmp_path: Path) -> None:
+    """tests/captures/h200_580.159.04: one H200 SXM in a VM without NVSwitch (fabric N/A),
+    its `nvidia-smi -q -x` as it printed it there: nothing to wait for, nothing warned."""
+    capture = Path(__file__).resolve().parent / "captures/h200_580.159.04/smi-qx.xml"
+    node = Node(tmp_path, "x86_64", 0x2335, 1)
+    node.outputs(capture.read_text())
+    assert verify.satisfied(node.ctx)
+    verify.run(node.ctx)
+    assert node.events("warning") == [] and node.events("fabric.waiting") == []
+    assert node.calls == 2
