@@ -244,7 +244,7 @@ def test_arm64_image_prefetches_imex_and_bakes_the_open_module(
     with no_gpus(w):
         assert main(["bake", "--root", str(w.root)]) == 0
     line = capsys.readouterr().out
-    assert "baked driver 570.211.01 (cuda, open)" in line and "did: fetch," in line
+    assert "baked driver 580.159.04 (cuda, open)" in line and "did: fetch," in line
     assert any(e.path.endswith(".deb") and "nvidia-imex" in e.path for e in w.mirror.log)
     simulate_reboot(w.root)
     n = len(w.calls())
@@ -304,14 +304,14 @@ def test_install_false_loads_the_image_driver_and_says_why_it_skipped(
 
 
 def _m(**kw: str) -> Marker:
-    base = {"kernel": KERNEL, "driver_version": "570.211.01", "driver_kind": "cuda"}
+    base = {"kernel": KERNEL, "driver_version": "580.159.04", "driver_kind": "cuda"}
     return Marker(**{**base, "arch": "x86_64", "module_type": "open", **kw})
 
 
 def test_marker_round_trip_and_the_bash_marker() -> None:
     m = _m(runfile_sha256="ab" * 32, config_digest="0123456789abcdef", baked_at="t")
     assert parse_marker(render_marker(m)) == m
-    bash = f"kernel={KERNEL}\ndriver_version=570.211.01\ndriver_kind=cuda\narch=x86_64\n"
+    bash = f"kernel={KERNEL}\ndriver_version=580.159.04\ndriver_kind=cuda\narch=x86_64\n"
     legacy = parse_marker("# written by install.sh\n" + bash + "future_key=1\n")
     assert (legacy.kernel, legacy.module_type, legacy.source) == (KERNEL, "", "bake")
     with pytest.raises(ValueError, match="lacks driver_kind=, arch="):

@@ -48,7 +48,7 @@ def test_plan_json_has_no_side_effects(
     assert {"runfile", "fabricmanager", "nvidia-container-toolkit"} <= set(names)
     assert all(len(a["sha256"]) == 64 for a in plan["artifacts"])
     assert names["fabricmanager"]["url"].endswith(
-        "fabricmanager/linux-x86_64/fabricmanager-linux-x86_64-570.211.01-archive.tar.xz"
+        "fabricmanager/linux-x86_64/fabricmanager-linux-x86_64-580.159.04-archive.tar.xz"
     )
     installs = [
         c

@@ -168,7 +168,7 @@ def test_stale_driver_is_unloaded_then_replaced(make_world: MakeWorld) -> None:
     result = run_in_process(w)
     assert result.outcome.ok, result.outcome.message
     assert ["-r", "nvidia"] in _cmds(w, "modprobe")
-    assert (w.root / "sys/module/nvidia/version").read_text().strip() == "570.211.01"
+    assert (w.root / "sys/module/nvidia/version").read_text().strip() == "580.159.04"
 
 
 def test_rerun_on_a_provisioned_node_invokes_no_installer(make_world: MakeWorld) -> None:

@@ -128,3 +128,24 @@ def test_fabric_probe_by_family() -> None:
     assert has_fabric_probe(model_for(0x2330))
     assert has_fabric_probe(model_for(0x31C2))
     assert has_fabric_probe(model_for(0x1234))  # unknown ids are judged by what they report
+
+
+def test_every_gpu_in_the_table_has_its_branches_and_the_default_driver_drives_it() -> None:
+    """The default driver (docs/config.md) must drive every GPU bootfsm knows: a row of
+    SUPPORTED_BRANCHES per model, and the default's branch inside each row's range."""
+    from bootfsm.core.config import DEFAULTS
+    from bootfsm.core.hardware import SUPPORTED_BRANCHES, branch_problem
+
+    assert set(SUPPORTED_BRANCHES) == set(GPU_MODELS)
+    assert branch_problem(DEFAULTS.driver.version, GPU_MODELS.values()) is None
+
+
+def test_a_branch_too_old_for_a_gpu_is_named() -> None:
+    from bootfsm.core.hardware import branch_problem
+
+    gb300, h100 = model_for(0x31C2), model_for(0x2330)
+    assert branch_problem("570.211.01", [h100, gb300]) == (
+        "GB300 needs driver branch R580 or newer; 570.211.01 is R570"
+    )
+    assert branch_problem("570.211.01", [h100]) is None
+    assert branch_problem("470.82.01", [model_for(0x1234)]) is None  # unknown: not judged

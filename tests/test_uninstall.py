@@ -126,7 +126,7 @@ def test_plan_lists_and_changes_nothing_then_uninstall_restores_the_node(
 ) -> None:
     w, path, before = booted
     kernel = Node(w.root).kernel
-    assert all(query(w, p) == "ii 1.17.2-1" for p in TOOLKIT)  # the real dpkg installed them
+    assert all(query(w, p) == "ii 1.19.0-1" for p in TOOLKIT)  # the real dpkg installed them
     assert (w.root / f"var/lib/dkms/nvidia/{DRIVER_VERSION}/source").is_symlink()
     config = "etc/containerd/config.toml"
     assert tree(w.root)[config] != before[config]  # the imports line bootfsm added
@@ -244,7 +244,7 @@ def test_a_package_that_was_there_before_is_never_purged(
     assert recorded == [p for p in TOOLKIT if p != "libnvidia-container1"]
     r = cli(w, path, "uninstall")
     assert r.returncode == 0, r.stderr
-    assert query(w, "libnvidia-container1") == "ii 1.17.2-1"
+    assert query(w, "libnvidia-container1") == "ii 1.19.0-1"
     assert all(query(w, p) in ("", "pn") for p in TOOLKIT[1:])
 
 
@@ -337,7 +337,7 @@ def _standin(bin_dir: Path, name: str, *argv: str) -> subprocess.CompletedProces
 
 @pytest.fixture
 def dkms_node(tmp_path: Path) -> tuple[Path, Path, str]:
-    """A node with nvidia/570.211.01 built and installed by DKMS: (root, bin dir, kernel)."""
+    """A node with nvidia/580.159.04 built and installed by DKMS: (root, bin dir, kernel)."""
     from bootfsm.sim.node import SKUS, build_node
     from bootfsm.sim.standin_installer import install_driver_files
 

@@ -59,7 +59,7 @@ class DriverSpec:
     """[driver]: which driver to install and how."""
 
     install: bool = True
-    version: str = "570.211.01"
+    version: str = "580.159.04"
     kind: str = "cuda"
     module_type: str = "auto"
     dpkg_lock_timeout: float = 120.0
@@ -83,7 +83,7 @@ class SourcesSpec:
         "/{redist_arch}"
     )
     toolkit_repo: str = "https://nvidia.github.io/libnvidia-container/stable/deb/{debian_arch}"
-    toolkit_version: str = "1.17.2-1"
+    toolkit_version: str = "1.19.0-1"
     toolkit_packages: tuple[str, ...] = (
         "libnvidia-container1",
         "libnvidia-container-tools",

@@ -16,10 +16,12 @@ __all__ = [
     "NVIDIA_VENDOR",
     "NVSWITCH_CLASS",
     "NVSWITCH_MODELS",
+    "SUPPORTED_BRANCHES",
     "DeviceRole",
     "Family",
     "GpuModel",
     "blackwell_or_later",
+    "branch_problem",
     "classify",
     "has_fabric_probe",
     "model_for",
@@ -96,6 +98,48 @@ GPU_MODELS: Mapping[int, GpuModel] = _table(
     GpuModel(0x31C2, "GB300", _B, grace=True),
     GpuModel(0x31C3, "GB300", _B, grace=True),
 )
+
+SUPPORTED_BRANCHES: Mapping[int, tuple[int, int | None]] = MappingProxyType(
+    {
+        # device id -> (first, last) NVIDIA driver branch that drives it; last None while
+        # NVIDIA ships new branches for it. From the "Hardware Supported" lists of NVIDIA's
+        # Data Center GPU driver release notes: Ampere from R450 (A100) and R460 (A10),
+        # Hopper from R525 (H100) and R535 (H200, GH200), Blackwell from R570 (B200,
+        # GB200, GeForce RTX 50), and B300 / GB300 only from R580, the branch AKS runs
+        # them on (AgentBaker's GB image, aks-gpu's cuda-lts 580.159.04).
+        0x20B0: (450, None),
+        0x20B2: (450, None),
+        0x2236: (460, None),
+        0x2330: (525, None),
+        0x2331: (525, None),
+        0x2321: (525, None),
+        0x2335: (535, None),
+        0x233B: (535, None),
+        0x2342: (535, None),
+        0x2348: (535, None),
+        0x2901: (570, None),
+        0x2941: (570, None),
+        0x2B85: (570, None),
+        0x3182: (580, None),
+        0x31C2: (580, None),
+        0x31C3: (580, None),
+    }
+)
+
+
+def branch_problem(version: str, models: Iterable[GpuModel]) -> str | None:
+    """Why driver ``version`` (e.g. "570.211.01") cannot drive one of these GPUs (its
+    branch is older than the first, or newer than the last, that supports the model),
+    or None. Models without a row (unknown ids) are not judged."""
+    branch = int(version.split(".", 1)[0])
+    for m in models:
+        first, last = SUPPORTED_BRANCHES.get(m.device_id, (0, None))
+        if branch < first:
+            return f"{m.name} needs driver branch R{first} or newer; {version} is R{branch}"
+        if last is not None and branch > last:
+            return f"{m.name} is supported up to driver branch R{last}; {version} is R{branch}"
+    return None
+
 
 NVSWITCH_MODELS: Mapping[int, str] = MappingProxyType(
     {0x1AF1: "A100 NVSwitch", 0x22A3: "H100 NVSwitch"}

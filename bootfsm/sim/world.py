@@ -37,8 +37,8 @@ from bootfsm.sim.node import (
 
 __all__ = ["DRIVER_VERSION", "FAULTS", "TOOLKIT_VERSION", "World"]
 
-DRIVER_VERSION = "570.211.01"
-TOOLKIT_VERSION = "1.17.2-1"
+DRIVER_VERSION = "580.159.04"
+TOOLKIT_VERSION = "1.19.0-1"
 NVLSM_VERSION = "2025.06.6"  # the redist 13.0.2 manifest's nvlsm
 TOOLKIT_PACKAGES = (
     "libnvidia-container1",

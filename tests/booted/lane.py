@@ -509,7 +509,7 @@ def check_success(b: Boot, systemd: str) -> Checks:
     kubelet_after_bootfsm(c, bf, kl)
     c.true(
         "real dpkg did not install nvidia-container-toolkit",
-        "ii |nvidia-container-toolkit|1.17.2-1" in b.text("dpkg-l.txt").replace("ii  |", "ii |"),
+        "ii |nvidia-container-toolkit|1.19.0-1" in b.text("dpkg-l.txt").replace("ii  |", "ii |"),
     )
     c.eq("containerd ActiveState", b.show("containerd").get("ActiveState"), "active")
     # the shipped hardening is in effect on this systemd (systemd/bootfsm.service)

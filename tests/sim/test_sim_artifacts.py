@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(
     reason="makeself and dpkg-deb are required",
 )
 
-VERSION = "570.211.01"
+VERSION = "580.159.04"
 INSTALLER = '#!/bin/sh\necho "sim-installer $*" > "$(dirname "$0")/ran"\nexit 0\n'
 
 

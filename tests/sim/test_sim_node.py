@@ -162,7 +162,7 @@ def test_dpkg_lock_holder_really_holds_the_posix_lock(tmp_path: Path) -> None:
 
 
 def _install_driver(root: Path, bin_dir: Path, arch: str, module_type: str) -> None:
-    extract = root / f"var/lib/bootfsm/extract/NVIDIA-Linux-{arch}-570.211.01"
+    extract = root / f"var/lib/bootfsm/extract/NVIDIA-Linux-{arch}-580.159.04"
     extract.mkdir(parents=True)
     installer = extract / "nvidia-installer"
     installer.write_text(standin_script("nvidia-installer", root))
@@ -183,7 +183,7 @@ def test_simulate_reboot_loads_built_driver_and_starts_enabled_units(tmp_path: P
     simulate_reboot(tmp_path)
 
     assert not (tmp_path / "run/bootfsm-sim/marker").exists()
-    assert _read(tmp_path, "sys/module/nvidia/version") == "570.211.01\n"
+    assert _read(tmp_path, "sys/module/nvidia/version") == "580.159.04\n"
     assert (tmp_path / "dev/nvidia7").exists()
     assert _run(bin_dir, "systemctl", "is-active", "nvidia-fabricmanager").stdout == "active\n"
     assert _run(bin_dir, "systemctl", "is-active", "containerd").stdout == "active\n"

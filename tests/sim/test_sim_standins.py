@@ -16,7 +16,7 @@ import pytest
 from bootfsm.parsers.nvidia_smi import parse_smi_query
 from bootfsm.sim.node import SKUS, DpkgLockHolder, build_node, calls, standin_script
 
-VERSION = "570.211.01"
+VERSION = "580.159.04"
 FM_UNIT = """\
 [Unit]
 Description=NVIDIA fabric manager service
@@ -198,7 +198,7 @@ def test_partial_upgrade_gives_nvml_version_mismatch(make_node: MakeNode) -> Non
     assert smi.returncode == 18
     assert smi.stdout == (
         "Failed to initialize NVML: Driver/library version mismatch\n"
-        "NVML library version: 570.211\n"
+        "NVML library version: 580.159\n"
     )
 
 
@@ -246,7 +246,7 @@ def test_inforom_and_gpu_missing_faults(make_node: MakeNode) -> None:
     table = node.run("nvidia-smi")
     assert table.returncode == 14
     assert table.stdout.rstrip().endswith("WARNING: infoROM is corrupted at gpu 0001:00:00.0")
-    assert "| NVIDIA-SMI 570.211.01" in table.stdout
+    assert "| NVIDIA-SMI 580.159.04" in table.stdout
 
 
 def test_fabric_hgx_waits_for_fabric_manager(make_node: MakeNode) -> None:
