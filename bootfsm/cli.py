@@ -31,8 +31,10 @@ _COMMON_CODES = "  2       usage error\n  130     interrupted (Ctrl-C) outside a
 
 #: The "exit codes" section of each command's --help (and of the man page).
 EXIT_CODES: dict[str, str] = {
-    "run": "  0       provisioned\n  10-110  the failure's own code (`bootfsm codes`); with "
-    "--exit-codes cse the CSE code of the same meaning (docs/provisioning-hook.md)\n",
+    "run": "  0       provisioned, or nothing to provision (a VM size without a GPU); with "
+    "--hook also a MIG mode that waits for the caller's reboot\n  10-110  the failure's own "
+    "code (`bootfsm codes`); with --hook or --exit-codes cse the CSE code of the same meaning "
+    "(docs/provisioning-hook.md)\n",
     "plan": "  0       a run would proceed\n  10-110  the code a run would fail fast with\n",
     "trace": "  0       printed or written (whatever the run's outcome)\n  1       nothing to "
     "read, or the OTLP file or endpoint failed\n  10      invalid config\n",
@@ -137,6 +139,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-start-kubelet",
         action="store_true",
         help="leave kubelet to systemd (join.start_kubelet = false); bootfsm.service uses it",
+    )
+    p.add_argument(
+        "--hook",
+        action="store_true",
+        help="run as the cloud provisioning hook (AKS CSE, in place of ensureGPUDrivers): "
+        "CSE exit codes, the caller's GPU_* environment over the config (kept in "
+        "config.d/50-provisioning-hook.toml), kubelet left to the caller, a MIG mode "
+        "change is a reboot request, journals and events where AKS collects them "
+        "(docs/provisioning-hook.md)",
     )
 
     p = _cmd(sub, "plan", "what a run would do, without side effects")

@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TypeVar
 
+from bootfsm.core.caller import REBOOT_REQUEST
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError, TransientError
 from bootfsm.core.migspec import MigItem, parse_mig_layout
@@ -118,12 +119,22 @@ def _plan(ctx: Context, gpus: tuple[SmiGpu, ...]) -> list[list[int]]:
     return [_wanted(items, [p for p in profiles if p.gpu == i], g) for i, g in enumerate(gpus)]
 
 
+def _reboot_requested(ctx: Context, gpus: tuple[SmiGpu, ...]) -> bool:
+    """mig.on_pending = reboot (the provisioning hook): the mode change waits for the
+    caller's reboot, asked for in this boot (REBOOT_REQUEST, under /run)."""
+    pending = any(g.mig_current != "Enabled" and g.mig_pending == "Enabled" for g in gpus)
+    return pending and ctx.config.mig.on_pending == "reboot" and ctx.host.exists(REBOOT_REQUEST)
+
+
 def satisfied(ctx: Context) -> bool:
-    """MIG mode current everywhere and every GPU holds exactly its layout (read-only)."""
+    """MIG mode current everywhere and every GPU holds exactly its layout, or (hook) a
+    pending mode waiting for the reboot this boot asked for (read-only)."""
     if ctx.facts.mig_profile is None:
         return True
     try:
         gpus = _gpus(ctx)
+        if _reboot_requested(ctx, gpus):
+            return True
         if not gpus or any(g.mig_current != "Enabled" for g in gpus):
             return False
         plan = _plan(ctx, gpus)
@@ -132,8 +143,9 @@ def satisfied(ctx: Context) -> bool:
         return False
 
 
-def _enable(ctx: Context, gpus: tuple[SmiGpu, ...]) -> tuple[SmiGpu, ...]:
-    """`nvidia-smi -i N -mig 1` where MIG is off; MIG_RESET_REQUIRED where it stays pending."""
+def _enable(ctx: Context, gpus: tuple[SmiGpu, ...]) -> tuple[SmiGpu, ...] | None:
+    """`nvidia-smi -i N -mig 1` where MIG is off; where it stays pending MIG_RESET_REQUIRED,
+    or with mig.on_pending = reboot a reboot request for the caller (None: wait for it)."""
     unsupported = [g for g in gpus if g.mig_current in ("", "N/A")]
     if unsupported:
         names = ", ".join(f"{g.bus_id} ({g.product_name})" for g in unsupported)
@@ -150,11 +162,16 @@ def _enable(ctx: Context, gpus: tuple[SmiGpu, ...]) -> tuple[SmiGpu, ...]:
     pending = [g for g in gpus if g.mig_current != "Enabled"]
     if pending:
         shown = ", ".join(g.bus_id for g in pending[:3]) + (" ..." if len(pending) > 3 else "")
-        raise BootError(
-            Code.MIG_RESET_REQUIRED,
+        why = (
             f"MIG mode pending on {len(pending)} GPU(s) ({shown}; Current/Pending"
-            f" {pending[0].mig_current}/{pending[0].mig_pending}): reset or reboot required",
+            f" {pending[0].mig_current}/{pending[0].mig_pending})"
         )
+        if ctx.config.mig.on_pending == "reboot":
+            ctx.host.makedirs(REBOOT_REQUEST.rsplit("/", 1)[0], mode=0o755)
+            ctx.host.write_atomic(REBOOT_REQUEST, f"{why}\n", 0o644)
+            ctx.journal.event("mig.reboot_requested", durable=True, state=ctx.state, reason=why)
+            return None
+        raise BootError(Code.MIG_RESET_REQUIRED, f"{why}: reset or reboot required")
     return gpus
 
 
@@ -174,6 +191,8 @@ def run(ctx: Context) -> None:
     ctx.event("mig.profile", profile=ctx.facts.mig_profile, source=ctx.facts.mig_profile_source)
     _layout(ctx)  # a bad layout fails before anything changes
     gpus = _enable(ctx, _gpus(ctx))
+    if gpus is None:  # the caller reboots; the next boot's run creates the instances
+        return
     for i, want in enumerate(_plan(ctx, gpus)):
         have, cis_ok = _state(ctx, i)
         if (have, cis_ok) == (sorted(want), True):

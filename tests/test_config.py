@@ -83,15 +83,15 @@ def test_runfile_sha256_per_architecture() -> None:
     """One config for a mixed fleet: each runfile arch its own key, the single key the
     fallback (and still working alone)."""
     both = parse_config({"sources": {"runfile_sha256_x86_64": A, "runfile_sha256_aarch64": B}})
-    assert both.sources.runfile_sha256_for("x86_64") == A
-    assert both.sources.runfile_sha256_for("aarch64") == B.lower()
+    assert both.runfile_sha256("x86_64") == A
+    assert both.runfile_sha256("aarch64") == B.lower()
     single = parse_config({"sources": {"runfile_sha256": A}})
-    assert single.sources.runfile_sha256_for("aarch64") == A
-    assert single.sources.runfile_sha256_for("x86_64") == A
+    assert single.runfile_sha256("aarch64") == A
+    assert single.runfile_sha256("x86_64") == A
     mixed = parse_config({"sources": {"runfile_sha256": A, "runfile_sha256_aarch64": B}})
-    assert mixed.sources.runfile_sha256_for("x86_64") == A
-    assert mixed.sources.runfile_sha256_for("aarch64") == B.lower()
-    assert DEFAULTS.sources.runfile_sha256_for("x86_64") == ""
+    assert mixed.runfile_sha256("x86_64") == A
+    assert mixed.runfile_sha256("aarch64") == B.lower()
+    assert DEFAULTS.runfile_sha256("x86_64") == ""
 
 
 @pytest.mark.parametrize("key", ["runfile_sha256_x86_64", "runfile_sha256_aarch64"])

@@ -44,7 +44,14 @@ CASES: list[tuple[str, str, Callable[[World], None] | None, dict[str, dict[str, 
         "h100-pcie",
         None,
         {"sources": {"runfile_sha256": ""}},
-        Code.UNVERIFIED_ARTIFACT_REFUSED,
+        Code.DRIVER_VERSION_UNPINNED,
+    ),
+    (  # GB300 is driven from R580 on (NVIDIA's release notes; AKS runs it on 580)
+        "branch-too-old-for-gb300",
+        "gb300",
+        None,
+        {"driver": {"version": "570.211.01"}},
+        Code.DRIVER_BRANCH_UNSUPPORTED,
     ),
 ]
 
@@ -88,19 +95,17 @@ def test_per_arch_runfile_sha256_serves_a_mixed_fleet(make_world: MakeWorld) -> 
 
 
 def test_per_arch_runfile_sha256_missing_for_this_arch(make_world: MakeWorld) -> None:
-    """Only the x86_64 checksum is configured: an aarch64 node stops in detect with 32,
-    naming the key it needs, before any download."""
+    """Only the x86_64 checksum is configured: an aarch64 node stops in detect with 19,
+    naming the keys that would pin it, before any download."""
     w = make_world("gb300")
     w.config_overrides = {
         "sources": {"runfile_sha256": "", "runfile_sha256_x86_64": w.runfile_sha256}
     }
     w.write_config()
     result = run_in_process(w)
-    assert (result.outcome.code, result.outcome.state) == (
-        Code.UNVERIFIED_ARTIFACT_REFUSED,
-        "detect",
-    )
+    assert (result.outcome.code, result.outcome.state) == (Code.DRIVER_VERSION_UNPINNED, "detect")
     assert "runfile_sha256_aarch64" in result.outcome.message
+    assert '"cuda 580.159.04 aarch64 <sha256>"' in result.outcome.message
     assert [e for e in w.mirror.log if not e.path.startswith(("/metadata", "/healthz"))] == []
 
 

@@ -1,5 +1,5 @@
 """`bootfsm uninstall`: what bootfsm installed goes, from its install records, and nothing
-else; `detect.cleanup_on_no_gpu` does the same on a VM without a GPU.
+else; `detect.cleanup_on_no_gpu` does the same on a VM size without a GPU.
 
 A simulated H100 HGX node boots through the machine with the real dpkg (``--root`` on
 the node directory, so `dpkg -i` and `dpkg --purge` are dpkg's own), then is uninstalled
@@ -24,6 +24,7 @@ from bootfsm.host.host import Host
 from bootfsm.install.records import parse_records
 from bootfsm.machine.context import Context
 from bootfsm.observe.journal import Journal
+from bootfsm.sim.node import VM_SIZE
 from bootfsm.sim.nodestate import Node
 from bootfsm.sim.world import DRIVER_VERSION, World
 from tests.conftest import MakeWorld, no_gpus, run_in_process
@@ -248,22 +249,26 @@ def test_a_package_that_was_there_before_is_never_purged(
     assert all(query(w, p) in ("", "pn") for p in TOOLKIT[1:])
 
 
-def _hidden_gpus_run(w: World, cleanup: bool) -> int:
+def _boot_as(w: World, vm_size: str, cleanup: bool) -> int:
+    """Boot the baked node again as a VM of ``vm_size`` without GPUs on its PCI bus."""
     w.config_overrides = {**w.config_overrides, "detect": {"cleanup_on_no_gpu": cleanup}}
     w.write_config()
+    (w.root / VM_SIZE).write_text(f"{vm_size}\n")
     with no_gpus(w):
         result = run_in_process(w)
     return int(result.outcome.code)
 
 
-def test_no_gpu_with_cleanup_removes_and_still_exits_22(make_world: MakeWorld) -> None:
-    """A GPU image (booted once on a GPU VM) now on a VM without a GPU."""
+def test_a_cpu_vm_size_with_cleanup_removes_and_exits_0(make_world: MakeWorld) -> None:
+    """A GPU image (booted once on a GPU VM) now on a CPU VM size of the same image:
+    nothing to provision, and with the key what bootfsm installed goes (AgentBaker's
+    cleanUpGPUDrivers for its own prebake)."""
     w = make_world("gb300")
     assert run_in_process(w).outcome.ok
     before_records = records(w)
     assert any(e["kind"] == "unit" and e["action"] == "mask" for e in before_records)  # imex
     assert (w.root / "var/lib/dkms/nvidia").is_dir()
-    assert _hidden_gpus_run(w, cleanup=True) == Code.NO_GPU == 22
+    assert _boot_as(w, "Standard_D8ps_v5", cleanup=True) == 0
     assert not (w.root / "var/lib/dkms/nvidia").exists()
     assert not (w.root / "var/lib/bootfsm/bake.marker").exists()
     assert not (w.root / "var/lib/bootfsm/installed.jsonl").exists()
@@ -273,20 +278,39 @@ def test_no_gpu_with_cleanup_removes_and_still_exits_22(make_world: MakeWorld) -
     events = [json.loads(line) for line in journal.splitlines()]
     done = [e for e in events if e["event"] == "uninstall.done"]
     assert len(done) == 1 and done[0]["state"] == "uninstall"
-    assert events[-1]["event"] == "run.end" and events[-1]["code"] == 22
+    assert events[-1]["event"] == "run.end" and events[-1]["code"] == 0
+    assert (
+        events[-1]["message"] == "nothing to provision: VM size standard_d8ps_v5 has no NVIDIA GPU"
+    )
     dkms = [e for e in events if e["event"] == "command" and e["argv"][:2] == ["dkms", "remove"]]
     assert dkms and dkms[0]["rc"] == 0
 
 
-def test_no_gpu_without_the_key_removes_nothing(make_world: MakeWorld) -> None:
-    w = make_world("gb300")
-    assert run_in_process(w).outcome.ok
+def _changed_by_a_boot(w: World, vm_size: str) -> tuple[int, set[str]]:
     booted = tree(w.root)
-    assert _hidden_gpus_run(w, cleanup=False) == 22
+    code = _boot_as(w, vm_size, cleanup=vm_size.endswith("_v6"))
     after = tree(w.root)
     changed = {k for k in booted.keys() | after.keys() if booted.get(k) != after.get(k)}
-    own = {  # the config this test rewrote, the run's checkpoint and metrics
+    return code, changed
+
+
+@pytest.mark.parametrize(
+    ("vm_size", "code"),
+    [
+        ("Standard_D8ps_v5", 0),  # a CPU VM size, the key off: nothing to provision
+        ("Standard_ND128isr_GB300_v6", 22),  # the GPUs fell off the bus: key on, yet kept
+    ],
+)
+def test_a_boot_without_gpus_removes_nothing_unless_asked(
+    make_world: MakeWorld, vm_size: str, code: int
+) -> None:
+    w = make_world("gb300")
+    assert run_in_process(w).outcome.ok
+    got, changed = _changed_by_a_boot(w, vm_size)
+    assert got == code
+    own = {  # the config this test rewrote, the VM size it set, the run's own files
         "etc/bootfsm/config.toml",
+        VM_SIZE,
         "var/lib/bootfsm/checkpoint.json",
         "var/lib/node_exporter/textfile_collector/bootfsm.prom",
     }
@@ -462,7 +486,7 @@ def test_dpkg_purge_standin_matches_the_real_dpkg(tmp_path: Path) -> None:
 
 def test_an_image_baked_then_booted_without_a_gpu_is_cleaned(make_world: MakeWorld) -> None:
     """The teardown the issue names: `bootfsm bake` built the module into the image (no
-    GPU on the build VM), the image boots on a VM without a GPU."""
+    GPU on the build VM), the image boots on a CPU VM size (AKS shares one image)."""
     from bootfsm.core.config import load_config
     from bootfsm.image.bake import BakeOptions, bake
 
@@ -476,7 +500,7 @@ def test_an_image_baked_then_booted_without_a_gpu_is_cleaned(make_world: MakeWor
     kinds = {e["kind"] for e in records(w)}
     assert {"dkms", "package", "file"} <= kinds  # the build, the toolkit, blacklist + marker
     assert (w.root / "var/lib/bootfsm/bake.marker").exists()
-    assert _hidden_gpus_run(w, cleanup=True) == 22
+    assert _boot_as(w, "Standard_D4s_v5", cleanup=True) == 0
     after = tree(w.root)
     assert not (w.root / "var/lib/dkms/nvidia").exists()
     assert not (w.root / "var/lib/bootfsm/bake.marker").exists()

@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 
 from bootfsm.commands.common import config_path
+from bootfsm.core import caller
 from bootfsm.core.codes import Code, info
-from bootfsm.core.config import ConfigError, load_config
+from bootfsm.core.config import ConfigError, load_config_sources
 from bootfsm.core.cse import CSE_NAMES, cse_exit
 from bootfsm.machine.engine import Outcome
 from bootfsm.run.notify import Notifier, state_status
@@ -27,9 +28,7 @@ def summary_line(result: RunResult, seconds: float, exit_codes: str = "bootfsm")
     o = result.outcome
     run = f" | run {result.run_id}" if result.run_id else ""
     if o.ok:
-        skipped = o.message.startswith("GPU driver install skipped")
-        what = o.message if skipped else "node provisioned"
-        return f"bootfsm: OK code=0 OK state=done: {what} in {seconds:.1f} s{run}"
+        return f"bootfsm: OK code=0 OK state=done: {o.message} in {seconds:.1f} s{run}"
     verdict = "INTERRUPTED" if o.code is Code.INTERRUPTED else "FAILED"
     cse = ""
     if exit_codes == "cse":
@@ -76,13 +75,22 @@ def _refused(code: Code, message: str, exit_codes: str) -> int:
 
 def main(args: argparse.Namespace) -> int:
     """Run the machine, notify systemd of each state, print the summary line."""
-    exit_codes = getattr(args, "exit_codes", "bootfsm")
+    hook = getattr(args, "hook", False)
+    exit_codes = "cse" if hook else getattr(args, "exit_codes", "bootfsm")
     path, required = config_path(args)
     try:
-        cfg = load_config(path, required=required)
+        loaded = load_config_sources(path, required=required)
     except ConfigError as exc:
         print(f"bootfsm: config invalid: {exc}", file=sys.stderr)
         return _refused(Code.CONFIG_INVALID, f"config invalid: {exc}", exit_codes)
+    cfg, overrides = loaded.config, list[caller.Override]()
+    if hook:
+        try:
+            cfg, overrides = caller.apply(cfg, caller.hook_overrides(cfg, os.environ))
+        except ConfigError as exc:
+            message = f"the provisioning hook's environment is invalid: {exc}"
+            print(f"bootfsm: {message}", file=sys.stderr)
+            return _refused(Code.CONFIG_INVALID, message, exit_codes)
     deadline = _deadline(args)
     if isinstance(deadline, str):
         return _refused(Code.CONFIG_INVALID, deadline, exit_codes)
@@ -107,6 +115,9 @@ def main(args: argparse.Namespace) -> int:
         env={k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"},
         on_state=on_state,
         on_status=notifier.status if notifier.enabled else None,
+        hook=hook,
+        overrides=tuple(overrides),
+        config_sources=dict(loaded.sources),
     )
     result = execute(cfg, opts)
     line = summary_line(result, result.duration_s, exit_codes)

@@ -38,6 +38,28 @@ CODES: dict[Code, CodeInfo] = {
             cse=84,
         ),
         _row(
+            Code.DRIVER_BRANCH_UNSUPPORTED,
+            "the chosen driver's branch does not drive this node's GPUs",
+            "choose a driver branch the GPU supports (B300 and GB300 need R580 or newer): "
+            "driver.version, or the provisioning script's GPU_DV",
+            cse=84,
+        ),
+        _row(
+            Code.REPO_KEYRING_MISSING,
+            "a signed repository's keyring is not installed, and this boot must download from it",
+            "bake the image (`bootfsm bake` caches every artifact, so a boot downloads "
+            "nothing) or prefetch (`bootfsm fetch --prefetch`); else install the keyring "
+            "package the message names",
+            cse=84,
+        ),
+        _row(
+            Code.DRIVER_VERSION_UNPINNED,
+            "no sha256 is pinned for the chosen driver's runfile",
+            'pin it: sources.runfile_pins = ["KIND VERSION ARCH SHA256"], or bake that '
+            "driver into the image; bootfsm never installs another version instead",
+            cse=84,
+        ),
+        _row(
             Code.UNSUPPORTED_ARCH,
             "machine architecture is not supported",
             "bootfsm supports x86_64 and aarch64 nodes only",
@@ -51,8 +73,10 @@ CODES: dict[Code, CodeInfo] = {
         ),
         _row(
             Code.NO_GPU,
-            "no NVIDIA GPU found on the PCI bus",
-            "check the VM size and that the GPU is attached (/sys/bus/pci/devices)",
+            "this node should have an NVIDIA GPU (its VM size has one, or detect.gpu_node"
+            " = yes) and none is on the PCI bus",
+            "a GPU fell off the bus or was not attached: check /sys/bus/pci/devices and "
+            "`nvidia-smi`, redeploy the VM; a VM size without a GPU ends 0 instead",
             cse=84,
         ),
         _row(

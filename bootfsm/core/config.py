@@ -20,7 +20,17 @@ from bootfsm.core.compat import tomllib
 from bootfsm.core.migspec import parse_mig_layout
 from bootfsm.core.redact import redact_text
 
-__all__ = ["DEFAULTS", "DEFAULT_PATH", "Config", "ConfigError", "load_config", "parse_config"]
+__all__ = [
+    "DEFAULTS",
+    "DEFAULT_PATH",
+    "DROPIN_DIR",
+    "Config",
+    "ConfigError",
+    "Loaded",
+    "load_config",
+    "load_config_sources",
+    "parse_config",
+]
 
 DEFAULT_PATH = "/etc/bootfsm/config.toml"
 
@@ -52,6 +62,8 @@ class DetectSpec:
     imds_timeout: float = 2.0
     skip_tag: bool = True
     cleanup_on_no_gpu: bool = False
+    gpu_node: str = "auto"
+    fabric_manager: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -90,6 +102,7 @@ class SourcesSpec:
         "nvidia-container-toolkit-base",
         "nvidia-container-toolkit",
     )
+    runfile_pins: tuple[str, ...] = ()
     allow_unverified: bool = False
     cuda_repo_keyring: str = "/usr/share/keyrings/cuda-archive-keyring.gpg"
     toolkit_repo_keyring: str = "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
@@ -100,9 +113,15 @@ class SourcesSpec:
     cuda_repo_mirrors: tuple[str, ...] = ()
     toolkit_repo_mirrors: tuple[str, ...] = ()
 
-    def runfile_sha256_for(self, runfile_arch: str) -> str:
-        """The runfile sha256 for ``runfile_arch`` (x86_64, aarch64), lower case: the
-        per-architecture key when set, else ``runfile_sha256``; "" when neither is."""
+    def runfile_sha256_for(self, kind: str, version: str, runfile_arch: str) -> str:
+        """The pinned sha256 of the ``kind`` driver ``version``'s runfile for
+        ``runfile_arch`` (x86_64, aarch64), lower case: a ``runfile_pins`` entry "KIND
+        VERSION ARCH SHA256" first, else the per-architecture key, else
+        ``runfile_sha256`` (those two pin driver.version as configured); "" for none."""
+        for pin in self.runfile_pins:
+            k, v, a, sha = pin.split()
+            if (k, v, a) == (kind, version, runfile_arch):
+                return sha.lower()
         per_arch = {"x86_64": self.runfile_sha256_x86_64, "aarch64": self.runfile_sha256_aarch64}
         return (per_arch.get(runfile_arch) or self.runfile_sha256).lower()
 
@@ -138,6 +157,7 @@ class MigSpec:
 
     profile: str = ""
     tag: str = "GpuInstanceProfile"
+    on_pending: str = "fail"
 
 
 @dataclass(frozen=True)
@@ -183,6 +203,11 @@ class Config:
         """The config as plain data (for `plan --json` and the docs test)."""
         return asdict(self)
 
+    def runfile_sha256(self, runfile_arch: str) -> str:
+        """The pinned sha256 of this config's driver runfile for ``runfile_arch``."""
+        d = self.driver
+        return self.sources.runfile_sha256_for(d.kind, d.version, runfile_arch)
+
 
 DEFAULTS = Config()
 
@@ -190,6 +215,9 @@ _SECTIONS: dict[str, type[Any]] = {f.name: type(getattr(DEFAULTS, f.name)) for f
 _CHOICES = {
     ("driver", "kind"): ("cuda", "grid"),
     ("driver", "module_type"): ("auto", "open", "proprietary"),
+    ("detect", "gpu_node"): ("auto", "yes", "no"),
+    ("detect", "fabric_manager"): ("auto", "yes", "no"),
+    ("mig", "on_pending"): ("fail", "reboot"),
 }
 _DAY = 86400.0
 RANGES: dict[tuple[str, str], tuple[float, float, bool]] = {
@@ -286,8 +314,10 @@ def _check(cfg: Config) -> None:
         if sha and (len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha.lower())):
             raise ConfigError(f"sources.{key}: expected 64 hex digits, got {len(sha)} characters")
     v = cfg.driver.version
-    if not v or any(not p.isdigit() for p in v.split(".")):
-        raise ConfigError(f"driver.version: expected a dotted version like 570.211.01, got {v!r}")
+    if not _is_version(v):
+        raise ConfigError(f"driver.version: expected a dotted version like 580.159.04, got {v!r}")
+    for i, pin in enumerate(cfg.sources.runfile_pins, start=1):
+        _check_pin(i, pin)
     for key in ("state_dir", "log_dir"):
         if not getattr(cfg.run, key).startswith("/"):
             raise ConfigError(f"run.{key}: must be an absolute node path")
@@ -303,6 +333,27 @@ def _check(cfg: Config) -> None:
             if not url.startswith(("https://", "http://")):
                 shown = url.split("?", 1)[0]  # never echo a signature
                 raise ConfigError(f"sources.{key}: entry {i} is not an http(s) base URL: {shown!r}")
+
+
+def _is_version(v: str) -> bool:
+    return bool(v) and all(p.isdigit() for p in v.split("."))
+
+
+def _check_pin(i: int, pin: str) -> None:
+    """One ``sources.runfile_pins`` entry: "KIND VERSION ARCH SHA256"."""
+    where = f"sources.runfile_pins: entry {i}"
+    parts = pin.split()
+    if len(parts) != 4:
+        raise ConfigError(f'{where}: expected "KIND VERSION ARCH SHA256", got {len(parts)} words')
+    kind, version, arch, sha = parts
+    if kind not in _CHOICES[("driver", "kind")]:
+        raise ConfigError(f"{where}: kind must be cuda or grid, got {kind!r:.40}")
+    if not _is_version(version):
+        raise ConfigError(f"{where}: expected a dotted version, got {version!r:.40}")
+    if arch not in ("x86_64", "aarch64"):
+        raise ConfigError(f"{where}: arch must be x86_64 or aarch64, got {arch!r:.40}")
+    if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha.lower()):
+        raise ConfigError(f"{where}: expected 64 hex digits, got {len(sha)} characters")
 
 
 def parse_config(data: Mapping[str, Any]) -> Config:
@@ -326,14 +377,27 @@ def parse_config(data: Mapping[str, Any]) -> Config:
     return cfg
 
 
-def load_config(path: Path, *, required: bool) -> Config:
-    """Read and validate a TOML file; a missing optional file gives the defaults."""
+DROPIN_DIR = "config.d"
+"""Drop-ins beside the config file: ``<dir>/config.d/*.toml``, read after it in name
+order, each key overriding the same key before it (`bootfsm run --hook` writes
+``50-provisioning-hook.toml`` there)."""
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A validated config and, for every key a file set, the file that set it last."""
+
+    config: Config
+    sources: Mapping[str, str]
+    """``"section.key"`` -> path of the file whose value is in effect."""
+
+
+def _read_toml(path: Path) -> dict[str, Any] | None:
+    """One TOML file as data; None when it does not exist."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        if required:
-            raise ConfigError(f"{path}: no such file") from None
-        return DEFAULTS
+        return None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:
@@ -345,6 +409,42 @@ def load_config(path: Path, *, required: bool) -> Config:
     except RecursionError:  # tomllib recurses per nesting level: 100,000 '[' is a crash
         raise ConfigError(f"{path}: invalid TOML: nested too deeply") from None
     try:
-        return parse_config(data)
+        parse_config(data)  # every file is valid on its own: errors name their file
     except ConfigError as exc:
         raise ConfigError(f"{path}: {redact_text(str(exc))}") from exc
+    return data
+
+
+def load_config_sources(path: Path, *, required: bool) -> Loaded:
+    """Read and validate ``path`` and its drop-ins (``DROPIN_DIR``); a missing optional
+    file gives the defaults. Errors name the file."""
+    data = _read_toml(path)
+    if data is None and required:
+        raise ConfigError(f"{path}: no such file")
+    layers = [(path, data or {})]
+    dropins = path.parent / DROPIN_DIR
+    try:
+        names = sorted(p.name for p in dropins.iterdir() if p.name.endswith(".toml"))
+    except OSError:  # no drop-in directory (or not one)
+        names = []
+    for name in names:
+        layer = _read_toml(dropins / name)
+        if layer is not None:
+            layers.append((dropins / name, layer))
+    merged: dict[str, dict[str, Any]] = {}
+    sources: dict[str, str] = {}
+    for where, layer in layers:
+        for section, table in layer.items():
+            merged.setdefault(section, {}).update(table)
+            sources.update({f"{section}.{key}": str(where) for key in table})
+    try:
+        return Loaded(parse_config(merged), sources)
+    except ConfigError as exc:
+        files = ", ".join(str(w) for w, _ in layers)
+        raise ConfigError(f"{files}: {redact_text(str(exc))}") from exc
+
+
+def load_config(path: Path, *, required: bool) -> Config:
+    """Read and validate a TOML file and its drop-ins; a missing optional file gives the
+    defaults."""
+    return load_config_sources(path, required=required).config

@@ -145,7 +145,7 @@ def _ordered(bases: Sequence[str], first: int) -> tuple[str, ...]:
 
 def _runfile(cfg: Config, facts: NodeFacts) -> Artifact:
     assert facts.arch is not None
-    sha = cfg.sources.runfile_sha256_for(facts.arch.runfile)
+    sha = cfg.runfile_sha256(facts.arch.runfile)
     if cfg.driver.kind == "grid":
         url = expand(cfg.sources.grid_runfile_url, cfg, facts)
         return Artifact("runfile", "runfile", url, sha, None, _filename(url))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import stat
+from collections.abc import Iterable
 
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError, TransientError
@@ -162,11 +163,31 @@ def fetch_index(ctx: Context, key: str, urls: tuple[str, ...]) -> tuple[str, int
     raise transient[0] if transient else (trust or failures)[0]
 
 
+def _keyrings_installed(ctx: Context, keys: Iterable[str]) -> None:
+    """REPO_KEYRING_MISSING, before any download, when a signed index must be fetched
+    and its repository's keyring is not on the node (an image not baked or prefetched)."""
+    if ctx.config.sources.allow_unsigned_repos:
+        return
+    from bootfsm.fetch.repo_trust import keyring_for  # fetching only
+
+    for key in keys:
+        keyring = keyring_for(ctx, key) if key.endswith("_packages") else ""
+        if keyring and not ctx.host.exists(keyring):
+            raise BootError(
+                Code.REPO_KEYRING_MISSING,
+                f"this boot must download the {key.removesuffix('_packages')} repository's "
+                f"index, and its keyring {keyring} is not installed: bake the image "
+                "(`bootfsm bake`) or prefetch (`bootfsm fetch --prefetch`) so a boot "
+                "downloads nothing, or install the keyring",
+            )
+
+
 def fetch_indexes(ctx: Context) -> tuple[dict[str, str], dict[str, int]]:
     cands = index_candidates(ctx.config, ctx.facts)
     for urls in cands.values():
         for url in urls:
             check_url(url, ctx.config.fetch.allow_http_hosts)
+    _keyrings_installed(ctx, cands)
     texts: dict[str, str] = {}
     served: dict[str, int] = {}
     for key, urls in cands.items():

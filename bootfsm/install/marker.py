@@ -164,7 +164,7 @@ def expected_marker(cfg: Config, facts: NodeFacts) -> Marker:
         driver_kind=cfg.driver.kind,
         arch=facts.raw_arch,
         module_type=cfg.driver.module_type,
-        runfile_sha256=cfg.sources.runfile_sha256_for(facts.arch.runfile if facts.arch else ""),
+        runfile_sha256=cfg.runfile_sha256(facts.arch.runfile if facts.arch else ""),
         config_digest=cfg.digest(),
     )
 

@@ -319,7 +319,15 @@ def drive(
         if on_transition is not None:
             on_transition(name, model.state, outcome)
     if outcome is None:
-        skipped = ctx.facts_.skip_gpu_install if ctx.facts_ is not None else None
-        message = f"GPU driver install skipped ({skipped})" if skipped else "node provisioned"
-        outcome = Outcome(Code.OK, "done", message)
+        outcome = Outcome(Code.OK, "done", _done_message(ctx))
     return outcome
+
+
+def _done_message(ctx: Context) -> str:
+    """What a run that ended in done did: provisioned, or why there was nothing to do."""
+    f = ctx.facts_
+    if f is not None and f.skip_gpu_install:
+        return f"GPU driver install skipped ({f.skip_gpu_install})"
+    if f is not None and f.no_gpu:
+        return f"nothing to provision: {f.no_gpu}"
+    return "node provisioned"

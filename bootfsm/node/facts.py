@@ -44,6 +44,9 @@ class NodeFacts:
     vm_size: str | None = None
     skip_gpu_install: str | None = None
     """Why the GPU driver install is skipped (the SkipGpuDriverInstall VM tag), or None."""
+    no_gpu: str | None = None
+    """Why this node has no GPU to provision (a VM size without an NVIDIA GPU, detect.
+    gpu_node = no, or no GPU with nothing saying there should be one), or None."""
     mig_profile: str | None = None
     """The MIG layout asked for (mig.profile, else the VM tag named by mig.tag), or None."""
     mig_profile_source: str | None = None
@@ -70,6 +73,7 @@ class NodeFacts:
             "loaded_driver": self.loaded_driver,
             "vm_size": self.vm_size,
             "skip_gpu_install": self.skip_gpu_install,
+            "no_gpu": self.no_gpu,
             "mig_profile": self.mig_profile,
             "mig_profile_source": self.mig_profile_source,
             "gpus": [{"bdf": g.bdf, **asdict(g.model)} for g in self.gpus],

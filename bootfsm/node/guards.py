@@ -45,13 +45,14 @@ def no_nvlink_fabric(f: NodeFacts) -> bool:
 
 
 def gpu_install_skipped(f: NodeFacts) -> bool:
-    """The VM carries the SkipGpuDriverInstall tag (detect.skip_tag): no GPU step at all."""
-    return f.skip_gpu_install is not None
+    """No GPU step at all: the VM carries the SkipGpuDriverInstall tag (detect.skip_tag),
+    or the node has no GPU to provision (a CPU VM size of a shared image)."""
+    return f.skip_gpu_install is not None or f.no_gpu is not None
 
 
 def installs_gpu_driver(f: NodeFacts) -> bool:
-    """The GPU step runs (no skip tag)."""
-    return f.skip_gpu_install is None
+    """The GPU step runs (no skip tag, a GPU to provision)."""
+    return not gpu_install_skipped(f)
 
 
 def mig_configured(f: NodeFacts) -> bool:

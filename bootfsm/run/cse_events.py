@@ -114,7 +114,8 @@ class CseEvents:
         now = self.host.wall()
         took = f"{now - self._start:.3f} s"
         if outcome.ok:
-            msg = f"Completed: bootfsm {__version__} run {self.run_id} provisioned in {took}"
+            what = outcome.message or "node provisioned"
+            msg = f"Completed: bootfsm {__version__} run {self.run_id}: {what} in {took}"
             self._write("bootfsm.run", "Informational", msg, self._start, now)
         else:
             head = (

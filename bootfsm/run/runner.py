@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from bootfsm import __version__
-from bootfsm.core.codes import Code
-from bootfsm.core.config import Config
+from bootfsm.core import caller
+from bootfsm.core.config import DROPIN_DIR, Config
 from bootfsm.core.errors import BootError, TransientError
+from bootfsm.host.host import Host
 from bootfsm.machine.context import Context
 from bootfsm.machine.engine import Outcome
 from bootfsm.observe.liveness import boot_id
@@ -39,6 +40,9 @@ class RunOptions:
     env: Mapping[str, str] | None = None
     on_state: Callable[[str], None] | None = None
     on_status: Callable[[str], object] | None = None  # progress text within a state
+    hook: bool = False  # `run --hook`: the provisioning hook (docs/provisioning-hook.md)
+    overrides: tuple[caller.Override, ...] = ()  # what the hook set over the config
+    config_sources: Mapping[str, str] | None = None  # "section.key" -> the file that set it
 
 
 @dataclass(frozen=True)
@@ -85,9 +89,61 @@ def execute(cfg: Config, opts: RunOptions) -> RunResult:
         wait_lock=opts.wait_lock,
         env=opts.env,
         checkpoint=True,
+        start_fields={"hook": opts.hook, "config_sources": _sources(opts)},
     )
     r = run_session(cfg, session, lambda s: _machine(s, opts))
     return RunResult(r.outcome, r.run_id, r.journal, r.duration_s)
+
+
+def _sources(opts: RunOptions) -> dict[str, str]:
+    """Where each configured value came from: its file, or what the hook set it from."""
+    out = dict(opts.config_sources or {})
+    out.update({o.key: o.source for o in opts.overrides})
+    return out
+
+
+def _node_path(root: Path, path: str) -> str | None:
+    """``path`` (a host path) as a node path under ``root``, or None when outside it."""
+    try:
+        return "/" + str(Path(path).relative_to(root))
+    except ValueError:
+        return None
+
+
+def _persist_caller(s: Session, opts: RunOptions) -> None:
+    """`run --hook`: keep the caller's choices for later runs (the unit at the next
+    boot), as a drop-in beside the config file; rewritten only when they changed."""
+    config = _node_path(opts.root.resolve(), str(Path(opts.config_path).resolve()))
+    if config is None or not any(o.persist for o in opts.overrides):
+        return
+    from bootfsm.install import records
+
+    path = f"{config.rsplit('/', 1)[0]}/{DROPIN_DIR}/{caller.HOOK_DROPIN}"
+    text = caller.dropin_text(opts.overrides, s.run_id)
+    if _settings(s.host.read_text(path)) != _settings(text):
+        s.host.makedirs(path.rsplit("/", 1)[0])
+        records.write_file(s.ctx, path, text, 0o644)
+        s.journal.event(
+            "hook.persisted",
+            durable=True,
+            path=path,
+            keys=[o.key for o in opts.overrides if o.persist],
+        )
+
+
+def _settings(text: str | None) -> list[str]:
+    """A drop-in's lines without its comments (the header names the run that wrote it)."""
+    return [ln for ln in (text or "").splitlines() if not ln.startswith("#")]
+
+
+def _reboot_note(host: Host, outcome: Outcome) -> Outcome:
+    """A run that provisioned but asked the caller for a reboot says so in its message."""
+    request = host.read_text(caller.REBOOT_REQUEST) if outcome.ok else None
+    if not request:
+        return outcome
+    return Outcome(
+        outcome.code, outcome.state, f"{outcome.message}; reboot required: {request.strip()}"
+    )
 
 
 def _machine(s: Session, opts: RunOptions) -> Outcome:
@@ -112,22 +168,25 @@ def _machine(s: Session, opts: RunOptions) -> Outcome:
         if opts.on_state is not None:
             opts.on_state(dest)
 
-    outcome = s.drive(_registry(), _callbacks(), on_transition=on_transition)
-    if outcome.code is Code.NO_GPU and cfg.detect.cleanup_on_no_gpu:
+    if opts.hook:
+        _persist_caller(s, opts)
+    outcome = _reboot_note(host, s.drive(_registry(), _callbacks(), on_transition=on_transition))
+    if outcome.ok and ctx.facts_ is not None and ctx.facts_.no_gpu and cfg.detect.cleanup_on_no_gpu:
         _cleanup(ctx)  # in the run's own journal, before run.end
     return outcome
 
 
 def _cleanup(ctx: Context) -> None:
-    """detect.cleanup_on_no_gpu: a GPU image on a VM without a GPU removes what bootfsm
-    installed (as `bootfsm uninstall`); the run still ends NO_GPU (22)."""
+    """detect.cleanup_on_no_gpu: a GPU image booted as a node without a GPU (a CPU VM size
+    of a shared image) removes what bootfsm installed (as `bootfsm uninstall`, what
+    AgentBaker's cleanUpGPUDrivers does for its own prebake); the run still ends 0."""
     from bootfsm.install import uninstall
 
     ctx.state, ctx.state_row, ctx.state_deadline = "uninstall", None, None
     try:
         uninstall.run(ctx)
     except (BootError, TransientError) as exc:
-        ctx.warn(f"cleanup on NO_GPU failed ({exc.code.name}): {exc}")
+        ctx.warn(f"cleanup of a node without a GPU failed ({exc.code.name}): {exc}")
 
 
 def _export_trace(jpath: Path, env: Mapping[str, str]) -> list[str]:

@@ -67,6 +67,7 @@ class Mirror:
         self._lock = threading.Condition()
         self._rules: list[Rule] = []
         self._routes: dict[str, RouteHandler] = {}
+        self._required: dict[str, tuple[str, str]] = {}
         self._counts: dict[str, int] = {}
         self._log: list[LogEntry | None] = []
         self._inflight = 0
@@ -144,13 +145,20 @@ class Mirror:
         with self._lock:
             self._rules.clear()
 
-    def add_route(self, path: str, handler: RouteHandler) -> None:
+    def add_route(
+        self, path: str, handler: RouteHandler, require: tuple[str, str] | None = None
+    ) -> None:
         """Answer GET/HEAD on exactly path (query ignored) with handler() -> (code, headers, body).
 
         handler runs on a server thread per request; an exception becomes a 500.
+        ``require`` (header, value): a request without it is answered 400 as Azure IMDS
+        answers one without ``Metadata: true`` (JSON ``{"error": "Bad request. Required
+        metadata header not specified"}``, Microsoft's IMDS reference).
         """
         with self._lock:
             self._routes[path] = handler
+            if require is not None:
+                self._required[path] = require
 
     # ------------------------------------------------------------ observation
     def requests(self, path_suffix: str) -> int:

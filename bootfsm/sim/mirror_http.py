@@ -44,6 +44,7 @@ class MirrorSide(Protocol):
 
     verbose: bool
     _routes: dict[str, RouteHandler]
+    _required: dict[str, tuple[str, str]]
     _stopping: threading.Event
 
     def _begin(self, path: str) -> int: ...
@@ -133,6 +134,12 @@ class MirrorHandler(BaseHTTPRequestHandler):
             extra = {} if fault.retry_after is None else {"Retry-After": f"{fault.retry_after:g}"}
             return self._plain(fault.code, extra), 0
         route = mirror._routes.get(path)
+        need = mirror._required.get(path)
+        if route is not None and need is not None and self.headers.get(need[0]) != need[1]:
+            body = b'{"error": "Bad request. Required metadata header not specified"}'
+            self._head(400, {"Content-Type": "application/json; charset=utf-8",
+                             "Content-Length": str(len(body))})  # fmt: skip
+            return 400, self._body(io.BytesIO(body), 0, len(body), len(body), None)
         if route is not None:
             try:
                 code, headers, body = route()

@@ -28,6 +28,7 @@ __all__ = [
     "BIN_DIR",
     "FAULTS",
     "SKUS",
+    "VM_SIZE",
     "VM_TAGS",
     "DpkgLockHolder",
     "Sku",
@@ -43,6 +44,8 @@ BIN_DIR = "opt/bootfsm-sim/bin"
 """Node path of the stand-in executables (returned by build_node)."""
 VM_TAGS = "opt/bootfsm-sim/vm-tags.json"
 """Node path of the VM's extra IMDS tags (a JSON list of [name, value]; World.vm_tags)."""
+VM_SIZE = "opt/bootfsm-sim/vm-size"
+"""Node path of a VM size IMDS reports instead of the SKU's (World.vm_size)."""
 
 _SHEBANG_MAX = 255
 
@@ -129,7 +132,7 @@ def imds_instance(root: Path) -> tuple[int, dict[str, str], bytes]:
     node = Node(Path(root))
     sku = node.sku
     plan = {"name": "", "product": "", "publisher": ""}
-    extra = root / VM_TAGS
+    extra, size = root / VM_TAGS, root / VM_SIZE
     tags = [("aks-managed-poolName", "gpu")]
     if extra.exists():
         tags += [(str(k), str(v)) for k, v in json.loads(extra.read_text())]
@@ -189,7 +192,7 @@ def imds_instance(root: Path) -> tuple[int, dict[str, str], bytes]:
         "version": "",
         "vmId": node.gpu_uuid("vm").removeprefix("GPU-"),
         "vmScaleSetName": f"aks-gpu-{sku.name}-vmss",
-        "vmSize": sku.vm_size,
+        "vmSize": size.read_text().strip() if size.exists() else sku.vm_size,
         "zone": "",
     }
     ipv4 = {

@@ -64,6 +64,14 @@ OOMScoreAdjust=-999
 WantedBy=multi-user.target
 """
 
+KUBELET_STANDIN = (
+    "#!/bin/sh\n# kubelet of the bootfsm simulator: the sim's systemctl runs nothing\nexit 0\n"
+)
+KUBELET_DEFAULTS = (
+    "KUBELET_FLAGS=--node-labels=kubernetes.azure.com/role=agent\n"
+    "KUBELET_NODE_LABELS=kubernetes.azure.com/accelerator=nvidia\n"
+)
+
 _KUBELET_UNIT = """\
 [Unit]
 Description=Kubelet
@@ -159,6 +167,8 @@ def write_layout(node: Node, sku: Sku, faults: Collection[str]) -> None:
     node.write("usr/lib/os-release", _OS_RELEASE[sku.os_version])
     node.symlink("../usr/lib/os-release", "etc/os-release")
     for func in pci_layout(sku):
+        if "gpus-off-bus" in faults and func.pci_class == 0x030200:
+            continue
         base = f"sys/bus/pci/devices/{func.address}"
         node.write(f"{base}/vendor", f"0x{func.vendor:04x}\n")
         node.write(f"{base}/device", f"0x{func.device:04x}\n")
@@ -181,6 +191,10 @@ def write_layout(node: Node, sku: Sku, faults: Collection[str]) -> None:
     node.write("var/lib/dpkg/lock", "", 0o640)
     node.write("lib/systemd/system/containerd.service", _CONTAINERD_UNIT)
     node.write("lib/systemd/system/kubelet.service", _KUBELET_UNIT)
+    # kubelet as a configured node has it (AgentBaker's installKubeletKubectlAndKubeProxy
+    # and ensureKubelet write these); a test playing CSE's order removes them first
+    node.write("usr/local/bin/kubelet", KUBELET_STANDIN, 0o755)
+    node.write("etc/default/kubelet", KUBELET_DEFAULTS)
     node.write("etc/containerd/config.toml", _CONTAINERD_CONFIG[sku.containerd_version[0]])
     for directory in ("etc/systemd/system/multi-user.target.wants", "etc/modprobe.d",
                       "etc/udev/rules.d", "var/lib/dpkg/info", "var/log", "dev", "run",

@@ -77,8 +77,8 @@ class NodeUnits(NodeDriver):
         except OSError:
             return None
 
-    def _install_section(self, unit: str) -> dict[str, list[str]]:
-        """[Install] keys of a unit file (WantedBy=, RequiredBy=, Alias=)."""
+    def _section(self, unit: str, name: str) -> dict[str, list[str]]:
+        """One section's keys of a unit file, each key's values in file order."""
         node_path = self.unit_file(unit)
         text = self._read_in_root(node_path) if node_path else None
         keys: dict[str, list[str]] = {}
@@ -87,10 +87,31 @@ class NodeUnits(NodeDriver):
             line = raw.strip()
             if line.startswith("[") and line.endswith("]"):
                 section = line[1:-1]
-            elif section == "Install" and "=" in line:
+            elif section == name and "=" in line:
                 key, value = line.split("=", 1)
                 keys.setdefault(key.strip(), []).extend(value.split())
         return keys
+
+    def _install_section(self, unit: str) -> dict[str, list[str]]:
+        """[Install] keys of a unit file (WantedBy=, RequiredBy=, Alias=)."""
+        return self._section(unit, "Install")
+
+    def _unmet_condition(self, unit: str) -> str | None:
+        """The first ConditionPathExists= of [Unit] that does not hold ("!" negates), as
+        systemd names it, or None (systemd.unit(5); only this condition is modelled)."""
+        for value in self._section(unit, "Unit").get("ConditionPathExists", []):
+            path, negate = value.removeprefix("!"), value.startswith("!")
+            if self.p(path.lstrip("/")).exists() == negate:
+                return f"ConditionPathExists={value}"
+        return None
+
+    def _missing_environment_file(self, unit: str) -> str | None:
+        """An EnvironmentFile= without the "-" prefix that does not exist (systemd.exec(5):
+        then the unit fails to start), or None."""
+        for value in self._section(unit, "Service").get("EnvironmentFile", []):
+            if not value.startswith("-") and not self.p(value.lstrip("/")).is_file():
+                return value
+        return None
 
     def wanted_by(self, unit: str) -> list[str]:
         """Targets whose .wants/ gets the unit's enable symlink (empty: static unit)."""
@@ -143,6 +164,26 @@ class NodeUnits(NodeDriver):
             return 1, f"Failed to {verb} {unit}: Unit {unit} is masked.\n"
         if self.unit_file(unit) is None:
             return 5, f"Failed to {verb} {unit}: Unit {unit} not found.\n"
+        unmet = self._unmet_condition(unit)
+        if unmet is not None:  # the job succeeds, the unit stays as it was (systemd.unit(5))
+            self.journal(
+                f"systemd[1]: {unit} was skipped because of an unmet condition check ({unmet})."
+            )
+            return 0, ""
+        env_file = self._missing_environment_file(unit)
+        if env_file is not None:  # systemd's words: src/core/execute.c, src/core/service.c
+            self.set_unit_state(unit, "failed")
+            self.journal(
+                f"systemd[1]: {unit}: Failed to load environment files: No such file or directory"
+            )
+            self.journal(
+                f"systemd[1]: {unit}: Failed to run 'start' task: No such file or directory"
+            )
+            self.journal(f"systemd[1]: {unit}: Failed with result 'resources'.")
+            return 1, (
+                f"Job for {unit} failed because of unavailable resources or another system error.\n"
+                f'See "systemctl status {unit}" and "journalctl -xeu {unit}" for details.\n'
+            )
         reason = self._start_failure(unit, verb)
         if reason is not None:
             self.set_unit_state(unit, "failed")

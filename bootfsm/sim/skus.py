@@ -140,6 +140,22 @@ SKUS: Mapping[str, Sku] = _skus(
         containerd_version="1.7.27",
         vm_size="Standard_ND96asr_v4",
     ),
+    Sku(
+        # a CPU VM size booting the same image (AKS builds one VHD for GPU and CPU sizes):
+        # no NVIDIA function on PCI, a general-purpose D-series size in IMDS
+        name="cpu-d4s",
+        arch="x86_64",
+        gpu_device_id=0,
+        gpu_count=0,
+        nvswitch_device_id=None,
+        nvswitch_count=0,
+        nvlink5=False,
+        os_id="ubuntu",
+        os_version="22.04",
+        kernel="5.15.0-1089-azure",
+        containerd_version="1.7.27",
+        vm_size="Standard_D4s_v5",
+    ),
 )
 
 FAULTS: Mapping[str, str] = MappingProxyType(
@@ -163,6 +179,7 @@ FAULTS: Mapping[str, str] = MappingProxyType(
         "containerd-restart-fails": "`systemctl restart containerd` fails",
         "ib-umad-missing": "the kernel has no ib_umad module (modprobe ib_umad fails)",
         "cdi-fails": "`nvidia-ctk cdi generate` fails",
+        "gpus-off-bus": "the GPUs are missing from PCI (fell off the bus) on a GPU VM size",
         "kernel-headers-missing": "/lib/modules/<kernel>/build is absent (no DKMS build)",
         "mig-gpu-in-use": (
             "a client holds the GPUs: `nvidia-smi -mig 1` leaves MIG mode pending and MIG"

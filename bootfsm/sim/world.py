@@ -26,6 +26,7 @@ from bootfsm.sim.mirror import Corrupt, DropMidBody, Fault, Mirror, NotFound, St
 from bootfsm.sim.node import FAULTS as NODE_FAULTS
 from bootfsm.sim.node import (
     SKUS,
+    VM_SIZE,
     VM_TAGS,
     DpkgLockHolder,
     build_node,
@@ -71,6 +72,7 @@ class World:
     runfile_blob_bytes: int = 1 << 20
     config_overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     vm_tags: Mapping[str, str] = field(default_factory=dict)
+    vm_size: str = ""  # the VM size IMDS reports, when not the SKU's
     root: Path = field(init=False)
     docroot: Path = field(init=False)
     config_path: Path = field(init=False)
@@ -96,9 +98,13 @@ class World:
         self.bin_dir = build_node(self.root, sku, node_faults, compile_seconds=self.compile_seconds)
         if self.vm_tags:
             (self.root / VM_TAGS).write_text(json.dumps([list(t) for t in self.vm_tags.items()]))
+        if self.vm_size:
+            (self.root / VM_SIZE).write_text(self.vm_size + "\n")
         self._build_mirror()
         self.mirror = self._stack.enter_context(Mirror(self.docroot))
-        self.mirror.add_route("/metadata/instance", lambda: imds_instance(self.root))
+        self.mirror.add_route(
+            "/metadata/instance", lambda: imds_instance(self.root), require=("Metadata", "true")
+        )
         self.mirror.add_route("/healthz", lambda: kubelet_healthz(self.root))
         self._inject()
         self.write_config()
@@ -288,8 +294,13 @@ class World:
         return calls(self.root)
 
     def journals(self) -> list[Path]:
-        """This node's run journals, oldest first."""
-        return sorted((self.root / "var/log/bootfsm").glob("run-*.jsonl"))
+        """This node's run journals, oldest first: in /var/log/bootfsm, and where the
+        provisioning hook puts them (/var/log/azure/bootfsm, AKS's log collector's)."""
+        found = [
+            *(self.root / "var/log/bootfsm").glob("run-*.jsonl"),
+            *(self.root / "var/log/azure/bootfsm").glob("run-*.jsonl"),
+        ]
+        return sorted(found, key=lambda p: p.name)
 
 
 def _toml(v: Any) -> str:

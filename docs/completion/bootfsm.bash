@@ -15,7 +15,7 @@ _bootfsm() {
                 --config) COMPREPLY=($(compgen -f -- "$cur")); return ;;
                 --exit-codes) COMPREPLY=($(compgen -W "bootfsm cse" -- "$cur")); return ;;
             esac
-            COMPREPLY=($(compgen -W "--root --config --json --deadline --wait-lock --quiet --exit-codes --no-start-kubelet --help" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "--root --config --json --deadline --wait-lock --quiet --exit-codes --no-start-kubelet --hook --help" -- "$cur")) ;;
         plan)
             case "$prev" in
                 --root) COMPREPLY=($(compgen -f -- "$cur")); return ;;
