@@ -234,6 +234,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="bootfsm's path on the node for ExecStart (default: this bootfsm)",
     )
+    p.add_argument(
+        "--after-hook",
+        action="store_true",
+        help="on an image the provisioning hook provisions at first boot (AKS): the unit "
+        "waits for the hook's first run (docs/provisioning-hook.md)",
+    )
     p = _cmd(sub, "uninstall-unit", "disable and remove the bootfsm unit")
     p.add_argument("--root", default="/", help="image root")
 

@@ -6,12 +6,11 @@ from dataclasses import replace
 
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError, TransientError
-from bootfsm.core.hardware import branch_problem, requires_open_module
-from bootfsm.core.vmsizes import has_nvidia_gpu
+from bootfsm.core.hardware import requires_open_module
 from bootfsm.install.marker import Marker, check_marker, expected_marker, read_marker
 from bootfsm.machine.context import Context
 from bootfsm.node.facts import NodeFacts, gather_facts, loaded_module_version
-from bootfsm.node.guards import needs_fabric_manager
+from bootfsm.node.verdict import fabric_manager_disagreement, judge, no_gpu_reason
 from bootfsm.parsers import ParseError
 from bootfsm.parsers.imds_tags import parse_imds_tags, skip_gpu_install, tag_value
 from bootfsm.parsers.vmsize import parse_imds_vm_size
@@ -22,59 +21,6 @@ NAME = "detect"
 def satisfied(ctx: Context) -> bool:
     """Detect has run in this process (facts are known); it never persists anything."""
     return ctx.facts_ is not None
-
-
-def judge(ctx: Context, f: NodeFacts) -> None:
-    """Raise the first permanent problem with these facts (pure; used by `plan` too)."""
-    cfg = ctx.config
-    if f.arch is None:
-        raise BootError(
-            Code.UNSUPPORTED_ARCH,
-            f"architecture {f.raw_arch or '(unknown)'!r} is not supported; x86_64 or aarch64",
-        )
-    if cfg.driver.kind == "grid" and f.raw_arch != "x86_64":
-        raise BootError(
-            Code.DRIVER_KIND_UNSUPPORTED_ON_ARCH,
-            f"GRID (vGPU) drivers exist for x86_64 only; this node is {f.raw_arch}",
-        )
-    os_key = f"{f.os_id}:{f.os_version}"
-    if os_key not in cfg.detect.supported_os:
-        raise BootError(
-            Code.UNSUPPORTED_OS,
-            f"OS {os_key} is not supported (detect.supported_os: "
-            f"{', '.join(cfg.detect.supported_os)})",
-        )
-    if not f.gpus:
-        why = f"VM size {f.vm_size} has NVIDIA GPUs" if f.vm_size else "detect.gpu_node = yes"
-        raise BootError(
-            Code.NO_GPU,
-            f"no NVIDIA GPU (vendor 0x10de, class 0x0302/0x0300) on PCI, but this node "
-            f"should have one ({why})",
-        )
-    models = [g.model for g in f.gpus]
-    if cfg.driver.module_type == "proprietary" and requires_open_module(models):
-        raise BootError(
-            Code.MODULE_TYPE_UNSUPPORTED,
-            f"{f.gpu_model} (Blackwell) needs the open kernel modules; "
-            'driver.module_type is "proprietary"',
-        )
-    if cfg.driver.install and cfg.driver.kind == "grid" and not cfg.sources.grid_runfile_url:
-        raise BootError(Code.CONFIG_INVALID, "driver.kind = grid needs sources.grid_runfile_url")
-    d = cfg.driver
-    unsupported = branch_problem(d.version, models) if d.install else None
-    if unsupported is not None:
-        raise BootError(
-            Code.DRIVER_BRANCH_UNSUPPORTED, f"driver.version {d.version}: {unsupported}"
-        )
-    sha = cfg.runfile_sha256(f.arch.runfile)
-    if d.install and not sha and not cfg.sources.allow_unverified:
-        raise BootError(
-            Code.DRIVER_VERSION_UNPINNED,
-            f"no sha256 is pinned for the {d.kind} driver {d.version} runfile "
-            f'({f.arch.runfile}): add "{d.kind} {d.version} {f.arch.runfile} <sha256>" to '
-            f"sources.runfile_pins (or set sources.runfile_sha256_{f.arch.runfile}), or "
-            "bake that driver into the image; never another version instead",
-        )
 
 
 def _imds(ctx: Context) -> str | None:
@@ -170,40 +116,6 @@ def check_headers(ctx: Context, f: NodeFacts) -> None:
     )
 
 
-def no_gpu_reason(ctx: Context, f: NodeFacts) -> str | None:
-    """Why this node has no GPU to provision, or None (pure; used by `plan` too). One
-    image boots GPU and CPU VM sizes: no GPU on PCI is a CPU node unless something says
-    the node should have one (a VM size with NVIDIA GPUs, detect.gpu_node = yes, which
-    the provisioning hook's GPU_NODE=true sets); then it is 22 NO_GPU (judge)."""
-    want = ctx.config.detect.gpu_node
-    if want == "no":
-        return "not a GPU node (detect.gpu_node = no)"
-    if f.gpus or want == "yes":
-        return None
-    if f.vm_size is not None:
-        return None if has_nvidia_gpu(f.vm_size) else f"VM size {f.vm_size} has no NVIDIA GPU"
-    return (
-        "no NVIDIA GPU on PCI, and neither the VM size (IMDS) nor detect.gpu_node says "
-        "this node should have one"
-    )
-
-
-def _fabric_manager_claim(ctx: Context, f: NodeFacts) -> None:
-    """detect.fabric_manager (the caller's GPU_NEEDS_FABRIC_MANAGER) against the
-    hardware: the hardware decides, a disagreement is journaled."""
-    claim = ctx.config.detect.fabric_manager
-    need = needs_fabric_manager(f)
-    if claim == "auto" or (claim == "yes") == need:
-        return
-    hw = f"{len(f.nvswitches)} NVSwitch(es), NVLink5 {'yes' if f.nvlink5 else 'no'}"
-    ctx.warn(
-        f"detect.fabric_manager = {claim}, but the hardware ({hw}, {f.raw_arch}) "
-        f"{'needs' if need else 'needs no'} fabric manager: the hardware decides",
-        claim=claim,
-        hardware_needs=need,
-    )
-
-
 def run(ctx: Context) -> None:
     """Gather facts, journal them, and stop on the first permanent problem; a VM tagged
     SkipGpuDriverInstall=true or a node with no GPU to provision skips the rest (the
@@ -219,7 +131,7 @@ def run(ctx: Context) -> None:
             mig_profile=mig,
             mig_profile_source=mig_source,
         )
-        facts = replace(facts, no_gpu=no_gpu_reason(ctx, facts))
+        facts = replace(facts, no_gpu=no_gpu_reason(ctx.config, facts))
     ctx.journal.event("node.facts", durable=True, **facts.summary())
     if facts.skip_gpu_install is not None:
         ctx.journal.event(
@@ -241,7 +153,9 @@ def run(ctx: Context) -> None:
         )
         ctx.facts_ = facts
         return
-    judge(ctx, facts)
-    _fabric_manager_claim(ctx, facts)
+    judge(ctx.config, facts)
+    disagreement = fabric_manager_disagreement(ctx.config, facts)
+    if disagreement is not None:
+        ctx.warn(disagreement)
     check_headers(ctx, facts)
     ctx.facts_ = facts

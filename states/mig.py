@@ -25,9 +25,10 @@ from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError, TransientError
 from bootfsm.core.migspec import MigItem, parse_mig_layout
 from bootfsm.machine.context import Context
+from bootfsm.node.mig_layout import wanted
 from bootfsm.parsers import ParseError
 from bootfsm.parsers.nvidia_smi import SmiGpu
-from bootfsm.parsers.nvidia_smi_mig import GiProfile, parse_lci, parse_lgi, parse_lgip
+from bootfsm.parsers.nvidia_smi_mig import parse_lci, parse_lgi, parse_lgip
 from bootfsm.parsers.nvidia_smi_xml import parse_smi_xml
 
 __all__ = ["run", "satisfied"]
@@ -69,42 +70,6 @@ def _list(ctx: Context, flag: str, parse: Callable[[str], list[T]]) -> list[T]:
         ) from exc
 
 
-def _wanted(items: tuple[MigItem, ...], profiles: list[GiProfile], gpu: SmiGpu) -> list[int]:
-    """The profile ids of the layout on this GPU; MIG_PROFILE_INVALID for one it lacks."""
-    offered = ", ".join(f"{p.name} ({p.profile_id})" for p in profiles) or "none"
-    out: list[int] = []
-    for item in items:
-        if item.kind == "slices":
-            n = [
-                p
-                for p in profiles
-                if p.name.startswith(f"MIG {item.value}g.") and "+" not in p.name
-            ]
-            if n:
-                return [n[0].profile_id] * n[0].total
-        match = [
-            p
-            for p in profiles
-            if (item.kind == "id" and str(p.profile_id) == item.value)
-            or (item.kind == "name" and p.name == item.value)
-        ]
-        if not match:
-            raise BootError(
-                Code.MIG_PROFILE_INVALID,
-                f"GPU {gpu.bus_id} ({gpu.product_name}) offers no MIG profile {item}; it offers"
-                f" {offered}",
-            )
-        out.append(match[0].profile_id)
-    for pid, count in Counter(out).items():
-        total = next(p.total for p in profiles if p.profile_id == pid)
-        if count > total:
-            raise BootError(
-                Code.MIG_PROFILE_INVALID,
-                f"GPU {gpu.bus_id} holds at most {total} instance(s) of profile {pid}, not {count}",
-            )
-    return out
-
-
 def _state(ctx: Context, index: int) -> tuple[list[int], bool]:
     """(sorted GPU instance profile ids on GPU ``index``, each has exactly one CI)."""
     gis = [g for g in _list(ctx, "-lgi", parse_lgi) if g.gpu == index]
@@ -116,7 +81,7 @@ def _state(ctx: Context, index: int) -> tuple[list[int], bool]:
 def _plan(ctx: Context, gpus: tuple[SmiGpu, ...]) -> list[list[int]]:
     items = _layout(ctx)
     profiles = _list(ctx, "-lgip", parse_lgip)
-    return [_wanted(items, [p for p in profiles if p.gpu == i], g) for i, g in enumerate(gpus)]
+    return [wanted(items, [p for p in profiles if p.gpu == i], g) for i, g in enumerate(gpus)]
 
 
 def _reboot_requested(ctx: Context, gpus: tuple[SmiGpu, ...]) -> bool:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
-from bootfsm.core.config import load_config
+from bootfsm.core.config_files import load_config
 from bootfsm.run.runner import RunOptions, RunResult, execute
 from bootfsm.sim.world import World
 

@@ -12,7 +12,7 @@ import pytest
 
 from bootfsm.cli import main
 from bootfsm.core.codes import Code
-from bootfsm.core.config import load_config
+from bootfsm.core.config_files import load_config
 from bootfsm.core.errors import BootError
 from bootfsm.host.host import Host
 from bootfsm.image.bake import BakeOptions, BakeResult, bake, target_kernel

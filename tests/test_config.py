@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from bootfsm.cli import main
-from bootfsm.core.config import DEFAULTS, ConfigError, load_config, parse_config
+from bootfsm.core.config import DEFAULTS, ConfigError, parse_config
+from bootfsm.core.config_files import load_config
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 

@@ -144,7 +144,7 @@ def test_headers_as_ubuntu_links_them_resolve_inside_the_root(make_world: MakeWo
 def test_no_headers_needed_when_a_bake_marker_matches(make_world: MakeWorld) -> None:
     """A matching marker means nothing is compiled at boot: detect lets it through (the
     driver state then checks the baked module itself)."""
-    from bootfsm.core.config import load_config
+    from bootfsm.core.config_files import load_config
     from bootfsm.host.host import Host
     from bootfsm.install.marker import expected_marker, marker_path, render_marker
     from bootfsm.node.facts import gather_facts

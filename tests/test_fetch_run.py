@@ -10,7 +10,7 @@ import time
 from urllib.parse import urlsplit
 
 from bootfsm.core.codes import Code
-from bootfsm.core.config import load_config
+from bootfsm.core.config_files import load_config
 from bootfsm.run.runner import RunOptions, execute
 from bootfsm.sim.mirror import Mirror, Status, Throttle
 from tests.conftest import MakeWorld, run_in_process

@@ -29,7 +29,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from bootfsm.core.compat import tomllib
-from bootfsm.core.config import DEFAULTS, Config, ConfigError, load_config, parse_config
+from bootfsm.core.config import DEFAULTS, Config, ConfigError, parse_config
+from bootfsm.core.config_files import load_config
 from bootfsm.observe.trace import parse_events, render, to_json
 from bootfsm.parsers import ParseError
 from bootfsm.parsers.debian_packages import parse_packages, safe_filename

@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from bootfsm.core.config import load_config
+from bootfsm.commands.unit import HOOK_CHOICES
+from bootfsm.core.config_files import load_config
 from bootfsm.image.bake import BakeOptions, bake
 from bootfsm.install.containerd import DROPIN
 from bootfsm.sim import artifacts as art
@@ -299,6 +300,7 @@ def test_the_callers_choices_are_used_journaled_and_kept_for_the_next_boot(
     assert sources["sources.runfile_sha256"].endswith("etc/bootfsm/config.toml")
     [install] = installer_calls(w)
     assert (w.root / "sys/module/nvidia/version").read_text().strip() == DRIVER_VERSION
+    assert HOOK_CHOICES == "/" + DROPIN_FILE  # what `install-unit --after-hook` waits for
     dropin = (w.root / DROPIN_FILE).read_text()
     assert f'version = "{DRIVER_VERSION}"  # GPU_DV={DRIVER_VERSION}' in dropin
     assert 'gpu_node = "yes"  # GPU_NODE=true' in dropin

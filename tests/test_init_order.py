@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from bootfsm.core.codes import Code
-from bootfsm.core.config import load_config
+from bootfsm.core.config_files import load_config
 from bootfsm.image.bake import BakeOptions, bake
 from bootfsm.run.runner import RunResult
 from bootfsm.sim.world import World

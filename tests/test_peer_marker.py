@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from bootfsm.core.config import load_config
+from bootfsm.core.config_files import load_config
 from bootfsm.image.bake import BakeOptions, BakeResult, bake
 from bootfsm.install.marker import (
     PEER_MARKER,

@@ -294,9 +294,11 @@ def test_missing_keyring_is_refused(make_world: MakeWorld, key: Key) -> None:
     w = make_world("h100-pcie")
     resign(w, key)
     (w.root / TOOLKIT_KEYRING).unlink()
-    msg = refused(run_in_process(w), Code.REPO_SIGNATURE_INVALID)
-    assert "keyring /usr/share/keyrings/nvidia-container-toolkit-keyring.gpg is missing" in msg
+    # refused before the index is even downloaded: nothing could verify it
+    msg = refused(run_in_process(w), Code.REPO_KEYRING_MISSING)
+    assert "its keyring /usr/share/keyrings/nvidia-container-toolkit-keyring.gpg is not" in msg
     assert gpgv_calls(run_in_process(w)) == []
+    assert [e.path for e in w.mirror.log if "/toolkit/" in e.path] == []
 
 
 def test_configured_keyring_path_is_used(make_world: MakeWorld, key: Key) -> None:

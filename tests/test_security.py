@@ -459,7 +459,8 @@ def test_every_number_in_the_config_has_a_finite_range() -> None:
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e309", "-1", "1e12"])
 def test_config_numbers_out_of_range_are_config_invalid(tmp_path: Path, value: str) -> None:
     """nan, inf, 1e309 (inf in TOML), negatives and absurd values, for every number."""
-    from bootfsm.core.config import RANGES, ConfigError, load_config
+    from bootfsm.core.config import RANGES, ConfigError
+    from bootfsm.core.config_files import load_config
 
     for section, key in RANGES:
         path = tmp_path / f"{section}-{key}.toml"

@@ -22,7 +22,7 @@ import pytest
 from bootfsm.cli import main
 from bootfsm.commands.fetch import fetch_cache
 from bootfsm.core.codes import Code
-from bootfsm.core.config import load_config
+from bootfsm.core.config_files import load_config
 from bootfsm.host.lock import NodeLock
 from bootfsm.image.bake import BakeOptions, bake
 from bootfsm.machine.table import TRANSITIONS, stop_after

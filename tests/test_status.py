@@ -167,7 +167,7 @@ def test_a_run_that_ends_between_the_two_reads_is_not_called_killed(
     lets the lock go between those two reads leaves a "running" record and a free lock:
     the record is read again, and the run is done, not killed."""
     from bootfsm.commands import status as st_mod
-    from bootfsm.core.config import load_config
+    from bootfsm.core.config_files import load_config
     from bootfsm.host.host import Host
 
     w = make_world("h100-pcie")
@@ -194,7 +194,7 @@ def test_a_run_that_starts_between_the_two_reads_is_not_called_killed(
     a new run takes it and writes its first "running" record. Read in the other order,
     that is a record without a lock holder: "killed" for a run that has just begun."""
     from bootfsm.commands import status as st_mod
-    from bootfsm.core.config import load_config
+    from bootfsm.core.config_files import load_config
     from bootfsm.host.host import Host
 
     w = make_world("h100-pcie")

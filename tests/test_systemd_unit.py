@@ -448,3 +448,23 @@ def test_packaged_unit_files_install_without_the_checkout(image_root: Path, tmp_
         (lib / "bootfsm/systemd/bootfsm.service").read_text(), EXEC
     )
     assert verify(f"--root={image_root}", "bootfsm.service") == ""
+
+
+@needs_systemd
+def test_after_hook_waits_for_the_hooks_first_run_and_goes_away(image_root: Path) -> None:
+    """--after-hook: a drop-in whose ConditionPathExists= names the file the hook's run
+    writes (tests/test_hook_callers.py checks a hook run writes exactly that path); it
+    verifies silently, a reinstall without the flag and uninstall-unit take it out."""
+    from bootfsm.commands.unit import AFTER_HOOK_PATH, HOOK_CHOICES
+
+    before = snapshot(image_root)
+    assert install(image_root, "--after-hook") == 0
+    conf = (image_root / AFTER_HOOK_PATH.lstrip("/")).read_text()
+    assert unit_settings(conf)[("Unit", "ConditionPathExists")] == [HOOK_CHOICES]
+    assert HOOK_CHOICES == "/etc/bootfsm/config.d/50-provisioning-hook.toml"
+    assert verify(f"--root={image_root}", "bootfsm.service") == ""
+    assert install(image_root) == 0
+    assert not (image_root / AFTER_HOOK_PATH.lstrip("/")).exists()
+    assert install(image_root, "--after-hook") == 0
+    assert cli_main(["uninstall-unit", "--root", str(image_root)]) == 0
+    assert snapshot(image_root) == before

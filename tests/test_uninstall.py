@@ -487,7 +487,7 @@ def test_dpkg_purge_standin_matches_the_real_dpkg(tmp_path: Path) -> None:
 def test_an_image_baked_then_booted_without_a_gpu_is_cleaned(make_world: MakeWorld) -> None:
     """The teardown the issue names: `bootfsm bake` built the module into the image (no
     GPU on the build VM), the image boots on a CPU VM size (AKS shares one image)."""
-    from bootfsm.core.config import load_config
+    from bootfsm.core.config_files import load_config
     from bootfsm.image.bake import BakeOptions, bake
 
     w = make_world("h100-hgx")

@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 from bootfsm.core.codes import Code
-from bootfsm.core.config import DEFAULT_PATH, Config, ConfigError, load_config
+from bootfsm.core.config import DEFAULT_PATH, Config, ConfigError
+from bootfsm.core.config_files import load_config
 
 __all__ = ["config_path", "load_or_exit"]
 

@@ -24,6 +24,7 @@ from bootfsm.machine.context import Context
 from bootfsm.machine.table import TRANSITIONS
 from bootfsm.node.facts import gather_facts
 from bootfsm.node.guards import GUARDS
+from bootfsm.node.verdict import judge, no_gpu_reason
 from bootfsm.observe.journal import Journal
 
 __all__ = ["main", "make_plan"]
@@ -46,7 +47,7 @@ def _path(ctx: Context) -> list[str]:
 
 def make_plan(ctx: Context, offline: bool) -> dict[str, Any]:
     """The plan as data (pure apart from read-only node queries and index GETs)."""
-    from bootfsm.states import REGISTRY, detect
+    from bootfsm.states import REGISTRY
 
     facts = gather_facts(ctx.host)
     if ctx.config.mig.profile:  # plan asks no IMDS: the VM tag is not seen here
@@ -59,8 +60,13 @@ def make_plan(ctx: Context, offline: bool) -> dict[str, Any]:
         "artifacts": [],
         "indexes": {},
     }
+    facts = replace(facts, no_gpu=no_gpu_reason(ctx.config, facts))  # no IMDS: no VM size
+    if facts.no_gpu is not None:
+        plan["facts"] = facts.summary()
+        plan["states"] = [{"state": "detect", "would_run": True}]
+        return plan
     try:
-        detect.judge(ctx, facts)
+        judge(ctx.config, facts)
     except BootError as exc:
         plan["fail_fast"] = {
             "state": "detect",
@@ -119,6 +125,8 @@ def main(args: argparse.Namespace) -> int:
             print(f"guard {name} = {value}")
         for s in plan["states"]:
             print(f"  {s['state']:<8} {'run' if s['would_run'] else 'skip (satisfied)'}")
+        if f["no_gpu"]:
+            print(f"nothing to provision: {f['no_gpu']}")
         for a in plan["artifacts"]:
             print(f"  artifact {a['name']}: {a['url']} sha256={a['sha256'] or '(none)'}")
         if plan["fail_fast"]:

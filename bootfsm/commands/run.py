@@ -13,7 +13,8 @@ from pathlib import Path
 from bootfsm.commands.common import config_path
 from bootfsm.core import caller
 from bootfsm.core.codes import Code, info
-from bootfsm.core.config import ConfigError, load_config_sources
+from bootfsm.core.config import ConfigError
+from bootfsm.core.config_files import load_config_sources
 from bootfsm.core.cse import CSE_NAMES, cse_exit
 from bootfsm.machine.engine import Outcome
 from bootfsm.run.notify import Notifier, state_status

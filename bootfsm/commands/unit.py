@@ -7,6 +7,10 @@
 - ``/etc/systemd/system/kubelet.service.d/10-bootfsm.conf``: kubelet after bootfsm;
 - ``/etc/systemd/system/bootfsm.service.d/10-restart-mode.conf``: only for systemd 254+;
 - ``/etc/default/bootfsm``: only when absent, so local edits survive a reinstall;
+- with ``--after-hook``, ``/etc/systemd/system/bootfsm.service.d/20-after-hook.conf``: on an
+  image that the cloud provisioning hook provisions at first boot (AKS), the unit waits
+  for the hook's first run (``ConditionPathExists=`` on the drop-in that run writes), so
+  the two never race at first boot and every later boot runs with the hook's choices;
 
 then enables the unit with ``systemctl --root=ROOT enable``, which works offline (no
 running systemd needed). Without systemctl it creates the ``multi-user.target.wants``
@@ -23,11 +27,15 @@ import re
 import sys
 from pathlib import Path
 
+from bootfsm.core.caller import HOOK_DROPIN
 from bootfsm.core.codes import CODES, Code
+from bootfsm.core.config import DEFAULT_PATH
+from bootfsm.core.config_files import DROPIN_DIR
 from bootfsm.core.errors import BootError
 from bootfsm.host.host import Host
 
 __all__ = [
+    "AFTER_HOOK_PATH",
     "ENV_FILE",
     "RESTART_MODE_PATH",
     "UNIT",
@@ -47,6 +55,18 @@ UNIT_PATH = f"/etc/systemd/system/{UNIT}"
 DROPIN_PATH = "/etc/systemd/system/kubelet.service.d/10-bootfsm.conf"
 RESTART_MODE_PATH = "/etc/systemd/system/bootfsm.service.d/10-restart-mode.conf"
 ENV_FILE = "/etc/default/bootfsm"
+AFTER_HOOK_PATH = "/etc/systemd/system/bootfsm.service.d/20-after-hook.conf"
+HOOK_CHOICES = f"{DEFAULT_PATH.rsplit('/', 1)[0]}/{DROPIN_DIR}/{HOOK_DROPIN}"
+AFTER_HOOK_TEXT = f"""\
+# Installed by `bootfsm install-unit --after-hook` (docs/provisioning-hook.md). This image
+# is provisioned at first boot by the cloud provisioning hook (`bootfsm run --hook`, in
+# place of the provisioning script's GPU step), which keeps the script's choices in the
+# file below. Until that first run the unit does nothing (a failed condition is not a
+# failure: kubelet's Requires= is met); from then on it runs with those choices.
+
+[Unit]
+ConditionPathExists={HOOK_CHOICES}
+"""
 WANTS_DIR = "/etc/systemd/system/multi-user.target.wants"
 SHIPPED_EXEC = "/usr/local/bin/bootfsm"
 _SYSTEMCTL_TIMEOUT = 60.0
@@ -134,8 +154,9 @@ def _reload(host: Host, log: list[str]) -> None:
         log.append("systemctl daemon-reload" + ("" if r.ok else f" failed: {r.output.strip()}"))
 
 
-def install(host: Host, exec_path: str) -> list[str]:
+def install(host: Host, exec_path: str, *, after_hook: bool = False) -> list[str]:
     """Place the unit files under ``host.root`` and enable the unit; return what was done.
+    ``after_hook``: the unit waits for the provisioning hook's first run (the module's doc).
 
     Raises BootError: COMMAND_MISSING when ``exec_path`` is not under the root,
     HOST_IO_ERROR when a file cannot be written or systemctl fails.
@@ -161,6 +182,11 @@ def install(host: Host, exec_path: str) -> list[str]:
             continue
         host.write_atomic(dest, text, 0o644)
         log.append(f"wrote {dest}")
+    if after_hook:
+        host.write_atomic(AFTER_HOOK_PATH, AFTER_HOOK_TEXT, 0o644)
+        log.append(f"wrote {AFTER_HOOK_PATH}")
+    elif host.remove(AFTER_HOOK_PATH):
+        log.append(f"removed {AFTER_HOOK_PATH} (installed without --after-hook)")
     how = _systemctl(host, "enable")
     if not how:
         host.symlink_atomic(UNIT_PATH, f"{WANTS_DIR}/{UNIT}")
@@ -187,7 +213,7 @@ def uninstall(host: Host) -> list[str]:
             if not any(parent.iterdir()):
                 parent.rmdir()
     shipped = (source_dir() / "bootfsm.default").read_text(encoding="utf-8")
-    for dest in _FILES.values():
+    for dest in (*_FILES.values(), AFTER_HOOK_PATH):
         if dest == ENV_FILE and host.read_text(dest) not in (None, shipped):
             log.append(f"kept {dest} (edited locally; remove it by hand)")
             continue
@@ -214,7 +240,10 @@ def main(args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        log = install(host, exec_path) if args.command == "install-unit" else uninstall(host)
+        if args.command == "install-unit":
+            log = install(host, exec_path, after_hook=getattr(args, "after_hook", False))
+        else:
+            log = uninstall(host)
     except BootError as exc:
         print(f"bootfsm {args.command}: {exc.message}", file=sys.stderr)
         return int(exc.code)

@@ -40,23 +40,20 @@ CODES: dict[Code, CodeInfo] = {
         _row(
             Code.DRIVER_BRANCH_UNSUPPORTED,
             "the chosen driver's branch does not drive this node's GPUs",
-            "choose a driver branch the GPU supports (B300 and GB300 need R580 or newer): "
-            "driver.version, or the provisioning script's GPU_DV",
+            "choose a branch the GPU supports (B300, GB300: R580+): driver.version or GPU_DV",
             cse=84,
         ),
         _row(
             Code.REPO_KEYRING_MISSING,
-            "a signed repository's keyring is not installed, and this boot must download from it",
-            "bake the image (`bootfsm bake` caches every artifact, so a boot downloads "
-            "nothing) or prefetch (`bootfsm fetch --prefetch`); else install the keyring "
-            "package the message names",
+            "a repository's keyring is missing and this boot must download from it",
+            "bake the image (`bootfsm bake`) or `bootfsm fetch --prefetch`: a boot then "
+            "downloads nothing; or install the keyring the message names",
             cse=84,
         ),
         _row(
             Code.DRIVER_VERSION_UNPINNED,
             "no sha256 is pinned for the chosen driver's runfile",
-            'pin it: sources.runfile_pins = ["KIND VERSION ARCH SHA256"], or bake that '
-            "driver into the image; bootfsm never installs another version instead",
+            'add "KIND VERSION ARCH SHA256" to sources.runfile_pins, or bake that driver',
             cse=84,
         ),
         _row(

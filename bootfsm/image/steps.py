@@ -22,6 +22,7 @@ from bootfsm.install import records
 from bootfsm.install.marker import Marker, check_marker, expected_marker, read_marker
 from bootfsm.machine.context import Context
 from bootfsm.node.facts import NodeFacts
+from bootfsm.node.verdict import judge
 
 __all__ = ["BakeDriver", "Counted", "FactsDetect", "bake_module_type"]
 
@@ -38,7 +39,7 @@ def bake_module_type(cfg: Config) -> str:
 
 class FactsDetect:
     """detect with facts from ``gather``: journaled as ``node.facts``, then judged by the
-    detect state's own rules (``states.detect.judge``)."""
+    detect state's own rules (``node.verdict.judge``)."""
 
     NAME = "detect"
 
@@ -51,11 +52,9 @@ class FactsDetect:
 
     def run(self, ctx: Context) -> None:
         """Gather, journal and judge the facts; raise the first permanent problem."""
-        from bootfsm.states import detect
-
         facts = self.gather(ctx)
         ctx.journal.event("node.facts", durable=True, **facts.summary())
-        detect.judge(ctx, facts)
+        judge(ctx.config, facts)
         ctx.facts_ = facts
 
 

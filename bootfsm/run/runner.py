@@ -15,7 +15,8 @@ from typing import IO, Any
 
 from bootfsm import __version__
 from bootfsm.core import caller
-from bootfsm.core.config import DROPIN_DIR, Config
+from bootfsm.core.config import Config
+from bootfsm.core.config_files import DROPIN_DIR
 from bootfsm.core.errors import BootError, TransientError
 from bootfsm.host.host import Host
 from bootfsm.machine.context import Context

@@ -197,6 +197,9 @@ def install_persistenced(node: Node, version: str) -> None:
     node.write(
         "usr/bin/nvidia-persistenced", standin_script("nvidia-persistenced", node.root), 0o755
     )
+    # /usr/bin/nvidia-smi too, as the runfile installs it: units condition on it (the
+    # toolkit's nvidia-cdi-refresh.service: ConditionPathExists=/usr/bin/nvidia-smi)
+    node.write("usr/bin/nvidia-smi", standin_script("nvidia-smi", node.root), 0o755)
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:bz2") as tar:
         for name in _PERSISTENCED_INIT:

@@ -1,0 +1,102 @@
+"""Verdicts on a node's facts against the config: pure, shared by detect, `plan` and bake.
+
+``judge`` raises the first permanent problem (before any download), ``no_gpu_reason``
+says why a node has nothing to provision (one image serves GPU and CPU VM sizes), and
+``fabric_manager_disagreement`` what to journal when the caller expected otherwise.
+"""
+
+from __future__ import annotations
+
+from bootfsm.core.codes import Code
+from bootfsm.core.config import Config
+from bootfsm.core.errors import BootError
+from bootfsm.core.hardware import branch_problem, requires_open_module
+from bootfsm.core.vmsizes import has_nvidia_gpu
+from bootfsm.node.facts import NodeFacts
+from bootfsm.node.guards import needs_fabric_manager
+
+__all__ = ["fabric_manager_disagreement", "judge", "no_gpu_reason"]
+
+
+def judge(cfg: Config, f: NodeFacts) -> None:
+    """Raise the first permanent problem with these facts (detect, `plan`, bake)."""
+    if f.arch is None:
+        raise BootError(
+            Code.UNSUPPORTED_ARCH,
+            f"architecture {f.raw_arch or '(unknown)'!r} is not supported; x86_64 or aarch64",
+        )
+    if cfg.driver.kind == "grid" and f.raw_arch != "x86_64":
+        raise BootError(
+            Code.DRIVER_KIND_UNSUPPORTED_ON_ARCH,
+            f"GRID (vGPU) drivers exist for x86_64 only; this node is {f.raw_arch}",
+        )
+    os_key = f"{f.os_id}:{f.os_version}"
+    if os_key not in cfg.detect.supported_os:
+        raise BootError(
+            Code.UNSUPPORTED_OS,
+            f"OS {os_key} is not supported (detect.supported_os: "
+            f"{', '.join(cfg.detect.supported_os)})",
+        )
+    if not f.gpus:
+        why = f"VM size {f.vm_size} has NVIDIA GPUs" if f.vm_size else "detect.gpu_node = yes"
+        raise BootError(
+            Code.NO_GPU,
+            f"no NVIDIA GPU (vendor 0x10de, class 0x0302/0x0300) on PCI, but this node "
+            f"should have one ({why})",
+        )
+    models = [g.model for g in f.gpus]
+    if cfg.driver.module_type == "proprietary" and requires_open_module(models):
+        raise BootError(
+            Code.MODULE_TYPE_UNSUPPORTED,
+            f"{f.gpu_model} (Blackwell) needs the open kernel modules; "
+            'driver.module_type is "proprietary"',
+        )
+    if cfg.driver.install and cfg.driver.kind == "grid" and not cfg.sources.grid_runfile_url:
+        raise BootError(Code.CONFIG_INVALID, "driver.kind = grid needs sources.grid_runfile_url")
+    d = cfg.driver
+    unsupported = branch_problem(d.version, models) if d.install else None
+    if unsupported is not None:
+        raise BootError(
+            Code.DRIVER_BRANCH_UNSUPPORTED, f"driver.version {d.version}: {unsupported}"
+        )
+    sha = cfg.runfile_sha256(f.arch.runfile)
+    if d.install and not sha and not cfg.sources.allow_unverified:
+        raise BootError(
+            Code.DRIVER_VERSION_UNPINNED,
+            f"no sha256 is pinned for the {d.kind} driver {d.version} runfile "
+            f'({f.arch.runfile}): add "{d.kind} {d.version} {f.arch.runfile} <sha256>" to '
+            f"sources.runfile_pins (or set sources.runfile_sha256_{f.arch.runfile}), or "
+            "bake that driver into the image; never another version instead",
+        )
+
+
+def no_gpu_reason(cfg: Config, f: NodeFacts) -> str | None:
+    """Why this node has no GPU to provision, or None (detect, `plan`). One
+    image boots GPU and CPU VM sizes: no GPU on PCI is a CPU node unless something says
+    the node should have one (a VM size with NVIDIA GPUs, detect.gpu_node = yes, which
+    the provisioning hook's GPU_NODE=true sets); then it is 22 NO_GPU (judge)."""
+    want = cfg.detect.gpu_node
+    if want == "no":
+        return "not a GPU node (detect.gpu_node = no)"
+    if f.gpus or want == "yes":
+        return None
+    if f.vm_size is not None:
+        return None if has_nvidia_gpu(f.vm_size) else f"VM size {f.vm_size} has no NVIDIA GPU"
+    return (
+        "no NVIDIA GPU on PCI, and neither the VM size (IMDS) nor detect.gpu_node says "
+        "this node should have one"
+    )
+
+
+def fabric_manager_disagreement(cfg: Config, f: NodeFacts) -> str | None:
+    """detect.fabric_manager (the caller's GPU_NEEDS_FABRIC_MANAGER) against the
+    hardware, which decides: what to journal when they disagree, or None."""
+    claim = cfg.detect.fabric_manager
+    need = needs_fabric_manager(f)
+    if claim == "auto" or (claim == "yes") == need:
+        return None
+    hw = f"{len(f.nvswitches)} NVSwitch(es), NVLink5 {'yes' if f.nvlink5 else 'no'}"
+    return (
+        f"detect.fabric_manager = {claim}, but the hardware ({hw}, {f.raw_arch}) "
+        f"{'needs' if need else 'needs no'} fabric manager: the hardware decides"
+    )
