@@ -65,7 +65,8 @@ def judge(cfg: Config, f: NodeFacts) -> None:
             Code.DRIVER_VERSION_UNPINNED,
             f"no sha256 is pinned for the {d.kind} driver {d.version} runfile "
             f'({f.arch.runfile}): add "{d.kind} {d.version} {f.arch.runfile} <sha256>" to '
-            f"sources.runfile_pins (or set sources.runfile_sha256_{f.arch.runfile}), or "
+            f"sources.runfile_pins (sources.runfile_sha256_{f.arch.runfile} for the configured "
+            "driver), or "
             "bake that driver into the image; never another version instead",
         )
 

@@ -79,7 +79,7 @@ _bootfsm() {
                 --root) COMPREPLY=($(compgen -f -- "$cur")); return ;;
                 --exec) COMPREPLY=($(compgen -f -- "$cur")); return ;;
             esac
-            COMPREPLY=($(compgen -W "--root --exec --help" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "--root --exec --after-hook --help" -- "$cur")) ;;
         uninstall-unit)
             case "$prev" in
                 --root) COMPREPLY=($(compgen -f -- "$cur")); return ;;
