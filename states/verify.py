@@ -1,6 +1,9 @@
 """verify: the driver answers, every PCI GPU is visible, the NVLink fabric is ready.
 
-Reads the structured `nvidia-smi -q -x` (the whole output, however many GPUs). The
+A corrupted infoROM is judged from the plain `nvidia-smi`, the one command that reports
+it (its warning and exit 14; `-q -x` exits 0 without it): INFOROM_CORRUPTED, as
+AgentBaker's validateGPUDrivers exits 87. Then it reads the structured
+`nvidia-smi -q -x` (the whole output, however many GPUs). The
 fabric is judged by what each GPU reports and what its family supports, not by the
 guards: Ampere has no GPU fabric probe (Fabric N/A even with NVSwitch and fabric
 manager), N/A / Not Supported means no fabric to wait for, any other state must reach
@@ -17,6 +20,7 @@ from __future__ import annotations
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError, TransientError
 from bootfsm.install.daemons import FABRIC_MANAGER
+from bootfsm.install.driver_init import inforom_error
 from bootfsm.machine.context import Context
 from bootfsm.node.fabric import (
     FabricJudgement,
@@ -39,6 +43,14 @@ __all__ = ["run", "satisfied"]
 NAME = "verify"
 SMI_QUERY = ("nvidia-smi", "-q", "-x")
 PROC_VERSION = "/proc/driver/nvidia/version"
+
+
+def _inforom(ctx: Context) -> None:
+    """INFOROM_CORRUPTED when the plain `nvidia-smi` warns about an infoROM."""
+    r = ctx.run(["nvidia-smi"], timeout=120, die_with_bootfsm=False)  # only reads
+    error = inforom_error(r.output, r.returncode)
+    if error is not None:
+        raise error
 
 
 def _query(ctx: Context) -> SmiReport:
@@ -96,6 +108,7 @@ def satisfied(ctx: Context) -> bool:
     if needs_fabric_manager(ctx.facts) and not FABRIC_MANAGER.running(ctx):
         return False
     try:
+        _inforom(ctx)
         report = _query(ctx)
     except (BootError, TransientError):
         return False
@@ -111,7 +124,9 @@ def _fail_final(judgement: FabricJudgement) -> BootError:
 
 
 def run(ctx: Context) -> None:
-    """Query, then wait (bounded) for the fabric; each failure class has its own code."""
+    """The infoROM, a query, then wait (bounded) for the fabric; each failure class has
+    its own code."""
+    _inforom(ctx)
     report = _query(ctx)
     judgement = judge_fabric(report)
     if judgement.verdict is FabricVerdict.FAILED:

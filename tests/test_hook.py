@@ -206,7 +206,7 @@ EVERY_FAULT = [
     ("http-503x3", "h100-pcie", Code.OK, "done", 0),
     ("drop-mid-body", "h100-pcie", Code.OK, "done", 0),
     ("dpkg-lock-held", "gb300", Code.DPKG_LOCK_TIMEOUT, "driver", 85),
-    ("inforom-corrupted", "h100-pcie", Code.INFOROM_CORRUPTED, "verify", 87),
+    ("inforom-corrupted", "h100-pcie", Code.INFOROM_CORRUPTED, "driver", 87),
     ("fabric-in-progress-forever", "h100-hgx", Code.FABRIC_NOT_READY, "verify", 84),
     ("kubelet-unhealthy", "h100-pcie", Code.KUBELET_NOT_HEALTHY, "join", 34),
     ("installer-fails", "h100-pcie", Code.DRIVER_INSTALL_FAILED, "driver", 84),

@@ -17,7 +17,12 @@ from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError
 from bootfsm.install import records
 from bootfsm.machine.context import Context
-from bootfsm.parsers.nvidia_smi import SmiFailure, classify_smi_failure, wrong_module_type
+from bootfsm.parsers.nvidia_smi import (
+    SmiFailure,
+    classify_smi_failure,
+    inforom_warnings,
+    wrong_module_type,
+)
 
 __all__ = [
     "LDCACHE",
@@ -25,6 +30,7 @@ __all__ = [
     "NV_MODULES",
     "SMI_POLL_S",
     "device_nodes",
+    "inforom_error",
     "init_missing",
     "initialize",
     "modules_present",
@@ -38,6 +44,10 @@ LOADED_RECORD = "/run/bootfsm/driver-loaded"
 LDCACHE = "/etc/ld.so.cache"
 SMI_POLL_S = 2.0
 """Seconds between nvidia-smi tries while the driver comes up (within driver.smi_wait)."""
+SMI_INFOROM_EXIT = 14
+"""nvidia-smi's exit status for a corrupted infoROM (nvidia-smi(1) RETURN VALUE; the
+plain table prints the warning and exits 14 while `nvidia-smi -q -x` exits 0 without it:
+samples nvidia-smi/nvml_error_excerpts.txt [E], the microsoft/pai #3756 note)."""
 _NVML = b"libnvidia-ml.so.1"
 
 
@@ -117,10 +127,29 @@ def _load(ctx: Context) -> None:
         )
 
 
+def inforom_error(output: str, returncode: int) -> BootError | None:
+    """INFOROM_CORRUPTED when plain `nvidia-smi` reported a corrupted infoROM (its
+    warning line, or exit 14), naming the GPUs it warned about; None otherwise. Only the
+    plain table says so: `-q -x` exits 0 without the warning, so nothing else is asked."""
+    gpus = inforom_warnings(output)
+    if not gpus and returncode != SMI_INFOROM_EXIT:
+        return None
+    where = f" at {', '.join(gpus)}" if gpus else ""
+    return BootError(
+        Code.INFOROM_CORRUPTED,
+        f"nvidia-smi: infoROM is corrupted{where} (exit {returncode}); the GPU needs service",
+        output=output[-1000:],
+    )
+
+
 def _smi_answers(ctx: Context, seen: list[str]) -> bool | None:
     """One nvidia-smi try: True when it answers, None to try again (its failure appended
-    to ``seen``); a version mismatch is final (DRIVER_LIBRARY_MISMATCH)."""
+    to ``seen``); a version mismatch (DRIVER_LIBRARY_MISMATCH) and a corrupted infoROM
+    (INFOROM_CORRUPTED, what AgentBaker's validateGPUDrivers exits 87 for) are final."""
     r = ctx.run(["nvidia-smi"], timeout=120, die_with_bootfsm=False)  # only reads
+    inforom = inforom_error(r.output, r.returncode)
+    if inforom is not None:
+        raise inforom
     failure = classify_smi_failure(r.output)
     if failure is SmiFailure.DRIVER_LIBRARY_MISMATCH:
         raise BootError(
@@ -131,7 +160,7 @@ def _smi_answers(ctx: Context, seen: list[str]) -> bool | None:
         why = wrong_module_type(r.output, [g.device_id for g in ctx.facts.gpus], proc)
         if why is not None:
             raise BootError(Code.WRONG_MODULE_TYPE, why, output=r.tail)
-    if r.ok or failure is SmiFailure.INFOROM_CORRUPTED:  # verify reports the infoROM
+    if r.ok:
         return True
     seen.append(f"exit {r.returncode}: {r.output.strip()[-300:]}")
     return None

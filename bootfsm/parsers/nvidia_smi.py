@@ -23,6 +23,7 @@ __all__ = [
     "SmiReport",
     "classify_smi_failure",
     "device_id_of",
+    "inforom_warnings",
     "parse_smi_query",
     "wrong_module_type",
 ]
@@ -95,6 +96,15 @@ def classify_smi_failure(text: str) -> SmiFailure | None:
         if message in text:
             return failure
     return None
+
+
+def inforom_warnings(text: str) -> tuple[str, ...]:
+    """The bus ids of every ``WARNING: infoROM is corrupted at gpu <bus id>`` line, in
+    order (plain `nvidia-smi` prints it after its table and exits 14: samples
+    nvidia-smi/nvml_error_excerpts.txt [E] and
+    azhpc-diagnostics/table_8xV100_inforom-warning_460.32.03.txt)."""
+    found = (_INFOROM_WARNING.fullmatch(line.rstrip()) for line in text.splitlines())
+    return tuple(m[1].strip() for m in found if m is not None)
 
 
 def device_id_of(value: str) -> int:

@@ -239,10 +239,12 @@ def test_inforom_and_gpu_missing_faults(make_node: MakeNode) -> None:
     _ready(node)
     smi = node.run("nvidia-smi", "-q")
     assert smi.returncode == 0
-    assert smi.stdout.startswith("WARNING: infoROM is corrupted at gpu 0001:00:00.0\n")
     report = parse_smi_query(smi.stdout)
-    assert report.inforom_corrupted == ("0001:00:00.0",)
     assert len(report.gpus) == 7
+    # as the real tool: `-q -x` exits 0 and says nothing of the infoROM (microsoft/pai
+    # #3756 in samples nvidia-smi/nvml_error_excerpts.txt); only the table warns
+    xml = node.run("nvidia-smi", "-q", "-x")
+    assert xml.returncode == 0 and "infoROM" not in xml.stdout + xml.stderr
     table = node.run("nvidia-smi")
     assert table.returncode == 14
     assert table.stdout.rstrip().endswith("WARNING: infoROM is corrupted at gpu 0001:00:00.0")
