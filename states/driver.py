@@ -29,7 +29,7 @@ from bootfsm.install.driver_init import (
     initialize,
     modules_present,
     record_loaded,
-    unload_own,
+    unload_driver,
 )
 from bootfsm.install.marker import (
     Marker,
@@ -82,25 +82,13 @@ def skip_reason(ctx: Context) -> str | None:
 
 
 def _unload_other(ctx: Context, rebuild: bool = False) -> None:
-    """Unload a loaded driver of another version (or one to rebuild): first the modules
-    bootfsm itself loaded this boot (nvidia_uvm, nvidia_drm, nvidia_modeset), then
-    nvidia; REBOOT_REQUIRED when it stays loaded (someone else holds it)."""
+    """Unload a loaded driver of another version (or one to rebuild): bootfsm's own
+    daemons on it stopped first, then the modules (driver_init.unload_driver);
+    REBOOT_REQUIRED, naming the holders, when nvidia stays loaded."""
     loaded = steps.loaded_version(ctx)
     if loaded is None or (loaded == ctx.config.driver.version and not rebuild):
         return
-    unload_own(ctx)
-    r = ctx.run(["modprobe", "-r", "nvidia"], timeout=60)
-    if not r.ok or steps.loaded_version(ctx) is not None:
-        holders = ctx.host.listdir("/sys/module/nvidia/holders")
-        held = f" (held by {', '.join(holders)})" if holders else ""
-        raise BootError(
-            Code.REBOOT_REQUIRED,
-            f"driver {loaded} is loaded and in use{held}; "
-            f"{ctx.config.driver.version} needs a reboot",
-            output=r.output[-1000:],
-        )
-    record_loaded(ctx, set(), replace_all=True)
-    ctx.event("driver.unloaded", version=loaded)
+    unload_driver(ctx, loaded)
 
 
 def _needs_build(ctx: Context) -> bool:

@@ -7,8 +7,11 @@ A prebaked image or a udev-autoloaded module has none of that done at boot, so t
 driver state's postcondition asks for the device nodes and the cache (``init_missing``).
 
 /run/bootfsm/driver-loaded lists the NVIDIA modules bootfsm's own commands loaded this
-boot (/run is per boot). An upgrade in place unloads those (``unload_own``) before it
-decides the old driver is in use.
+boot (/run is per boot). An upgrade in place or a rebuild (``unload_driver``) first stops
+the daemons bootfsm started that hold /dev/nvidia* (``daemons.DRIVER_USERS``, in NVIDIA's
+driver container's order), unloads the modules bootfsm loaded (``unload_own``), then
+nvidia, and judges by what is loaded afterwards, never by modprobe's exit status (kmod
+exits 0 for a module already gone, 1 with --first-time in $MODPROBE_OPTIONS).
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from __future__ import annotations
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError
 from bootfsm.install import records
+from bootfsm.install.daemons import DRIVER_USERS, IMEX, Daemon
 from bootfsm.machine.context import Context
+from bootfsm.node.facts import loaded_module_version
 from bootfsm.parsers.nvidia_smi import (
     SmiFailure,
     classify_smi_failure,
@@ -35,6 +40,7 @@ __all__ = [
     "initialize",
     "modules_present",
     "record_loaded",
+    "unload_driver",
     "unload_own",
 ]
 
@@ -90,6 +96,72 @@ def unload_own(ctx: Context) -> list[str]:
     if done:
         record_loaded(ctx, _recorded(ctx) - set(done), replace_all=True)
     return done
+
+
+def _started_by_bootfsm(ctx: Context) -> set[str]:
+    entries = records.load(ctx.host, ctx.config)
+    return {e["unit"] for e in entries if e["kind"] == "unit" and e["action"] == "start"}
+
+
+def _device_processes(ctx: Context) -> list[str]:
+    """``comm (pid N)`` of the processes with a /dev/nvidia* file open (/proc/<pid>/fd
+    links, as fuser(1) reads them); asked only when an unload failed."""
+    found: list[str] = []
+    for proc in ctx.host.glob("/proc/[0-9]*"):
+        fds = ctx.host.glob(f"{proc}/fd/*")
+        if any((ctx.host.readlink(fd) or "").startswith("/dev/nvidia") for fd in fds):
+            comm = (ctx.host.read_text(f"{proc}/comm") or "?").strip()
+            found.append(f"{comm} (pid {proc.rsplit('/', 1)[1]})")
+    return found
+
+
+def nvidia_users(ctx: Context) -> list[str]:
+    """Who keeps nvidia loaded, by name: the modules holding it (/sys/module/nvidia/
+    holders), the NVIDIA daemons still active and the processes with /dev/nvidia* open."""
+    users = ctx.host.listdir("/sys/module/nvidia/holders")
+    users += [d.unit for d in (*DRIVER_USERS, IMEX) if d.running(ctx)]
+    return users + _device_processes(ctx)
+
+
+def _start_again(ctx: Context, stopped: list[Daemon]) -> None:
+    for daemon in stopped:  # the order they were stopped in: the driver container's
+        try:
+            daemon.start(ctx)
+        except BootError as exc:
+            ctx.warn(f"{daemon.unit} did not start again: {exc.message}")
+
+
+def unload_driver(ctx: Context, loaded: str) -> None:
+    """Unload the loaded driver ``loaded`` so another can be loaded: stop the daemons
+    bootfsm started that hold /dev/nvidia* (``DRIVER_USERS`` order), unload the modules
+    bootfsm loaded this boot, then nvidia. REBOOT_REQUIRED, naming what holds it, when
+    nvidia is still loaded afterwards (the stopped daemons are started again first).
+    The stopped daemons come back with the new driver: nvidia-persistenced in this
+    state, fabric manager in the fabric state (after its version matches)."""
+    mine = _started_by_bootfsm(ctx)
+    stopped = [d for d in DRIVER_USERS if d.unit in mine and d.running(ctx)]
+    for daemon in stopped:
+        daemon.stop(ctx)
+    if stopped:
+        ctx.event("driver.daemons_stopped", units=[d.unit for d in stopped])
+    unload_own(ctx)
+    output = ""
+    if ctx.host.exists("/sys/module/nvidia"):
+        r = ctx.run(["modprobe", "-r", "nvidia"], timeout=60)
+        ctx.event("driver.unload", module="nvidia", ok=r.ok, rc=r.returncode)
+        output = r.output[-1000:]
+    if loaded_module_version(ctx.host) is not None:
+        users = nvidia_users(ctx)
+        _start_again(ctx, stopped)
+        held = f" (held by {', '.join(users[:10])})" if users else ""
+        raise BootError(
+            Code.REBOOT_REQUIRED,
+            f"driver {loaded} is loaded and in use{held}; "
+            f"{ctx.config.driver.version} needs a reboot",
+            output=output,
+        )
+    record_loaded(ctx, set(), replace_all=True)
+    ctx.event("driver.unloaded", version=loaded)
 
 
 def device_nodes(ctx: Context) -> list[str]:

@@ -98,7 +98,9 @@ def simulate_reboot(root: Path) -> None:
     for volatile in ("run", "dev"):
         node.remove(volatile)
         node.p(volatile).mkdir(parents=True)
-    for path in [*node.p("sys/module").glob("nvidia*"), *node.p("proc/driver").glob("nvidia*")]:
+    processes = node.p("proc").glob("[0-9]*")  # no process outlives a reboot
+    for path in [*node.p("sys/module").glob("nvidia*"), *node.p("proc/driver").glob("nvidia*"),
+                 *processes]:  # fmt: skip
         node.remove(str(path.relative_to(node.root)))
     node.boot()
 

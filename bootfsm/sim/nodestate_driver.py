@@ -121,6 +121,19 @@ class NodeDriver(NodeBase):
             self.create_dev_char_links()
         return None
 
+    def device_processes(self) -> list[tuple[int, str]]:
+        """(pid, comm) of every process with a /dev/nvidia* file open, as Linux shows it:
+        /proc/<pid>/fd/<n> links to the device, /proc/<pid>/comm names the process (what
+        fuser(1) and lsof(8) read)."""
+        found: list[tuple[int, str]] = []
+        for proc in sorted(self.p("proc").glob("[0-9]*")):
+            fds = proc / "fd"
+            links = [os.readlink(f) for f in fds.iterdir() if f.is_symlink()] if fds.is_dir() else []
+            if any(t.startswith("/dev/nvidia") for t in links):
+                comm = (proc / "comm").read_text().strip() if (proc / "comm").exists() else "?"
+                found.append((int(proc.name), comm))
+        return found
+
     def unload_module(self) -> None:
         """Forget the loaded modules (device nodes stay, as mknod'ed nodes do)."""
         for path in ("sys/module/nvidia", "proc/driver/nvidia", "proc/driver/nvidia-nvswitch"):

@@ -16,7 +16,7 @@ from pathlib import Path
 from bootfsm.sim.nodestate_base import RUN_DIR
 from bootfsm.sim.nodestate_driver import NodeDriver
 
-__all__ = ["FABRIC_MANAGER", "NVLSM", "UNIT_DIRS", "NodeUnits", "unit_name"]
+__all__ = ["DEVICE_UNITS", "FABRIC_MANAGER", "NVLSM", "UNIT_DIRS", "NodeUnits", "unit_name"]
 
 UNIT_DIRS = (
     "etc/systemd/system",
@@ -34,6 +34,14 @@ _NOTHING_TO_DO = (
     "request to query NVSwitch device information from NVSwitch driver failed with"
     " error:WARNING Nothing to do [NV_WARN_NOTHING_TO_DO]"
 )
+
+
+DEVICE_UNITS = ("nvidia-persistenced.service", FABRIC_MANAGER, "nvidia-imex.service")
+"""Units whose daemon keeps /dev/nvidia* open while it runs, so the nvidia module is in
+use: NVIDIA's driver container stops the persistence daemon and fabric manager (and
+IMEX) before it unloads the modules (NVIDIA/gpu-driver-container, nvidia-driver
+``_unload_driver``), and nvidia-persistenced's whole job is to hold the devices open
+(NVIDIA/nvidia-persistenced README)."""
 
 
 def unit_name(arg: str) -> str:
@@ -120,6 +128,15 @@ class NodeUnits(NodeDriver):
             return []
         dirs = [d for d in base.iterdir() if d.name.endswith((".wants", ".requires"))]
         return sorted({link.name for d in dirs if d.is_dir() for link in d.iterdir()})
+
+    def nvidia_users(self) -> list[str]:
+        """What keeps the nvidia module in use (its refcount), by name: the modules
+        holding it (/sys/module/nvidia/holders), the active daemons of DEVICE_UNITS and
+        the other processes with a /dev/nvidia* file open."""
+        holders = self.p("sys/module/nvidia/holders")
+        users = sorted(h.name for h in holders.iterdir()) if holders.is_dir() else []
+        users += [u for u in DEVICE_UNITS if self.unit_state(u) == "active"]
+        return users + [f"{comm} (pid {pid})" for pid, comm in self.device_processes()]
 
     def unit_state(self, unit: str) -> str:
         """active, failed or inactive."""

@@ -151,7 +151,8 @@ FAULTS: Mapping[str, str] = MappingProxyType(
         "installer-hangs": "nvidia-installer never returns (dies on SIGTERM/SIGKILL)",
         "stale-driver-in-use": (
             f"a {STALE_DRIVER_VERSION} proprietary driver is built and loaded;"
-            " `modprobe -r nvidia` fails 'in use'"
+            " a process (python3, pid 4242) holds /dev/nvidia0, so `modprobe -r nvidia`"
+            " fails 'in use'"
         ),
         "stale-driver": (
             f"a {STALE_DRIVER_VERSION} proprietary driver is built and loaded (unloadable)"
