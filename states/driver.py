@@ -19,9 +19,7 @@ import time
 from dataclasses import asdict, replace
 
 from bootfsm import __version__
-from bootfsm.core.codes import Code
-from bootfsm.core.errors import BootError
-from bootfsm.core.hardware import requires_open_module
+from bootfsm.core.hardware import requires_open_module, requires_proprietary_module
 from bootfsm.install import driver_steps as steps
 from bootfsm.install import persistenced, records
 from bootfsm.install.driver_init import (
@@ -51,8 +49,13 @@ def _marker_mismatch(ctx: Context, m: Marker | str | None) -> tuple[str, str] | 
     if not isinstance(m, Marker):
         return "marker", m
     want = expected_marker(ctx.config, ctx.facts)
-    needs_open = requires_open_module(g.model for g in ctx.facts.gpus)
-    diff = check_marker(m, want, needs_open=needs_open)
+    models = [g.model for g in ctx.facts.gpus]
+    diff = check_marker(
+        m,
+        want,
+        needs_open=requires_open_module(models),
+        needs_proprietary=requires_proprietary_module(models),
+    )
     if not diff:
         return None
     d = diff[0]
@@ -108,9 +111,11 @@ def _needs_build(ctx: Context) -> bool:
         )
         return True
     assert isinstance(m, Marker)
-    needs_open = requires_open_module(g.model for g in ctx.facts.gpus)
+    models = [g.model for g in ctx.facts.gpus]
     want_type = m.module_type or required_module_type(
-        ctx.config.driver.module_type, needs_open=needs_open
+        ctx.config.driver.module_type,
+        needs_open=requires_open_module(models),
+        needs_proprietary=requires_proprietary_module(models),
     )  # a bash-path marker names no type: the built module's licence must fit
     problem = steps.module_problem(ctx, want_type)
     ctx.event(

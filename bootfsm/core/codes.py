@@ -64,7 +64,8 @@ CODES: dict[Code, CodeInfo] = {
         _row(
             Code.MODULE_TYPE_UNSUPPORTED,
             "requested kernel module type cannot drive these GPUs",
-            'Blackwell GPUs need the open kernel modules: driver.module_type = "open" or "auto"',
+            "Blackwell GPUs need the open kernel modules, GPUs older than Turing (V100, P100)"
+            ' the proprietary ones: driver.module_type = "auto", or the type they need',
             cse=84,
         ),
         _row(

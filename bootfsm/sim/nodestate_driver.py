@@ -78,7 +78,8 @@ class NodeDriver(NodeBase):
     def load_module(self, *, force: bool = False) -> str | None:
         """Load the module built for the running kernel; None on success, else the error text.
 
-        A proprietary module refuses to load on a node with a Blackwell GPU (unless force).
+        A proprietary module refuses to load on a node with a Blackwell GPU, an open one on
+        a node with a GPU older than Turing (unless force).
         """
         if self.loaded_module() is not None:
             return None
@@ -99,6 +100,21 @@ class NodeDriver(NodeBase):
                 f"NVRM: The NVIDIA GPU {address} (PCI ID: 10de:{device:04x})\n"
                 "NVRM: installed in this system requires use of the NVIDIA open kernel modules.\n"
                 "modprobe: ERROR: could not insert 'nvidia': No such device\n"
+            )
+        older = self.pre_turing_gpu()
+        if module.module_type == "open" and older is not None and not force:
+            address, device = older
+            # open-gpu-kernel-modules kernel-open/nvidia/nv.c, the probe of a GPU with no GSP
+            lines = (
+                f"NVRM: The NVIDIA GPU {address} (PCI ID: 10de:{device:04x})",
+                "NVRM: installed in this system is not supported by open",
+                "NVRM: nvidia.ko because it does not include the required GPU",
+                "NVRM: System Processor (GSP).",
+            )
+            for line in lines:
+                self.journal(f"kernel: {line}")
+            return (
+                "\n".join(lines) + "\nmodprobe: ERROR: could not insert 'nvidia': No such device\n"
             )
         self.write("sys/module/nvidia/version", f"{module.version}\n")
         self.write("sys/module/nvidia/refcnt", "0\n")
@@ -128,7 +144,9 @@ class NodeDriver(NodeBase):
         found: list[tuple[int, str]] = []
         for proc in sorted(self.p("proc").glob("[0-9]*")):
             fds = proc / "fd"
-            links = [os.readlink(f) for f in fds.iterdir() if f.is_symlink()] if fds.is_dir() else []
+            links = (
+                [os.readlink(f) for f in fds.iterdir() if f.is_symlink()] if fds.is_dir() else []
+            )
             if any(t.startswith("/dev/nvidia") for t in links):
                 comm = (proc / "comm").read_text().strip() if (proc / "comm").exists() else "?"
                 found.append((int(proc.name), comm))

@@ -81,19 +81,41 @@ _FLAGS = frozenset(
 )  # fmt: skip
 
 
-def _installer_args(argv: list[str]) -> _InstallerArgs:
-    """Parse the nvidia-installer options the provisioners use (-k X, -k=X, --opt=X, --opt X)."""
+_MODULE_TYPE_BRANCH = 560
+"""From this branch the installer has -M/--kernel-module-type and
+--print-recommended-kernel-module-type (the 575.57.08 --advanced-options of
+samples/installer/nvidia-run_help_info_advanced_excerpts.txt lists both beside the
+deprecated -m; NVIDIA/gpu-driver-container PR #182: "--kernel-module-type is a new flag
+and is only available from R560 onwards"), and builds the open modules by default."""
+_OPEN_BRANCH = 515
+"""From this branch the package carries kernel-open/ beside kernel/ and the installer
+takes -m/--kernel-module-build-directory to pick one (NVIDIA driver README, "Open Linux
+Kernel Modules": two flavors "starting in the 515 driver release series")."""
+
+
+def _branch(version: str | None) -> int:
+    head = (version or "").split(".", 1)[0]
+    return int(head) if head.isdigit() else _MODULE_TYPE_BRANCH
+
+
+def _installer_args(argv: list[str], version: str | None = None) -> _InstallerArgs:
+    """Parse the nvidia-installer options the provisioners use (-k X, -k=X, --opt=X, --opt X)
+    as the installer of ``version``'s branch knows them (options a branch lacks are
+    unknown to it)."""
     args = _InstallerArgs()
-    valued = {"-k": "kernel", "--kernel-name": "kernel", "-M": "module_type",
-              "--kernel-module-type": "module_type", "--log-file-name": "log_file",
-              "-m": "build_dir", "--kernel-module-build-directory": "build_dir"}  # fmt: skip
+    branch = _branch(version)
+    valued = {"-k": "kernel", "--kernel-name": "kernel", "--log-file-name": "log_file"}
+    if branch >= _OPEN_BRANCH:
+        valued |= {"-m": "build_dir", "--kernel-module-build-directory": "build_dir"}
+    if branch >= _MODULE_TYPE_BRANCH:
+        valued |= {"-M": "module_type", "--kernel-module-type": "module_type"}
     i = 0
     while i < len(argv):
         arg = argv[i]
         key, eq, value = arg.partition("=")
         if arg in ("-x", "--extract-only"):
             args.extract_only = True
-        elif arg == "--print-recommended-kernel-module-type":
+        elif arg == "--print-recommended-kernel-module-type" and branch >= _MODULE_TYPE_BRANCH:
             args.print_recommended = True
         elif arg in ("-v", "--version"):
             args.version = True
@@ -107,7 +129,9 @@ def _installer_args(argv: list[str]) -> _InstallerArgs:
                 value = argv[i] if i < len(argv) else ""
             target = valued[key]
             if target == "build_dir":
-                args.module_type = "open" if value == "kernel-open" else "proprietary"
+                args.module_type = {"kernel-open": "open", "kernel": "proprietary"}.get(
+                    value.rstrip("/"), f"build directory {value}"
+                )
             else:
                 setattr(args, target, value)
         else:
@@ -223,10 +247,10 @@ def _hang_until_killed(node: Node, argv: list[str]) -> int:
 
 def nvidia_installer(node: Node, argv: list[str]) -> int:
     """The runfile's installer; its version comes from its NVIDIA-Linux-<arch>-<ver> dir."""
-    args = _installer_args(argv)
-    if args.extract_only:
+    if "-x" in argv or "--extract-only" in argv:
         return 0
     identity = runfile_identity(Path(sys.argv[0]).absolute())
+    args = _installer_args(argv, identity[1] if identity else None)
     if identity is None:
         _err(
             "ERROR: bootfsm simulator: nvidia-installer must sit in a directory named"
@@ -263,18 +287,26 @@ def _recommended_type(node: Node, version: str) -> str:
     samples/installer/nvidia-run_help_info_advanced_excerpts.txt: "based on currently
     attached GPUs"). From 560 the installer defaults to the open modules for every GPU
     that has a GSP (Turing and newer); before 560 only Blackwell needed them."""
-    branch = version.split(".", 1)[0]
-    if branch.isdigit() and int(branch) >= 560:
+    if _branch(version) >= _MODULE_TYPE_BRANCH:
         gpus = node.gpus()
         return "open" if all(d >= _FIRST_TURING for _, d in gpus) else "proprietary"
     return node.recommended_module_type()
+
+
+def _default_type(node: Node, version: str) -> str:
+    """The modules an install builds when no type is given: from 560 the recommended
+    ones, before it the proprietary ones in kernel/ (the package's default build
+    directory)."""
+    if _branch(version) >= _MODULE_TYPE_BRANCH:
+        return _recommended_type(node, version)
+    return "proprietary"
 
 
 def _install(node: Node, argv: list[str], args: _InstallerArgs, version: str) -> int:
     """The -s --dkms install path."""
     log = Path(args.log_file) if args.log_file else node.p("var/log/nvidia-installer.log")
     kernel = args.kernel or node.kernel
-    module_type = args.module_type or _recommended_type(node, version)
+    module_type = args.module_type or _default_type(node, version)
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(
         f"nvidia-installer log file '{log}'\ncreation time: {time.ctime()}\n"

@@ -55,6 +55,15 @@ class _Board:
 
 
 _BOARDS: Mapping[int, _Board] = {
+    # V100 SXM2 32GB: 300 W and 32510 MiB usable as in the azhpc-diagnostics 8x V100 table
+    # (460.32.03); the rest the simulator's own numbers
+    0x1DB5: _Board("Tesla", "Volta", "88.00.80.00.01", "900-2G503-0430-000", "1DB5-895-A1",
+                   "G503.0203.00.05", "124910DE", 32768, 258, 32768, 300, 150, 1530, 877, 1372,
+                   3, 0),
+    # A10 vGPU (A10-24Q, NVadsA10 v5): the simulator's own numbers
+    0x2236: _Board("NVIDIA RTX Virtual Workstation", "Ampere", "00.00.00.00.00", "N/A",
+                   "2236-892-A1", "N/A", "14D410DE", 24576, 1378, 32768, 150, 100, 1695, 6251,
+                   1440, 4, 0),
     # A100 SXM4 40GB: the values of k8s-test-infra_hardware_xml/qx-a100.xml (570.148.08)
     0x20B0: _Board("NVIDIA", "Ampere", "92.00.45.00.03", "692-2G506-0200-003", "20B0-884-A1",
                    "G506.0200.00.04", "134F10DE", 40960, 518, 65536, 400, 100, 1410, 1215, 1290,
