@@ -19,9 +19,8 @@ import time
 from dataclasses import asdict, replace
 
 from bootfsm import __version__
-from bootfsm.core.hardware import requires_open_module, requires_proprietary_module
 from bootfsm.install import driver_steps as steps
-from bootfsm.install import persistenced, records
+from bootfsm.install import persistenced, prebuilt, records
 from bootfsm.install.driver_init import (
     init_missing,
     initialize,
@@ -29,37 +28,10 @@ from bootfsm.install.driver_init import (
     record_loaded,
     unload_driver,
 )
-from bootfsm.install.marker import (
-    Marker,
-    check_marker,
-    expected_marker,
-    marker_path,
-    read_marker,
-    required_module_type,
-)
+from bootfsm.install.marker import Marker, expected_marker, read_marker
 from bootfsm.machine.context import Context
 
 NAME = "driver"
-
-
-def _marker_mismatch(ctx: Context, m: Marker | str | None) -> tuple[str, str] | None:
-    """(field, reason) when marker ``m`` rules out the node's module; None when it fits."""
-    if m is None:
-        return None
-    if not isinstance(m, Marker):
-        return "marker", m
-    want = expected_marker(ctx.config, ctx.facts)
-    models = [g.model for g in ctx.facts.gpus]
-    diff = check_marker(
-        m,
-        want,
-        needs_open=requires_open_module(models),
-        needs_proprietary=requires_proprietary_module(models),
-    )
-    if not diff:
-        return None
-    d = diff[0]
-    return d.field, f"marker says {d.field}={d.marker or '(none)'}; this node needs {d.node}"
 
 
 def satisfied(ctx: Context) -> bool:
@@ -69,8 +41,7 @@ def satisfied(ctx: Context) -> bool:
     if not ctx.config.driver.install:
         module_ok = steps.loaded_version(ctx) is not None
     else:
-        module_ok = steps.loaded_version(ctx) == ctx.config.driver.version and steps.built(ctx)
-        module_ok = module_ok and _marker_mismatch(ctx, read_marker(ctx.host, ctx.config)) is None
+        module_ok = steps.loaded_version(ctx) == ctx.config.driver.version and prebuilt.ready(ctx)
     return module_ok and not init_missing(ctx) and persistenced.ready(ctx)
 
 
@@ -95,38 +66,18 @@ def _unload_other(ctx: Context, rebuild: bool = False) -> None:
 
 
 def _needs_build(ctx: Context) -> bool:
-    """Compile or not; the decision and its reason are journaled as ``driver.prebaked``."""
-    m = read_marker(ctx.host, ctx.config)
-    if m is None:
-        built = steps.built(ctx)
-        reason = f"no bake marker at {marker_path(ctx.config)}"
-        ctx.event("driver.prebaked", match=False, field="marker", reason=reason, build=not built)
-        return not built
-    mismatch = _marker_mismatch(ctx, m)
-    baked = asdict(m) if isinstance(m, Marker) else None
-    if mismatch is not None:
-        field, reason = mismatch
-        ctx.event(
-            "driver.prebaked", match=False, field=field, reason=reason, build=True, marker=baked
-        )
-        return True
-    assert isinstance(m, Marker)
-    models = [g.model for g in ctx.facts.gpus]
-    want_type = m.module_type or required_module_type(
-        ctx.config.driver.module_type,
-        needs_open=requires_open_module(models),
-        needs_proprietary=requires_proprietary_module(models),
-    )  # a bash-path marker names no type: the built module's licence must fit
-    problem = steps.module_problem(ctx, want_type)
+    """Compile or not (install/prebuilt.py); journaled as ``driver.prebaked``."""
+    d = prebuilt.decide(ctx)
     ctx.event(
         "driver.prebaked",
-        match=problem is None,
-        field="module" if problem else "",
-        reason=problem or f"{m.source} marker matches kernel, version, kind, arch and module",
-        build=problem is not None,
-        marker=baked,
+        match=not d.build and d.marker is not None,
+        field=d.field,
+        reason=d.reason,
+        build=d.build,
+        via=d.via,
+        **({"marker": asdict(d.marker)} if d.marker is not None else {}),
     )
-    return problem is not None
+    return d.build
 
 
 def _record_build(ctx: Context, module_type: str) -> None:
@@ -134,6 +85,7 @@ def _record_build(ctx: Context, module_type: str) -> None:
     m = replace(
         expected_marker(ctx.config, ctx.facts),
         module_type=module_type,
+        dkms="yes",
         source="boot",
         bootfsm=__version__,
         baked_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ctx.host.wall())),

@@ -82,6 +82,7 @@ def _want(ctx: Context) -> Marker:
     return replace(
         expected_marker(cfg, ctx.facts),
         module_type=bake_module_type(cfg),
+        dkms="no",  # build-only: nothing registered with DKMS (Azure/aks-gpu#191)
         source="bake",
         bootfsm=__version__,
         baked_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ctx.host.wall())),
@@ -113,7 +114,7 @@ class BakeDriver:
         old = read_marker(ctx.host, ctx.config)
         if not isinstance(old, Marker) or not _same(old, _want(ctx)):
             return False
-        return driver.module_problem(ctx, bake_module_type(ctx.config)) is None
+        return driver.module_problem(ctx, bake_module_type(ctx.config), dkms=False) is None
 
     def skip_reason(self, ctx: Context) -> str | None:
         """Why nothing needs doing (called only when ``satisfied`` held)."""
@@ -141,13 +142,15 @@ class BakeDriver:
         old = read_marker(ctx.host, cfg)
         if isinstance(old, Marker):
             diff = check_marker(old, want, needs_open=False)
-            problem = driver.module_problem(ctx, module_type) if not diff else None
+            problem = driver.module_problem(ctx, module_type, dkms=False) if not diff else None
             why = f"marker {diff[0].field} differs" if diff else problem
         else:
             why = old or "no bake marker"
         if why is not None:
-            driver.build_module(ctx, module_type=module_type, extra=("--skip-module-load",))
-            after = driver.module_problem(ctx, module_type)
+            driver.build_module(
+                ctx, module_type=module_type, extra=("--skip-module-load",), dkms=False
+            )
+            after = driver.module_problem(ctx, module_type, dkms=False)
             if after is not None:
                 raise BootError(Code.DRIVER_INSTALL_FAILED, f"after the DKMS build: {after}")
             self.changed.append("module")

@@ -201,12 +201,21 @@ def _module_type(ctx: Context, installer: str) -> str:
     return fallback
 
 
-def build_module(ctx: Context, module_type: str | None = None, extra: Sequence[str] = ()) -> str:
+def build_module(
+    ctx: Context,
+    module_type: str | None = None,
+    extra: Sequence[str] = (),
+    *,
+    dkms: bool = True,
+) -> str:
     """Extract the verified runfile and DKMS-build the driver for ``ctx.facts.kernel``.
 
     ``module_type`` None follows the config (``auto`` asks the installer); ``extra`` is
-    appended to the installer's argv (bake passes ``--skip-module-load``). Returns the
-    module type built.
+    appended to the installer's argv (bake passes ``--skip-module-load``). ``dkms``
+    False (bake): ``--no-dkms`` with the modules in /lib/modules/<kernel>/updates/dkms
+    and nothing registered with DKMS (Azure/aks-gpu#191: a shared image must not make
+    a CPU node's next kernel update build NVIDIA); their files are recorded instead.
+    Returns the module type built.
     """
     kernel = ctx.facts.kernel
     if not ctx.host.exists(f"/lib/modules/{kernel}/build"):
@@ -246,6 +255,12 @@ def build_module(ctx: Context, module_type: str | None = None, extra: Sequence[s
         clock=ctx.host.monotonic,
         wall=ctx.host.wall,
     )
+    dest = f"/lib/modules/{kernel}/updates/dkms"
+    registration = (
+        ["--dkms"] if dkms else ["--no-dkms", f"--kernel-install-path={ctx.host.path(dest)}"]
+    )
+    modules = [f"{dest}/{m}.ko" for m in ("nvidia", "nvidia-uvm", "nvidia-modeset")]
+    before = {} if dkms else {m: records.snapshot(ctx.host, m) for m in modules}
     with watch:
         ctx.require(
             [
@@ -253,7 +268,7 @@ def build_module(ctx: Context, module_type: str | None = None, extra: Sequence[s
                 "-s",
                 "-a",
                 "--no-drm",
-                "--dkms",
+                *registration,
                 f"--kernel-name={kernel}",
                 *type_args,
                 f"--log-file-name={ctx.host.path(INSTALLER_LOG)}",
@@ -263,16 +278,22 @@ def build_module(ctx: Context, module_type: str | None = None, extra: Sequence[s
             timeout=ctx.config.driver.command_timeout,
             what="nvidia-installer failed",
         )
-    records.record_dkms(ctx, "nvidia", ctx.config.driver.version, kernel)
+    if dkms:
+        records.record_dkms(ctx, "nvidia", ctx.config.driver.version, kernel)
+    else:
+        for path in modules:
+            if ctx.host.exists(path):
+                records.track(ctx, path, before[path])  # uninstall removes them
     return mt
 
 
-def module_problem(ctx: Context, module_type: str = "") -> str | None:
+def module_problem(ctx: Context, module_type: str = "", *, dkms: bool = True) -> str | None:
     """Why the module for ``ctx.facts.kernel`` is unusable, or None when `dkms status`
-    lists the configured version installed and `modinfo` agrees (version and, unless
+    lists the configured version installed (``dkms``; a module bake installed without
+    DKMS is asked of modinfo alone) and `modinfo` agrees (version and, unless
     ``module_type`` is empty, the type its licence names)."""
     version, kernel = ctx.config.driver.version, ctx.facts.kernel
-    if not built(ctx):
+    if dkms and not built(ctx):
         return f"dkms status lists no installed nvidia/{version} for {kernel}"
     if ctx.host.which("modinfo") is None:
         return "modinfo is not on PATH: cannot confirm the module"

@@ -57,6 +57,11 @@ class Marker:
     module_type: str = ""
     runfile_sha256: str = ""
     config_digest: str = ""
+    dkms: str = ""
+    """``no``: installed without DKMS (bake's build-only module: a shared image keeps no
+    NVIDIA DKMS registration, so a kernel update on a CPU node builds nothing,
+    Azure/aks-gpu#191); ``yes`` or "": registered with DKMS, whose kernel hook builds
+    the module for every new kernel."""
     source: str = "bake"
     baked_at: str = ""
     bootfsm: str = ""

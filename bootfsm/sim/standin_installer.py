@@ -23,7 +23,7 @@ from pathlib import Path
 from bootfsm.sim.elf import shared_object
 from bootfsm.sim.nodestate import Node, log_call, standin_script
 
-__all__ = ["PERSISTENCED_SAMPLE", "install_driver_files", "install_persistenced",
+__all__ = ["PERSISTENCED_SAMPLE", "dkms_build", "install_driver_files", "install_persistenced",
            "nvidia_installer", "runfile_identity"]  # fmt: skip
 
 _RUNFILE_DIR = re.compile(r"NVIDIA-Linux-(x86_64|aarch64)-(\d+\.\d+(?:\.\d+)?)(?:[-.].*)?")
@@ -70,6 +70,8 @@ class _InstallerArgs:
     kernel: str | None = None
     module_type: str | None = None
     log_file: str | None = None
+    install_path: str | None = None
+    no_dkms: bool = False
     unknown: list[str] = field(default_factory=list)
 
 
@@ -104,7 +106,8 @@ def _installer_args(argv: list[str], version: str | None = None) -> _InstallerAr
     unknown to it)."""
     args = _InstallerArgs()
     branch = _branch(version)
-    valued = {"-k": "kernel", "--kernel-name": "kernel", "--log-file-name": "log_file"}
+    valued = {"-k": "kernel", "--kernel-name": "kernel", "--log-file-name": "log_file",
+              "--kernel-install-path": "install_path"}  # fmt: skip
     if branch >= _OPEN_BRANCH:
         valued |= {"-m": "build_dir", "--kernel-module-build-directory": "build_dir"}
     if branch >= _MODULE_TYPE_BRANCH:
@@ -122,7 +125,7 @@ def _installer_args(argv: list[str], version: str | None = None) -> _InstallerAr
         elif arg == "--allow-installation-with-running-driver":
             args.allow_running = True
         elif arg in _FLAGS:
-            pass
+            args.no_dkms = args.no_dkms or arg == "--no-dkms"
         elif key in valued:
             if not eq:
                 i += 1
@@ -157,13 +160,17 @@ def _fail_install(log: Path, *lines: str) -> int:
 _ELF_MACHINES = {"x86_64": 62, "aarch64": 183}  # EM_X86_64, EM_AARCH64 (elf.h)
 
 
-def install_driver_files(node: Node, version: str, kernel: str, module_type: str) -> None:
+def install_driver_files(
+    node: Node, version: str, kernel: str, module_type: str, *, dkms: bool = True
+) -> None:
     """Lay down what a DKMS runfile install leaves: DKMS tree, module, sources, NVML/CUDA libs.
 
     Other versions' DKMS trees, sources and libraries are removed, as the installer
-    uninstalls a previous runfile driver first.
+    uninstalls a previous runfile driver first. ``dkms`` False (``--no-dkms``): the
+    modules go to lib/modules/<kernel>/updates/dkms (the ``--kernel-install-path`` the
+    caller gives, as aks-gpu's build-only mode does, Azure/aks-gpu#191), nothing is
+    registered with DKMS.
     """
-    arch = node.arch
     for old in node.p("var/lib/dkms/nvidia").glob("*"):
         if old.name != version:
             node.remove(f"var/lib/dkms/nvidia/{old.name}")
@@ -174,6 +181,12 @@ def install_driver_files(node: Node, version: str, kernel: str, module_type: str
         for old in node.p(node.libdir).glob(pattern):
             if not old.name.endswith(f".so.{version}"):
                 old.unlink()
+    if not dkms:
+        for name in ("nvidia", "nvidia-uvm", "nvidia-modeset"):
+            node.write(f"lib/modules/{kernel}/updates/dkms/{name}.ko", _ko(name, version, kernel,
+                                                                          module_type))  # fmt: skip
+        _install_libraries(node, version)
+        return
     node.write(
         f"usr/src/nvidia-{version}/dkms.conf",
         f'PACKAGE_NAME="nvidia"\nPACKAGE_VERSION="{version}"\nAUTOINSTALL="yes"\n'
@@ -184,21 +197,35 @@ def install_driver_files(node: Node, version: str, kernel: str, module_type: str
         ' KERNEL_UNAME=${kernelver} modules"\n',
     )
     node.symlink(f"/usr/src/nvidia-{version}", f"var/lib/dkms/nvidia/{version}/source")
-    license_ = "Dual MIT/GPL" if module_type == "open" else "NVIDIA"
-    for name in ("nvidia", "nvidia-uvm", "nvidia-modeset"):
-        text = (
-            f"{name}.ko (bootfsm simulated kernel module)\nname={name}\nversion={version}\n"
-            f"module_type={module_type}\nlicense={license_}\n"
-            f"vermagic={kernel} SMP mod_unload modversions\n"
-        )
-        node.write(f"var/lib/dkms/nvidia/{version}/{kernel}/{arch}/module/{name}.ko", text)
-        node.write(f"lib/modules/{kernel}/updates/dkms/{name}.ko", text)
+    dkms_build(node, version, kernel, module_type)
     node.write(
         f"var/lib/dkms/nvidia/{version}/build/make.log", f"DKMS make.log for nvidia-{version}\n"
     )
+    _install_libraries(node, version)
+
+
+def _ko(name: str, version: str, kernel: str, module_type: str) -> str:
+    license_ = "Dual MIT/GPL" if module_type == "open" else "NVIDIA"
+    return (
+        f"{name}.ko (bootfsm simulated kernel module)\nname={name}\nversion={version}\n"
+        f"module_type={module_type}\nlicense={license_}\n"
+        f"vermagic={kernel} SMP mod_unload modversions\n"
+    )
+
+
+def dkms_build(node: Node, version: str, kernel: str, module_type: str) -> None:
+    """What DKMS leaves for one kernel: its tree's copy of each module and the installed
+    one in lib/modules/<kernel>/updates/dkms (Ubuntu's DKMS destination)."""
+    for name in ("nvidia", "nvidia-uvm", "nvidia-modeset"):
+        text = _ko(name, version, kernel, module_type)
+        node.write(f"var/lib/dkms/nvidia/{version}/{kernel}/{node.arch}/module/{name}.ko", text)
+        node.write(f"lib/modules/{kernel}/updates/dkms/{name}.ko", text)
+
+
+def _install_libraries(node: Node, version: str) -> None:
     for lib in ("libnvidia-ml.so", "libcuda.so"):
         # real ELF objects with their SONAME, so a real ldconfig caches them (sim/elf.py)
-        node.write(f"{node.libdir}/{lib}.{version}", shared_object(f"{lib}.1", arch))
+        node.write(f"{node.libdir}/{lib}.{version}", shared_object(f"{lib}.1", node.arch))
         node.symlink(f"{lib}.{version}", f"{node.libdir}/{lib}.1")
     install_persistenced(node, version)
 
@@ -335,7 +362,12 @@ def _install(node: Node, argv: list[str], args: _InstallerArgs, version: str) ->
             f"Consult /var/lib/dkms/nvidia/{version}/build/make.log for more information.",
             _BUILD_FAILED,
         )
-    install_driver_files(node, version, kernel, module_type)
+    if args.no_dkms:  # the modules go where --kernel-install-path says, DKMS not involved
+        where = Path(args.install_path or node.p(f"lib/modules/{kernel}/kernel/drivers/video"))
+        if where.resolve() != node.p(f"lib/modules/{kernel}/updates/dkms").resolve():
+            return _fail_install(log, f"ERROR: bootfsm simulator: install path {where} is not"
+                                      f" lib/modules/{kernel}/updates/dkms")  # fmt: skip
+    install_driver_files(node, version, kernel, module_type, dkms=not args.no_dkms)
     with log.open("a") as fh:
         fh.write(
             f"-> DKMS build and install of nvidia/{version} for kernel {kernel} succeeded.\n"
