@@ -3,9 +3,13 @@
 Satisfied when nouveau is blacklisted, DKMS has the configured driver built for the
 running kernel, that version is loaded, a bake marker (if any) matches the node, the
 per-boot init is done (device nodes /dev/nvidiactl, /dev/nvidia-uvm and one
-/dev/nvidiaN per GPU exist; the linker cache lists libnvidia-ml.so.1) and the toolkit
-is at the configured version. The action compiles only when no matching marker and
-usable module say the image (or an earlier boot) built it (``driver.prebaked``), then
+/dev/nvidiaN per GPU exist; the linker cache lists libnvidia-ml.so.1), on Grace with
+R580+ the coherent GPU memory mode is in modprobe.d and taken by the loaded module
+(bootfsm/install/coherent.py), and the toolkit is at the configured version. The action
+compiles only when no matching marker and usable module say the image, an earlier boot
+or DKMS after a kernel update built it (bootfsm/install/prebuilt.py, journaled as
+``driver.prebaked``), unloads a driver of another version or type, or one loaded
+without the coherent mode (bootfsm's own daemons on it stopped first), then
 initializes: nvidia-modprobe, libraries in place, ldconfig, nvidia-smi answering within
 ``driver.smi_wait`` seconds, nvidia-persistenced started when the driver provides it
 (bootfsm/install/persistenced.py, also part of the postcondition); the container toolkit comes
@@ -19,8 +23,8 @@ import time
 from dataclasses import asdict, replace
 
 from bootfsm import __version__
+from bootfsm.install import coherent, persistenced, prebuilt, records
 from bootfsm.install import driver_steps as steps
-from bootfsm.install import persistenced, prebuilt, records
 from bootfsm.install.driver_init import (
     init_missing,
     initialize,
@@ -36,12 +40,13 @@ NAME = "driver"
 
 def satisfied(ctx: Context) -> bool:
     """Blacklist, module, bake marker, this boot's init and the toolkit match the config."""
-    if not steps.nouveau_off(ctx) or not steps.toolkit_ok(ctx):
+    if not steps.nouveau_off(ctx) or not steps.toolkit_ok(ctx) or not coherent.conf_ok(ctx):
         return False
     if not ctx.config.driver.install:
         module_ok = steps.loaded_version(ctx) is not None
     else:
         module_ok = steps.loaded_version(ctx) == ctx.config.driver.version and prebuilt.ready(ctx)
+    module_ok = module_ok and coherent.applied(ctx)
     return module_ok and not init_missing(ctx) and persistenced.ready(ctx)
 
 
@@ -96,9 +101,10 @@ def _record_build(ctx: Context, module_type: str) -> None:
 def run(ctx: Context) -> None:
     """Blacklist nouveau, compile unless prebaked, initialize, then install the toolkit."""
     steps.blacklist_nouveau(ctx)
+    coherent.write_conf(ctx)  # before any load: modprobe reads it
     if ctx.config.driver.install:
         rebuild = _needs_build(ctx)
-        _unload_other(ctx, rebuild)
+        _unload_other(ctx, rebuild or not coherent.applied(ctx))  # loaded without it: reload
         before = modules_present(ctx)
         if rebuild:
             _record_build(ctx, steps.build_module(ctx))
@@ -109,5 +115,6 @@ def run(ctx: Context) -> None:
         initialize(ctx)
     finally:
         record_loaded(ctx, modules_present(ctx) - before)
+    coherent.require_applied(ctx)
     persistenced.ensure(ctx)
     steps.install_toolkit(ctx)

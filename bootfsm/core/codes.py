@@ -253,6 +253,15 @@ CODES: dict[Code, CodeInfo] = {
             cse=84,
         ),
         _row(
+            Code.GRID_NOT_LICENSED,
+            "GRID (vGPU) driver: nvidia-smi -q does not report the vGPU licence as acquired"
+            " within verify.license_timeout",
+            "an unlicensed vGPU is throttled and CUDA reports the device busy: check"
+            " nvidia-gridd (its unit and /etc/nvidia/gridd.conf) and the licence server;"
+            " the message has nvidia-smi's License Status",
+            cse=84,
+        ),
+        _row(
             Code.DRIVER_LIBRARY_MISMATCH,
             "NVML reports a driver/library version mismatch",
             "a partial upgrade left an old module loaded; reboot the node",
@@ -270,6 +279,17 @@ CODES: dict[Code, CodeInfo] = {
             " that needs the open modules (Blackwell or later, device id >= 0x2900)",
             'set driver.module_type = "open" (or "auto") and rebuild; the proprietary module'
             " never drives these GPUs",
+            cse=84,
+        ),
+        _row(
+            Code.COHERENT_MEMORY_MODE_NOT_APPLIED,
+            "the loaded nvidia module does not show the configured coherent GPU memory mode"
+            " (Grace Hopper / Grace Blackwell, R580+): /proc/driver/nvidia/params lacks"
+            ' CoherentGPUMemoryMode: "driver"',
+            "the module was loaded without the option (an initramfs or another modprobe.d"
+            " file): the message names what the params show; reboot so the next load reads"
+            " /etc/modprobe.d/nvidia-coherent-memory.conf, or set driver.coherent_memory_mode"
+            ' = "" to leave the driver default (GPU memory as NUMA nodes)',
             cse=84,
         ),
         _row(

@@ -18,7 +18,7 @@ from typing import Any
 
 from bootfsm import __version__
 from bootfsm.core.config import Config
-from bootfsm.install import records
+from bootfsm.install import coherent, records
 from bootfsm.install.marker import Marker, check_marker, expected_marker, read_marker
 from bootfsm.machine.context import Context
 from bootfsm.node.facts import NodeFacts
@@ -107,7 +107,7 @@ class BakeDriver:
         what this bake would write and DKMS's module agrees with it."""
         from bootfsm.install import driver_steps as driver
 
-        if not (driver.nouveau_off(ctx) and driver.toolkit_ok(ctx)):
+        if not (driver.nouveau_off(ctx) and driver.toolkit_ok(ctx) and coherent.conf_ok(ctx)):
             return False
         if not ctx.config.driver.install:
             return True
@@ -132,6 +132,8 @@ class BakeDriver:
         cfg, kernel = ctx.config, ctx.facts.kernel
         if driver.blacklist_nouveau(ctx, kernel=kernel) and "nouveau" not in self.changed:
             self.changed.append("nouveau")
+        if coherent.write_conf(ctx, kernel=kernel) and "coherent" not in self.changed:
+            self.changed.append("coherent")
         if driver.install_toolkit(ctx) and "toolkit" not in self.changed:
             self.changed.append("toolkit")
         if not cfg.driver.install:
