@@ -11,14 +11,19 @@ Completed (bounded by verify.fabric_timeout), Completed with a Status other than
 Success is final, and a Completed/Success GPU whose Health Summary is Unhealthy is not
 ready. Clique id and cluster UUID are journaled per GPU.
 
+On a GRID driver verify also waits (bounded by verify.license_timeout) for
+`nvidia-smi -q` to show every vGPU licence acquired (bootfsm/install/grid_license.py):
+GRID_NOT_LICENSED else.
+
 Satisfied when one query shows all of that at once (and fabric manager active where
-the node needs it).
+the node needs it, and the licence acquired on GRID).
 """
 
 from __future__ import annotations
 
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError, TransientError
+from bootfsm.install import grid_license
 from bootfsm.install.daemons import FABRIC_MANAGER
 from bootfsm.install.driver_init import inforom_error
 from bootfsm.machine.context import Context
@@ -112,6 +117,8 @@ def satisfied(ctx: Context) -> bool:
         report = _query(ctx)
     except (BootError, TransientError):
         return False
+    if grid_license.wanted(ctx) and grid_license.problems(ctx):
+        return False
     return judge_fabric(report).ok
 
 
@@ -177,3 +184,5 @@ def run(ctx: Context) -> None:
         ctx.warn(warning)
     if needs_fabric_manager(ctx.facts):
         FABRIC_MANAGER.require_running(ctx)
+    if grid_license.wanted(ctx):
+        grid_license.wait_licensed(ctx)

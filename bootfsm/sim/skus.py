@@ -198,6 +198,10 @@ FAULTS: Mapping[str, str] = MappingProxyType(
         "ib-umad-missing": "the kernel has no ib_umad module (modprobe ib_umad fails)",
         "cdi-fails": "`nvidia-ctk cdi generate` fails",
         "kernel-headers-missing": "/lib/modules/<kernel>/build is absent (no DKMS build)",
+        "grid-unlicensed": (
+            "a GRID guest's vGPU licence is never acquired (nvidia-smi -q: License Status"
+            " Unlicensed (Unrestricted))"
+        ),
         "mig-gpu-in-use": (
             "a client holds the GPUs: `nvidia-smi -mig 1` leaves MIG mode pending and MIG"
             " instances cannot be created or destroyed ('In use by another client')"

@@ -368,6 +368,10 @@ def _install(node: Node, argv: list[str], args: _InstallerArgs, version: str) ->
             return _fail_install(log, f"ERROR: bootfsm simulator: install path {where} is not"
                                       f" lib/modules/{kernel}/updates/dkms")  # fmt: skip
     install_driver_files(node, version, kernel, module_type, dkms=not args.no_dkms)
+    if "-grid" in Path(sys.argv[0]).parent.name:  # the GRID runfile's licensing daemon
+        node.write("usr/bin/nvidia-gridd", "#!/bin/sh\n# nvidia-gridd (bootfsm simulator)\n",
+                   0o755)  # fmt: skip
+        node.write("etc/nvidia/gridd.conf.template", "# /etc/nvidia/gridd.conf.template\n")
     with log.open("a") as fh:
         fh.write(
             f"-> DKMS build and install of nvidia/{version} for kernel {kernel} succeeded.\n"

@@ -211,6 +211,30 @@ def _values(
         "health_bandwidth": "Full" if completed and grace else "N/A",
         "health_flag": "False" if completed and grace else "N/A",
         "health_config": "None" if completed and grace else "N/A",
+        **_vgpu(node, index),
+    }
+
+
+_LICENSE_QUERIES = f"{RUN_DIR}/grid-license-queries"
+
+
+def _vgpu(node: Node, index: int) -> dict[str, str]:
+    """A GRID guest's virtualization mode and licence (the GRID runfile installed
+    nvidia-gridd): the licence is acquired after the second `-q` (text) this boot
+    (nvidia-gridd takes a moment), never under the grid-unlicensed fault."""
+    del index
+    if not node.p("usr/bin/nvidia-gridd").exists():
+        return {"virtualization_mode": "None", "licensed_product": "", "license_status": ""}
+    counter = node.p(_LICENSE_QUERIES)
+    seen = int(counter.read_text()) if counter.exists() else 0
+    if node.fault("grid-unlicensed") or seen < 2:
+        status = "Unlicensed (Unrestricted)"
+    else:
+        status = "Licensed (Expiry: 2027-1-4 11:22:33 GMT)"
+    return {
+        "virtualization_mode": "VGPU",
+        "licensed_product": "NVIDIA RTX Virtual Workstation",
+        "license_status": status,
     }
 
 
@@ -233,9 +257,18 @@ _XML_LINES = _lines(XML_GPU)
 
 
 def _text_gpu(values: Mapping[str, str]) -> str:
-    """One `-q` GPU block."""
+    """One `-q` GPU block (the [vgpu] sections only on a vGPU guest)."""
     lines = [f"GPU {values['bus_id']}"]
+    skip_below: int | None = None
     for depth, key, value in _TEXT_LINES:
+        if skip_below is not None and depth > skip_below:
+            continue
+        skip_below = None
+        if key.startswith("[vgpu] "):
+            if not values["license_status"]:
+                skip_below = depth
+                continue
+            key = key.removeprefix("[vgpu] ")
         indent = " " * (4 * depth + 4)
         if value is None:
             lines.append(indent + (key[:-1] + " " if key.endswith("|") else key))
@@ -327,6 +360,10 @@ def render_query(node: Node, version: str, gpus: list[tuple[int, str, int]], xml
         )
         body = "".join(_xml_gpu(v, _clocks(b)) for v, b in per_gpu)
         return head + body + "</nvidia_smi_log>\n"
+    if node.p("usr/bin/nvidia-gridd").exists():  # one more `-q` that nvidia-gridd had
+        counter = node.p(_LICENSE_QUERIES)
+        seen = int(counter.read_text()) if counter.exists() else 0
+        node.write(_LICENSE_QUERIES, str(seen + 1))
     head = "\n".join(
         [
             "==============NVSMI LOG==============",
