@@ -9,14 +9,17 @@ manager; each message cites the capture or source it follows).
 
 from __future__ import annotations
 
+import json
 import os
 import time
+import uuid
 from pathlib import Path
 
 from bootfsm.sim.nodestate_base import RUN_DIR
 from bootfsm.sim.nodestate_driver import NodeDriver
 
-__all__ = ["DEVICE_UNITS", "FABRIC_MANAGER", "NVLSM", "UNIT_DIRS", "NodeUnits", "unit_name"]
+__all__ = ["CDI_REFRESH", "DEVICE_UNITS", "FABRIC_MANAGER", "NVLSM", "UNIT_DIRS", "UNIT_JOURNAL",
+           "NodeUnits", "unit_name"]  # fmt: skip
 
 UNIT_DIRS = (
     "etc/systemd/system",
@@ -30,6 +33,8 @@ _UNIT_SUFFIXES = frozenset(
 FABRIC_MANAGER = "nvidia-fabricmanager.service"
 NVLSM = "nvlsm.service"
 _FM_CMD = "/usr/bin/nv-fabricmanager -c /usr/share/nvidia/nvswitch/fabricmanager.cfg"
+CDI_REFRESH = "nvidia-cdi-refresh.service"
+UNIT_JOURNAL = "var/log/bootfsm-sim/unit-journal.jsonl"
 _NOTHING_TO_DO = (
     "request to query NVSwitch device information from NVSwitch driver failed with"
     " error:WARNING Nothing to do [NV_WARN_NOTHING_TO_DO]"
@@ -154,12 +159,45 @@ class NodeUnits(NodeDriver):
             else:
                 self.remove(f"{RUN_DIR}/{kind}/{unit}")
 
+    def cdi_problem(self) -> str | None:
+        """Why `nvidia-ctk cdi generate` fails here, as it logs it (msg=), or None: no
+        driver or NVML, or (MIG mode on with no MIG instances, no other GPU) no device at
+        all, "invalid device, empty device edits" (kaito-project/kaito#2326 quotes
+        nvidia-ctk 1.19.1 on an AKS A100; Azure/AgentBaker #8736)."""
+        if self.fault("cdi-fails") or self.loaded_module() is None or self.nvml_version() is None:
+            return (
+                "failed to generate CDI spec: failed to create device CDI specs:"
+                " failed to initialize NVML: ERROR_UNKNOWN"
+            )
+        devices = [
+            a for a, _d in self.visible_gpus() if not self.mig_mode(a)[0] or self.mig_instances(a)
+        ]
+        if not devices:
+            return "failed to generate CDI spec: invalid device, empty device edits"
+        return None
+
+    def invocation(self, unit: str) -> str:
+        """The InvocationID of the unit's last start ("" before any)."""
+        return (self.read(f"{RUN_DIR}/invocation/{unit}") or "").strip()
+
+    def unit_journal(self, unit: str, messages: list[str]) -> None:
+        """Journal entries a unit's processes wrote in this invocation (stdout/stderr
+        lines carry _SYSTEMD_UNIT and _SYSTEMD_INVOCATION_ID: systemd.journal-fields(7))."""
+        path = self.p(UNIT_JOURNAL)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as fh:
+            for message in messages:
+                entry = {"_SYSTEMD_UNIT": unit, "_SYSTEMD_INVOCATION_ID": self.invocation(unit),
+                         "MESSAGE": message}  # fmt: skip
+                fh.write(json.dumps(entry) + "\n")
+
     def start_unit(self, unit: str, verb: str = "start") -> tuple[int, str]:
         """Start (or restart) a unit as systemctl would: (exit code, stderr text)."""
         if self.is_masked(unit):
             return 1, f"Failed to {verb} {unit}: Unit {unit} is masked.\n"
         if self.unit_file(unit) is None:
             return 5, f"Failed to {verb} {unit}: Unit {unit} not found.\n"
+        self.write(f"{RUN_DIR}/invocation/{unit}", uuid.uuid4().hex + "\n")
         reason = self._start_failure(unit, verb)
         if reason is not None:
             self.set_unit_state(unit, "failed")
@@ -187,10 +225,12 @@ class NodeUnits(NodeDriver):
             return self.persistenced_failure()
         if unit == "nvidia-imex.service" and self.loaded_module() is None:
             return "IMEX failed to open the NVIDIA driver: driver not loaded"
-        if unit == "nvidia-cdi-refresh.service" and (
-            self.fault("cdi-fails") or self.loaded_module() is None
-        ):
-            return "failed to generate CDI spec: failed to initialize NVML: ERROR_UNKNOWN"
+        if unit == CDI_REFRESH:  # ExecStart=/usr/bin/nvidia-ctk cdi generate (toolkit 1.18)
+            problem = self.cdi_problem()
+            if problem is not None:
+                stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                self.unit_journal(unit, [f'time="{stamp}" level=error msg="{problem}"'])
+            return problem
         if (
             unit == "containerd.service"
             and verb == "restart"
