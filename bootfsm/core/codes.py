@@ -1,12 +1,4 @@
-"""The exit-code table: what every code means, what to do about it, its CSE code.
-
-One row per ``Code`` (numbers, names and the row type live in
-``bootfsm.core.code_names``): summary, hint, whether it is transient (retried, the unit
-restarts) and the CSE exit code of the same meaning (``bootfsm.core.cse``).
-``bootfsm codes`` prints it; docs/codes.md is generated from it.
-"""
-
-from __future__ import annotations
+"""The exit-code table: per ``Code`` (code_names) a summary, hint, transient, CSE code."""
 
 from bootfsm.core.code_names import Code, CodeInfo, _row
 
@@ -64,8 +56,7 @@ CODES: dict[Code, CodeInfo] = {
         _row(
             Code.MODULE_TYPE_UNSUPPORTED,
             "requested kernel module type cannot drive these GPUs",
-            "Blackwell GPUs need the open kernel modules, GPUs older than Turing (V100, P100)"
-            ' the proprietary ones: driver.module_type = "auto", or the type they need',
+            'Blackwell needs the open modules, V100/P100 (pre-Turing) proprietary: use "auto"',
             cse=84,
         ),
         _row(
@@ -254,11 +245,8 @@ CODES: dict[Code, CodeInfo] = {
         ),
         _row(
             Code.GRID_NOT_LICENSED,
-            "GRID (vGPU) driver: nvidia-smi -q does not report the vGPU licence as acquired"
-            " within verify.license_timeout",
-            "an unlicensed vGPU is throttled and CUDA reports the device busy: check"
-            " nvidia-gridd (its unit and /etc/nvidia/gridd.conf) and the licence server;"
-            " the message has nvidia-smi's License Status",
+            "GRID: nvidia-smi -q shows no vGPU licence acquired within verify.license_timeout",
+            "check nvidia-gridd (unit, /etc/nvidia/gridd.conf) and the licence server",
             cse=84,
         ),
         _row(
@@ -283,13 +271,8 @@ CODES: dict[Code, CodeInfo] = {
         ),
         _row(
             Code.COHERENT_MEMORY_MODE_NOT_APPLIED,
-            "the loaded nvidia module does not show the configured coherent GPU memory mode"
-            " (Grace Hopper / Grace Blackwell, R580+): /proc/driver/nvidia/params lacks"
-            ' CoherentGPUMemoryMode: "driver"',
-            "the module was loaded without the option (an initramfs or another modprobe.d"
-            " file): the message names what the params show; reboot so the next load reads"
-            " /etc/modprobe.d/nvidia-coherent-memory.conf, or set driver.coherent_memory_mode"
-            ' = "" to leave the driver default (GPU memory as NUMA nodes)',
+            "Grace, R580+: the loaded nvidia module lacks the coherent GPU memory mode",
+            "another modprobe.d file or the initramfs overrides it (the message says); reboot",
             cse=84,
         ),
         _row(

@@ -23,6 +23,7 @@ from bootfsm.sim.nodestate import FABRIC_MANAGER, RUN_DIR, Node, smi_bus_id
 from bootfsm.sim.standin_driver import cuda_version_for
 from bootfsm.sim.standin_smi_mig import mig_mode_values
 from bootfsm.sim.standin_smi_text import TEXT_GPU
+from bootfsm.sim.standin_smi_vgpu import count_license_query, vgpu_values
 from bootfsm.sim.standin_smi_xml import XML_GPU
 
 __all__ = ["render_query", "render_table"]
@@ -55,12 +56,10 @@ class _Board:
 
 
 _BOARDS: Mapping[int, _Board] = {
-    # V100 SXM2 32GB: 300 W and 32510 MiB usable as in the azhpc-diagnostics 8x V100 table
-    # (460.32.03); the rest the simulator's own numbers
+    # V100 SXM2 32GB: 300 W, 32510 MiB as the azhpc 8x V100 table; A10-24Q: our numbers
     0x1DB5: _Board("Tesla", "Volta", "88.00.80.00.01", "900-2G503-0430-000", "1DB5-895-A1",
                    "G503.0203.00.05", "124910DE", 32768, 258, 32768, 300, 150, 1530, 877, 1372,
                    3, 0),
-    # A10 vGPU (A10-24Q, NVadsA10 v5): the simulator's own numbers
     0x2236: _Board("NVIDIA RTX Virtual Workstation", "Ampere", "00.00.00.00.00", "N/A",
                    "2236-892-A1", "N/A", "14D410DE", 24576, 1378, 32768, 150, 100, 1695, 6251,
                    1440, 4, 0),
@@ -211,30 +210,7 @@ def _values(
         "health_bandwidth": "Full" if completed and grace else "N/A",
         "health_flag": "False" if completed and grace else "N/A",
         "health_config": "None" if completed and grace else "N/A",
-        **_vgpu(node, index),
-    }
-
-
-_LICENSE_QUERIES = f"{RUN_DIR}/grid-license-queries"
-
-
-def _vgpu(node: Node, index: int) -> dict[str, str]:
-    """A GRID guest's virtualization mode and licence (the GRID runfile installed
-    nvidia-gridd): the licence is acquired after the second `-q` (text) this boot
-    (nvidia-gridd takes a moment), never under the grid-unlicensed fault."""
-    del index
-    if not node.p("usr/bin/nvidia-gridd").exists():
-        return {"virtualization_mode": "None", "licensed_product": "", "license_status": ""}
-    counter = node.p(_LICENSE_QUERIES)
-    seen = int(counter.read_text()) if counter.exists() else 0
-    if node.fault("grid-unlicensed") or seen < 2:
-        status = "Unlicensed (Unrestricted)"
-    else:
-        status = "Licensed (Expiry: 2027-1-4 11:22:33 GMT)"
-    return {
-        "virtualization_mode": "VGPU",
-        "licensed_product": "NVIDIA RTX Virtual Workstation",
-        "license_status": status,
+        **vgpu_values(node),
     }
 
 
@@ -360,10 +336,7 @@ def render_query(node: Node, version: str, gpus: list[tuple[int, str, int]], xml
         )
         body = "".join(_xml_gpu(v, _clocks(b)) for v, b in per_gpu)
         return head + body + "</nvidia_smi_log>\n"
-    if node.p("usr/bin/nvidia-gridd").exists():  # one more `-q` that nvidia-gridd had
-        counter = node.p(_LICENSE_QUERIES)
-        seen = int(counter.read_text()) if counter.exists() else 0
-        node.write(_LICENSE_QUERIES, str(seen + 1))
+    count_license_query(node)
     head = "\n".join(
         [
             "==============NVSMI LOG==============",
