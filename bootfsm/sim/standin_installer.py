@@ -223,6 +223,8 @@ def dkms_build(node: Node, version: str, kernel: str, module_type: str) -> None:
 
 
 def _install_libraries(node: Node, version: str) -> None:
+    # nvidia-installer installs the setuid loader unless --no-nvidia-modprobe
+    node.write("usr/bin/nvidia-modprobe", standin_script("nvidia-modprobe", node.root), 0o755)
     for lib in ("libnvidia-ml.so", "libcuda.so"):
         # real ELF objects with their SONAME, so a real ldconfig caches them (sim/elf.py)
         node.write(f"{node.libdir}/{lib}.{version}", shared_object(f"{lib}.1", node.arch))
