@@ -191,7 +191,7 @@ class NodeDriver(NodeBase):
             for line in files[name].read_text().splitlines():
                 words = line.split("#", 1)[0].split()
                 if words[:2] == ["options", module]:
-                    out.update(w.split("=", 1) for w in words[2:] if "=" in w)
+                    out.update(w.partition("=")[::2] for w in words[2:] if "=" in w)
         return out
 
     def _write_params(self, version: str) -> None:
