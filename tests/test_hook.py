@@ -223,6 +223,8 @@ EVERY_FAULT = [
     ("ib-umad-missing", "b200-hgx", Code.IB_UMAD_NOT_LOADED, "fabric", 84),
     # a MIG node (mig.profile set) whose GPU a client holds: MIG mode stays pending
     ("mig-gpu-in-use", "h100-pcie", Code.MIG_RESET_REQUIRED, "mig", 84),
+    # a GRID guest (driver.kind = "grid") whose vGPU licence never comes
+    ("grid-unlicensed", "a10-nvads", Code.GRID_NOT_LICENSED, "verify", 84),
 ]
 
 
@@ -234,6 +236,8 @@ def _overrides(fault: str) -> dict[str, dict[str, object]]:
     # a hung installer is cut by driver.command_timeout (the state's own limit), quickly
     if fault == "mig-gpu-in-use":
         return {"mig": {"profile": "MIG1g"}}
+    if fault == "grid-unlicensed":
+        return {"verify": {"license_timeout": 0.5, "license_poll_interval": 0.1}}
     return {"driver": {"command_timeout": 2.0}} if fault == "installer-hangs" else {}
 
 
@@ -246,7 +250,8 @@ def test_hook_exits_with_the_cse_code_of_each_fault(
     """The documented line on a node with the fault: the CSE code of the same meaning
     as the exit status, bootfsm's own code, name and hint (and the CSE code) in the one
     line, and bootfsm's own code in the journal."""
-    w = make_world(sku, (fault,), config_overrides=_overrides(fault))
+    kind = "grid" if fault == "grid-unlicensed" else "cuda"
+    w = make_world(sku, (fault,), driver_kind=kind, config_overrides=_overrides(fault))
     p = run_hook(w)
     line = only_line(p)
     assert p.returncode == cse, line
