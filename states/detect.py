@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError, TransientError
-from bootfsm.core.hardware import requires_open_module
+from bootfsm.core.hardware import requires_open_module, requires_proprietary_module
 from bootfsm.install.marker import Marker, check_marker, expected_marker, read_marker
 from bootfsm.machine.context import Context
 from bootfsm.node.facts import NodeFacts, gather_facts, loaded_module_version
@@ -87,8 +87,13 @@ def must_build(ctx: Context, f: NodeFacts) -> str | None:
         return "no bake marker"
     if not isinstance(m, Marker):
         return f"unreadable bake marker ({m})"
-    needs_open = requires_open_module(g.model for g in f.gpus)
-    diff = check_marker(m, expected_marker(ctx.config, f), needs_open=needs_open)
+    models = [g.model for g in f.gpus]
+    diff = check_marker(
+        m,
+        expected_marker(ctx.config, f),
+        needs_open=requires_open_module(models),
+        needs_proprietary=requires_proprietary_module(models),
+    )
     return f"bake marker differs in {diff[0].field}" if diff else None
 
 

@@ -3,9 +3,13 @@
 Satisfied when nouveau is blacklisted, DKMS has the configured driver built for the
 running kernel, that version is loaded, a bake marker (if any) matches the node, the
 per-boot init is done (device nodes /dev/nvidiactl, /dev/nvidia-uvm and one
-/dev/nvidiaN per GPU exist; the linker cache lists libnvidia-ml.so.1) and the toolkit
-is at the configured version. The action compiles only when no matching marker and
-usable module say the image (or an earlier boot) built it (``driver.prebaked``), then
+/dev/nvidiaN per GPU exist; the linker cache lists libnvidia-ml.so.1), on Grace with
+R580+ the coherent GPU memory mode is in modprobe.d and taken by the loaded module
+(bootfsm/install/coherent.py), and the toolkit is at the configured version. The action
+compiles only when no matching marker and usable module say the image, an earlier boot
+or DKMS after a kernel update built it (bootfsm/install/prebuilt.py, journaled as
+``driver.prebaked``), unloads a driver of another version or type, or one loaded
+without the coherent mode (bootfsm's own daemons on it stopped first), then
 initializes: nvidia-modprobe, libraries in place, ldconfig, nvidia-smi answering within
 ``driver.smi_wait`` seconds, nvidia-persistenced started when the driver provides it
 (bootfsm/install/persistenced.py, also part of the postcondition); the container toolkit comes
@@ -19,55 +23,30 @@ import time
 from dataclasses import asdict, replace
 
 from bootfsm import __version__
-from bootfsm.core.codes import Code
-from bootfsm.core.errors import BootError
-from bootfsm.core.hardware import requires_open_module
+from bootfsm.install import coherent, persistenced, prebuilt, records
 from bootfsm.install import driver_steps as steps
-from bootfsm.install import persistenced, records
 from bootfsm.install.driver_init import (
     init_missing,
     initialize,
     modules_present,
     record_loaded,
-    unload_own,
+    unload_driver,
 )
-from bootfsm.install.marker import (
-    Marker,
-    check_marker,
-    expected_marker,
-    marker_path,
-    read_marker,
-    required_module_type,
-)
+from bootfsm.install.marker import Marker, expected_marker, read_marker
 from bootfsm.machine.context import Context
 
 NAME = "driver"
 
 
-def _marker_mismatch(ctx: Context, m: Marker | str | None) -> tuple[str, str] | None:
-    """(field, reason) when marker ``m`` rules out the node's module; None when it fits."""
-    if m is None:
-        return None
-    if not isinstance(m, Marker):
-        return "marker", m
-    want = expected_marker(ctx.config, ctx.facts)
-    needs_open = requires_open_module(g.model for g in ctx.facts.gpus)
-    diff = check_marker(m, want, needs_open=needs_open)
-    if not diff:
-        return None
-    d = diff[0]
-    return d.field, f"marker says {d.field}={d.marker or '(none)'}; this node needs {d.node}"
-
-
 def satisfied(ctx: Context) -> bool:
     """Blacklist, module, bake marker, this boot's init and the toolkit match the config."""
-    if not steps.nouveau_off(ctx) or not steps.toolkit_ok(ctx):
+    if not steps.nouveau_off(ctx) or not steps.toolkit_ok(ctx) or not coherent.conf_ok(ctx):
         return False
     if not ctx.config.driver.install:
         module_ok = steps.loaded_version(ctx) is not None
     else:
-        module_ok = steps.loaded_version(ctx) == ctx.config.driver.version and steps.built(ctx)
-        module_ok = module_ok and _marker_mismatch(ctx, read_marker(ctx.host, ctx.config)) is None
+        module_ok = steps.loaded_version(ctx) == ctx.config.driver.version and prebuilt.ready(ctx)
+    module_ok = module_ok and coherent.applied(ctx)
     return module_ok and not init_missing(ctx) and persistenced.ready(ctx)
 
 
@@ -82,58 +61,28 @@ def skip_reason(ctx: Context) -> str | None:
 
 
 def _unload_other(ctx: Context, rebuild: bool = False) -> None:
-    """Unload a loaded driver of another version (or one to rebuild): first the modules
-    bootfsm itself loaded this boot (nvidia_uvm, nvidia_drm, nvidia_modeset), then
-    nvidia; REBOOT_REQUIRED when it stays loaded (someone else holds it)."""
+    """Unload a loaded driver of another version (or one to rebuild): bootfsm's own
+    daemons on it stopped first, then the modules (driver_init.unload_driver);
+    REBOOT_REQUIRED, naming the holders, when nvidia stays loaded."""
     loaded = steps.loaded_version(ctx)
     if loaded is None or (loaded == ctx.config.driver.version and not rebuild):
         return
-    unload_own(ctx)
-    r = ctx.run(["modprobe", "-r", "nvidia"], timeout=60)
-    if not r.ok or steps.loaded_version(ctx) is not None:
-        holders = ctx.host.listdir("/sys/module/nvidia/holders")
-        held = f" (held by {', '.join(holders)})" if holders else ""
-        raise BootError(
-            Code.REBOOT_REQUIRED,
-            f"driver {loaded} is loaded and in use{held}; "
-            f"{ctx.config.driver.version} needs a reboot",
-            output=r.output[-1000:],
-        )
-    record_loaded(ctx, set(), replace_all=True)
-    ctx.event("driver.unloaded", version=loaded)
+    unload_driver(ctx, loaded)
 
 
 def _needs_build(ctx: Context) -> bool:
-    """Compile or not; the decision and its reason are journaled as ``driver.prebaked``."""
-    m = read_marker(ctx.host, ctx.config)
-    if m is None:
-        built = steps.built(ctx)
-        reason = f"no bake marker at {marker_path(ctx.config)}"
-        ctx.event("driver.prebaked", match=False, field="marker", reason=reason, build=not built)
-        return not built
-    mismatch = _marker_mismatch(ctx, m)
-    baked = asdict(m) if isinstance(m, Marker) else None
-    if mismatch is not None:
-        field, reason = mismatch
-        ctx.event(
-            "driver.prebaked", match=False, field=field, reason=reason, build=True, marker=baked
-        )
-        return True
-    assert isinstance(m, Marker)
-    needs_open = requires_open_module(g.model for g in ctx.facts.gpus)
-    want_type = m.module_type or required_module_type(
-        ctx.config.driver.module_type, needs_open=needs_open
-    )  # a bash-path marker names no type: the built module's licence must fit
-    problem = steps.module_problem(ctx, want_type)
+    """Compile or not (install/prebuilt.py); journaled as ``driver.prebaked``."""
+    d = prebuilt.decide(ctx)
     ctx.event(
         "driver.prebaked",
-        match=problem is None,
-        field="module" if problem else "",
-        reason=problem or f"{m.source} marker matches kernel, version, kind, arch and module",
-        build=problem is not None,
-        marker=baked,
+        match=not d.build and d.marker is not None,
+        field=d.field,
+        reason=d.reason,
+        build=d.build,
+        via=d.via,
+        **({"marker": asdict(d.marker)} if d.marker is not None else {}),
     )
-    return problem is not None
+    return d.build
 
 
 def _record_build(ctx: Context, module_type: str) -> None:
@@ -141,6 +90,7 @@ def _record_build(ctx: Context, module_type: str) -> None:
     m = replace(
         expected_marker(ctx.config, ctx.facts),
         module_type=module_type,
+        dkms="yes",
         source="boot",
         bootfsm=__version__,
         baked_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ctx.host.wall())),
@@ -151,9 +101,10 @@ def _record_build(ctx: Context, module_type: str) -> None:
 def run(ctx: Context) -> None:
     """Blacklist nouveau, compile unless prebaked, initialize, then install the toolkit."""
     steps.blacklist_nouveau(ctx)
+    coherent.write_conf(ctx)  # before any load: modprobe reads it
     if ctx.config.driver.install:
         rebuild = _needs_build(ctx)
-        _unload_other(ctx, rebuild)
+        _unload_other(ctx, rebuild or not coherent.applied(ctx))  # loaded without it: reload
         before = modules_present(ctx)
         if rebuild:
             _record_build(ctx, steps.build_module(ctx))
@@ -164,5 +115,6 @@ def run(ctx: Context) -> None:
         initialize(ctx)
     finally:
         record_loaded(ctx, modules_present(ctx) - before)
+    coherent.require_applied(ctx)
     persistenced.ensure(ctx)
     steps.install_toolkit(ctx)

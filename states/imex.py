@@ -1,4 +1,6 @@
-"""imex: the nvidia-imex host binary from the CUDA apt repo; its service stays masked.
+"""imex: the nvidia-imex host binary from the CUDA apt repo; its service stays masked;
+dpkg's database stays consistent (`apt-get check` passes: its nvidia-modprobe dependency
+is the runfile's, recorded for dpkg).
 
 On Grace-Blackwell the NVIDIA DRA driver runs IMEX per ComputeDomain and CDI-injects
 this binary; a node-wide ``nvidia-imex.service`` must not run.
@@ -10,6 +12,7 @@ from bootfsm.core.codes import Code
 from bootfsm.fetch.store import resolved, verified
 from bootfsm.install import dpkg
 from bootfsm.install.daemons import IMEX
+from bootfsm.install.runfile_debs import ensure_nvidia_modprobe
 from bootfsm.machine.context import Context
 
 NAME = "imex"
@@ -30,12 +33,14 @@ def satisfied(ctx: Context) -> bool:
 
 
 def run(ctx: Context) -> None:
-    """dpkg -i --force-depends the verified deb, then disable and mask the host unit."""
+    """dpkg -i the verified deb once dpkg knows its nvidia-modprobe (the runfile's, told
+    to dpkg: install/runfile_debs.py), then disable and mask the host unit."""
     v = dpkg.installed_version(ctx, _package(ctx)) or ""
     want = ctx.config.driver.version
     if not (v == want or v.startswith(want + "-")):
+        ensure_nvidia_modprobe(ctx, Code.IMEX_INSTALL_FAILED)
         [(_, deb)] = verified(ctx, "imex")
         dpkg.install_debs(
-            ctx, [deb], force=["depends"], code=Code.IMEX_INSTALL_FAILED, names=[_package(ctx)]
+            ctx, [deb], force=[], code=Code.IMEX_INSTALL_FAILED, names=[_package(ctx)]
         )
     IMEX.mask(ctx)

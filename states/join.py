@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 
 from bootfsm.core.codes import Code
-from bootfsm.core.errors import BootError, CommandError, TransientError
+from bootfsm.core.errors import BootError, TransientError
 from bootfsm.install import containerd, records
-from bootfsm.install.cdi import EMPTY_DEVICE_EDITS, mig_modes, tolerated_case
+from bootfsm.install.cdi import CDI_SPEC, CDI_TOLERATED, CDI_UNIT, CDI_UNIT_DIRS, refresh_cdi
 from bootfsm.install.containerd import CONFIG, DROPIN, ContainerdConfigError
 from bootfsm.install.daemons import CONTAINERD, KUBELET
-from bootfsm.install.units import reset_failed, systemctl
 from bootfsm.machine.context import Context
 from bootfsm.parsers import ParseError
 from bootfsm.parsers.driver_info import parse_containerd_version
@@ -21,10 +20,6 @@ UDEV_TEXT = (
     'ACTION=="add", DEVPATH=="/bus/pci/drivers/nvidia", '
     'RUN+="/usr/bin/nvidia-ctk system create-dev-char-symlinks --create-all"\n'
 )
-CDI_SPEC = "/etc/cdi/nvidia.yaml"
-CDI_TOLERATED = "/run/bootfsm/cdi-tolerated"  # this boot's generate failed harmlessly
-CDI_UNIT = "nvidia-cdi-refresh.service"
-CDI_UNIT_DIRS = ("/etc/systemd/system", "/lib/systemd/system", "/usr/lib/systemd/system")
 
 
 def _marker(ctx: Context) -> str:
@@ -119,41 +114,6 @@ def wire_containerd(ctx: Context, major: int) -> bool:
     if problem:
         raise BootError(Code.CONTAINERD_RUNTIME_MISSING, f"containerd config dump: {problem}")
     return changed
-
-
-def refresh_cdi(ctx: Context) -> None:
-    """Regenerate the CDI spec: the toolkit's refresh unit when installed (reset-failed,
-    restart), else `nvidia-ctk cdi generate`; CDI_REFRESH_FAILED when it fails."""
-    if any(ctx.host.exists(f"{d}/{CDI_UNIT}") for d in CDI_UNIT_DIRS):
-        reset_failed(ctx, CDI_UNIT, "nvidia-cdi-refresh.path")
-        systemctl(ctx, "restart", CDI_UNIT, code=Code.CDI_REFRESH_FAILED, what="CDI refresh")
-        return
-    ctx.host.makedirs(CDI_SPEC.rsplit("/", 1)[0])
-    argv = ["nvidia-ctk", "cdi", "generate", f"--output={ctx.host.path(CDI_SPEC)}"]
-    before = records.snapshot(ctx.host, CDI_SPEC)
-    r = ctx.run(argv, timeout=120)
-    if r.ok:
-        records.track(ctx, CDI_SPEC, before)
-        return
-    smi = (
-        ctx.run(["nvidia-smi", "-q"], timeout=120, die_with_bootfsm=False)
-        if EMPTY_DEVICE_EDITS in r.output
-        else None
-    )
-    case = tolerated_case(r.output, mig_modes(smi.output) if smi and smi.ok else [])
-    if case is None or r.timed_out:
-        code = ctx.state_row.timeout_code if r.timed_out and ctx.state_row else None
-        what = "CDI refresh (nvidia-ctk cdi generate) failed"
-        raise CommandError(
-            code or Code.CDI_REFRESH_FAILED, argv, r.returncode, r.output[-1500:], what
-        )
-    ctx.event("cdi.tolerated", case=case, rc=r.returncode, output=r.output[-500:])
-    ctx.host.makedirs(CDI_TOLERATED.rsplit("/", 1)[0], mode=0o700)
-    ctx.host.write_atomic(CDI_TOLERATED, f"{case}\n", 0o600)
-    ctx.warn(
-        f"nvidia-ctk cdi generate exit {r.returncode} tolerated ({case}): MIG mode is on "
-        "with no MIG instances yet; partitioning them regenerates the spec"
-    )
 
 
 def run(ctx: Context) -> None:

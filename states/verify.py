@@ -1,6 +1,9 @@
 """verify: the driver answers, every PCI GPU is visible, the NVLink fabric is ready.
 
-Reads the structured `nvidia-smi -q -x` (the whole output, however many GPUs). The
+A corrupted infoROM is judged from the plain `nvidia-smi`, the one command that reports
+it (its warning and exit 14; `-q -x` exits 0 without it): INFOROM_CORRUPTED, as
+AgentBaker's validateGPUDrivers exits 87. Then it reads the structured
+`nvidia-smi -q -x` (the whole output, however many GPUs). The
 fabric is judged by what each GPU reports and what its family supports, not by the
 guards: Ampere has no GPU fabric probe (Fabric N/A even with NVSwitch and fabric
 manager), N/A / Not Supported means no fabric to wait for, any other state must reach
@@ -8,15 +11,21 @@ Completed (bounded by verify.fabric_timeout), Completed with a Status other than
 Success is final, and a Completed/Success GPU whose Health Summary is Unhealthy is not
 ready. Clique id and cluster UUID are journaled per GPU.
 
+On a GRID driver verify also waits (bounded by verify.license_timeout) for
+`nvidia-smi -q` to show every vGPU licence acquired (bootfsm/install/grid_license.py):
+GRID_NOT_LICENSED else.
+
 Satisfied when one query shows all of that at once (and fabric manager active where
-the node needs it).
+the node needs it, and the licence acquired on GRID).
 """
 
 from __future__ import annotations
 
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError, TransientError
+from bootfsm.install import grid_license
 from bootfsm.install.daemons import FABRIC_MANAGER
+from bootfsm.install.driver_init import inforom_error
 from bootfsm.machine.context import Context
 from bootfsm.node.fabric import (
     FabricJudgement,
@@ -39,6 +48,14 @@ __all__ = ["run", "satisfied"]
 NAME = "verify"
 SMI_QUERY = ("nvidia-smi", "-q", "-x")
 PROC_VERSION = "/proc/driver/nvidia/version"
+
+
+def _inforom(ctx: Context) -> None:
+    """INFOROM_CORRUPTED when the plain `nvidia-smi` warns about an infoROM."""
+    r = ctx.run(["nvidia-smi"], timeout=120, die_with_bootfsm=False)  # only reads
+    error = inforom_error(r.output, r.returncode)
+    if error is not None:
+        raise error
 
 
 def _query(ctx: Context) -> SmiReport:
@@ -96,8 +113,11 @@ def satisfied(ctx: Context) -> bool:
     if needs_fabric_manager(ctx.facts) and not FABRIC_MANAGER.running(ctx):
         return False
     try:
+        _inforom(ctx)
         report = _query(ctx)
     except (BootError, TransientError):
+        return False
+    if grid_license.wanted(ctx) and grid_license.problems(ctx):
         return False
     return judge_fabric(report).ok
 
@@ -111,7 +131,9 @@ def _fail_final(judgement: FabricJudgement) -> BootError:
 
 
 def run(ctx: Context) -> None:
-    """Query, then wait (bounded) for the fabric; each failure class has its own code."""
+    """The infoROM, a query, then wait (bounded) for the fabric; each failure class has
+    its own code."""
+    _inforom(ctx)
     report = _query(ctx)
     judgement = judge_fabric(report)
     if judgement.verdict is FabricVerdict.FAILED:
@@ -162,3 +184,5 @@ def run(ctx: Context) -> None:
         ctx.warn(warning)
     if needs_fabric_manager(ctx.facts):
         FABRIC_MANAGER.require_running(ctx)
+    if grid_license.wanted(ctx):
+        grid_license.wait_licensed(ctx)

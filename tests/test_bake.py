@@ -121,8 +121,10 @@ def _edit_marker(**change: str) -> Any:
     return edit
 
 
-def _drop_dkms_tree(w: World) -> str:
-    os.rename(w.root / "var/lib/dkms/nvidia", w.root / "var/lib/dkms/nvidia.gone")
+def _drop_module(w: World) -> str:
+    """The baked module gone (bake installs it without DKMS: only its file is there)."""
+    ko = w.root / f"lib/modules/{KERNEL}/updates/dkms/nvidia.ko"
+    os.rename(ko, ko.with_suffix(".gone"))
     return KERNEL
 
 
@@ -131,7 +133,7 @@ DRIFTS = [
     ("driver_version", _edit_marker(driver_version="565.57.01")),
     ("driver_kind", _edit_marker(driver_kind="grid")),
     ("arch", _edit_marker(arch="aarch64")),
-    ("module", _drop_dkms_tree),
+    ("module", _drop_module),
 ]
 
 

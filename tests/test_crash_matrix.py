@@ -219,7 +219,7 @@ def points_for(sku: str) -> list[Point]:
             Point("imex -> verify", "verify", on_boundary("imex", "verify"),
                   Gate("nvidia-smi", state="verify")),
             Point("verify: fabric wait", "verify", on_event("fabric.waiting"),
-                  Gate("nvidia-smi", state="verify", skip=2)),
+                  Gate("nvidia-smi", ("-q", "-x"), "verify", skip=2)),
         ]  # fmt: skip
     pts += [
         Point("verify -> join", "join", on_boundary("verify", "join"),

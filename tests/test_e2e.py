@@ -45,7 +45,13 @@ def test_arm64_boots_with_imex_masked_and_never_fabric_manager(
     assert (w.root / "usr/bin/nvidia-imex").exists()
     unit = w.root / "etc/systemd/system/nvidia-imex.service"
     assert unit.is_symlink() and os.readlink(unit) == "/dev/null"  # masked
-    assert _cmds(w, "dpkg")[-1][:2] == ["-i", "--force-depends"]
+    # nvidia-imex without --force-depends: dpkg knows the runfile's nvidia-modprobe first
+    installs = [c for c in _cmds(w, "dpkg") if c[0] == "-i"]
+    assert [Path(c[-1]).name.split("_")[0] for c in installs[-2:]] == [
+        "nvidia-modprobe",
+        "nvidia-imex",
+    ]
+    assert not any(a.startswith("--force") for a in installs[-1])
     assert (w.root / "var/lib/bootfsm/ready").exists()
 
 
@@ -114,7 +120,7 @@ FAULTS = [
     ("dpkg-lock-held", "gb300", Code.DPKG_LOCK_TIMEOUT, "driver"),
     ("installer-fails", "h100-pcie", Code.DRIVER_INSTALL_FAILED, "driver"),
     ("installer-hangs", "h100-pcie", Code.DRIVER_INSTALL_TIMEOUT, "driver"),
-    ("inforom-corrupted", "h100-pcie", Code.INFOROM_CORRUPTED, "verify"),
+    ("inforom-corrupted", "h100-pcie", Code.INFOROM_CORRUPTED, "driver"),
     ("fabric-in-progress-forever", "h100-hgx", Code.FABRIC_NOT_READY, "verify"),
     ("kubelet-unhealthy", "h100-pcie", Code.KUBELET_NOT_HEALTHY, "join"),
     ("stale-driver-in-use", "h100-pcie", Code.REBOOT_REQUIRED, "driver"),
@@ -189,10 +195,11 @@ def test_rerun_on_a_provisioned_node_invokes_no_installer(make_world: MakeWorld)
         "show -p Id -p UnitFileState -p ActiveState nvidia-persistenced.service"
         " nvidia-fabricmanager.service nvidia-imex.service containerd.service kubelet.service"
     ]
-    assert [c["cmd"] for c in new] == ["dpkg-query", "dkms", "systemctl", "nvidia-smi"]
+    # verify's two: the plain table (the one that reports a corrupted infoROM) and -q -x
+    assert [c["cmd"] for c in new] == ["dpkg-query", "dkms", "systemctl", *["nvidia-smi"] * 2]
 
 
-def test_gb300_rerun_asks_four_commands(make_world: MakeWorld) -> None:
+def test_gb300_rerun_asks_five_commands(make_world: MakeWorld) -> None:
     """Grace-Blackwell: driver's toolkit question and imex's nvidia-imex question are one
     `dpkg-query`; the persistence daemon, the fabric manager that must stay off and the
     masked IMEX unit are one `systemctl show`."""
@@ -201,7 +208,8 @@ def test_gb300_rerun_asks_four_commands(make_world: MakeWorld) -> None:
     before = len(w.calls())
     assert run_in_process(w).outcome.ok
     new = w.calls()[before:]
-    assert [c["cmd"] for c in new] == ["dpkg-query", "dkms", "systemctl", "nvidia-smi"]
+    # verify's two: the plain table (the one that reports a corrupted infoROM) and -q -x
+    assert [c["cmd"] for c in new] == ["dpkg-query", "dkms", "systemctl", *["nvidia-smi"] * 2]
     [query] = [c["argv"] for c in new if c["cmd"] == "dpkg-query"]
     assert "nvidia-imex" in query and "nvidia-container-toolkit" in query
 

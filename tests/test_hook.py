@@ -208,7 +208,7 @@ EVERY_FAULT = [
     ("http-503x3", "h100-pcie", Code.OK, "done", 0),
     ("drop-mid-body", "h100-pcie", Code.OK, "done", 0),
     ("dpkg-lock-held", "gb300", Code.DPKG_LOCK_TIMEOUT, "driver", 85),
-    ("inforom-corrupted", "h100-pcie", Code.INFOROM_CORRUPTED, "verify", 87),
+    ("inforom-corrupted", "h100-pcie", Code.INFOROM_CORRUPTED, "driver", 87),
     ("fabric-in-progress-forever", "h100-hgx", Code.FABRIC_NOT_READY, "verify", 84),
     # the hook leaves kubelet to the caller (ensureKubelet starts it after the GPU step)
     ("kubelet-unhealthy", "h100-pcie", Code.OK, "done", 0),
@@ -229,6 +229,8 @@ EVERY_FAULT = [
     ("mig-gpu-in-use", "h100-pcie", Code.OK, "done", 0),
     # a GPU VM size whose GPUs are missing from PCI: a GPU fell off the bus
     ("gpus-off-bus", "h100-pcie", Code.NO_GPU, "detect", 84),
+    # a GRID guest (driver.kind = "grid") whose vGPU licence never comes
+    ("grid-unlicensed", "a10-nvads", Code.GRID_NOT_LICENSED, "verify", 84),
 ]
 
 
@@ -240,6 +242,8 @@ def _overrides(fault: str) -> dict[str, dict[str, object]]:
     # a hung installer is cut by driver.command_timeout (the state's own limit), quickly
     if fault == "mig-gpu-in-use":
         return {"mig": {"profile": "MIG1g"}}
+    if fault == "grid-unlicensed":
+        return {"verify": {"license_timeout": 0.5, "license_poll_interval": 0.1}}
     return {"driver": {"command_timeout": 2.0}} if fault == "installer-hangs" else {}
 
 
@@ -252,7 +256,8 @@ def test_hook_exits_with_the_cse_code_of_each_fault(
     """The documented line on a node with the fault: the CSE code of the same meaning
     as the exit status, bootfsm's own code, name and hint (and the CSE code) in the one
     line, and bootfsm's own code in the journal."""
-    w = make_world(sku, (fault,), config_overrides=_overrides(fault))
+    kind = "grid" if fault == "grid-unlicensed" else "cuda"
+    w = make_world(sku, (fault,), driver_kind=kind, config_overrides=_overrides(fault))
     p = run_hook(w)
     line = only_line(p)
     assert p.returncode == cse, line

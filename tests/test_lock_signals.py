@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -138,12 +139,14 @@ def slow_shim(w: World, name: str, match: tuple[str, ...]) -> Path:
     to the stand-in. Returns the dir to put first on PATH."""
     shim_dir = w.base / f"shim-{name}"
     shim_dir.mkdir(exist_ok=True)
+    stand_in = w.bin_dir / name  # else the real tool (dpkg-deb has no stand-in)
+    real_tool = str(stand_in) if stand_in.exists() else shutil.which(name, path="/usr/bin:/bin")
     grandchild = (
         "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
     )
     (shim_dir / name).write_text(
         f"#!{sys.executable}\nimport os, subprocess, sys, time\n"
-        f"real = {str(w.bin_dir / name)!r}\n"
+        f"real = {real_tool!r}\n"
         f"if all(a in sys.argv[1:] for a in {list(match)!r}):\n"
         f"    args = [sys.executable, '-c', {grandchild!r}, 'grandchild', {str(w.base)!r}]\n"
         "    subprocess.Popen(args)\n"
@@ -251,8 +254,9 @@ POINTS = (
         "gb300",
         "imex",
         _grandchild,
-        shim=("dpkg", ("-i", "--force-depends")),
-        command="dpkg",
+        # imex's first command: dpkg-deb building the runfile's nvidia-modprobe record
+        shim=("dpkg-deb", ("--root-owner-group", "--build")),
+        command="dpkg-deb",
     ),
     Point(
         "verify-fabric-wait",

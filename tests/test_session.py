@@ -186,7 +186,10 @@ def _start(w: World, *argv: str) -> subprocess.Popen[str]:
 
 
 def _installer_hangs(w: World) -> Callable[[], Any]:
-    return lambda: [q for q in node_procs(w, "--dkms") if catches_sigterm(q)]
+    """The installer building: `--dkms` at boot, `--no-dkms` in a bake (no registration)."""
+    return lambda: [
+        q for q in node_procs(w, "--dkms") + node_procs(w, "--no-dkms") if catches_sigterm(q)
+    ]
 
 
 SIGNALLED = {

@@ -39,7 +39,7 @@ EXPECTED: dict[str, tuple[str, Code] | None] = {
     "http-503x3": None,
     "drop-mid-body": None,
     "dpkg-lock-held": ("driver", Code.DPKG_LOCK_TIMEOUT),
-    "inforom-corrupted": ("verify", Code.INFOROM_CORRUPTED),
+    "inforom-corrupted": ("driver", Code.INFOROM_CORRUPTED),
     "fabric-in-progress-forever": ("verify", Code.FABRIC_NOT_READY),
     "kubelet-unhealthy": ("join", Code.KUBELET_NOT_HEALTHY),
     "installer-fails": ("driver", Code.DRIVER_INSTALL_FAILED),

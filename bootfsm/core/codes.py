@@ -85,7 +85,7 @@ CODES: dict[Code, CodeInfo] = {
         _row(
             Code.MODULE_TYPE_UNSUPPORTED,
             "requested kernel module type cannot drive these GPUs",
-            'Blackwell GPUs need the open kernel modules: driver.module_type = "open" or "auto"',
+            'Blackwell needs the open modules, V100/P100 (pre-Turing) proprietary: use "auto"',
             cse=84,
         ),
         _row(
@@ -273,6 +273,12 @@ CODES: dict[Code, CodeInfo] = {
             cse=84,
         ),
         _row(
+            Code.GRID_NOT_LICENSED,
+            "GRID: nvidia-smi -q shows no vGPU licence acquired within verify.license_timeout",
+            "check nvidia-gridd (unit, /etc/nvidia/gridd.conf) and the licence server",
+            cse=84,
+        ),
+        _row(
             Code.DRIVER_LIBRARY_MISMATCH,
             "NVML reports a driver/library version mismatch",
             "a partial upgrade left an old module loaded; reboot the node",
@@ -290,6 +296,12 @@ CODES: dict[Code, CodeInfo] = {
             " that needs the open modules (Blackwell or later, device id >= 0x2900)",
             'set driver.module_type = "open" (or "auto") and rebuild; the proprietary module'
             " never drives these GPUs",
+            cse=84,
+        ),
+        _row(
+            Code.COHERENT_MEMORY_MODE_NOT_APPLIED,
+            "Grace, R580+: the loaded nvidia module lacks the coherent GPU memory mode",
+            "another modprobe.d file or the initramfs overrides it (the message says); reboot",
             cse=84,
         ),
         _row(

@@ -65,6 +65,7 @@ class DriverSpec:
     command_timeout: float = 600.0
     smi_wait: float = 60.0
     persistenced: bool = True
+    coherent_memory_mode: str = "driver"
 
 
 @dataclass(frozen=True)
@@ -132,10 +133,12 @@ class FetchSpec:
 
 @dataclass(frozen=True)
 class VerifySpec:
-    """[verify]: how long to wait for the NVLink fabric."""
+    """[verify]: how long to wait for the NVLink fabric and (GRID) the vGPU licence."""
 
     fabric_timeout: float = 300.0
     fabric_poll_interval: float = 5.0
+    license_timeout: float = 300.0
+    license_poll_interval: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -205,6 +208,7 @@ _CHOICES = {
     ("detect", "gpu_node"): ("auto", "yes", "no"),
     ("detect", "fabric_manager"): ("auto", "yes", "no"),
     ("mig", "on_pending"): ("fail", "reboot"),
+    ("driver", "coherent_memory_mode"): ("driver", ""),
 }
 _DAY = 86400.0
 RANGES: dict[tuple[str, str], tuple[float, float, bool]] = {
@@ -226,6 +230,8 @@ RANGES: dict[tuple[str, str], tuple[float, float, bool]] = {
     ("fetch", "segment_below_rate"): (0, 1 << 40, True),
     ("verify", "fabric_timeout"): (0, _DAY, False),
     ("verify", "fabric_poll_interval"): (0, 3600, False),
+    ("verify", "license_timeout"): (0, _DAY, False),
+    ("verify", "license_poll_interval"): (0, 3600, False),
     ("join", "containerd_restart_timeout"): (0, _DAY, False),
     ("join", "kubelet_timeout"): (0, _DAY, False),
     ("join", "kubelet_poll_interval"): (0, 3600, False),

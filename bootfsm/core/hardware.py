@@ -17,6 +17,7 @@ __all__ = [
     "NVSWITCH_CLASS",
     "NVSWITCH_MODELS",
     "SUPPORTED_BRANCHES",
+    "TURING_FIRST_DEVICE_ID",
     "DeviceRole",
     "Family",
     "GpuModel",
@@ -26,6 +27,7 @@ __all__ = [
     "has_fabric_probe",
     "model_for",
     "requires_open_module",
+    "requires_proprietary_module",
 ]
 
 NVIDIA_VENDOR = 0x10DE
@@ -41,6 +43,10 @@ NVSWITCH_CLASS = 0x068000
 class Family(StrEnum):
     """GPU architecture generation, as far as provisioning cares."""
 
+    MAXWELL = "maxwell"
+    PASCAL = "pascal"
+    VOLTA = "volta"
+    TURING = "turing"
     AMPERE = "ampere"
     HOPPER = "hopper"
     BLACKWELL = "blackwell"
@@ -74,13 +80,30 @@ def _table(*models: GpuModel) -> Mapping[int, GpuModel]:
 
 
 _A, _H, _B = Family.AMPERE, Family.HOPPER, Family.BLACKWELL
+_M, _P, _V, _T = Family.MAXWELL, Family.PASCAL, Family.VOLTA, Family.TURING
 
 # Names only (plus family and Grace for the guards): rules that must hold for future
 # parts go by device id (``blackwell_or_later``), not by membership in this table.
 # Device ids from pci.ids (GB300 31c2 "GB110 [GB300]" is there; 31c3 is reported by
 # NVIDIA's driver README list), B300 3182 from a B300 audit capture (lspci -nn
 # "[10de:3182]"), RTX 5090 2b85 from its nvidia-smi -q ("Device Id : 0x2B8510DE").
+# The parts before Turing (Azure NV v1 M60, NCv2 P100, ND P40, NCv3 V100) and the T4
+# (NCasT4_v3) by their pci.ids names: tests/test_hardware.py reads pci.ids to check them.
 GPU_MODELS: Mapping[int, GpuModel] = _table(
+    GpuModel(0x13F2, "Tesla M60", _M, grace=False),
+    GpuModel(0x15F7, "Tesla P100 PCIe 12GB", _P, grace=False),
+    GpuModel(0x15F8, "Tesla P100 PCIe 16GB", _P, grace=False),
+    GpuModel(0x15F9, "Tesla P100 SXM2 16GB", _P, grace=False),
+    GpuModel(0x1B38, "Tesla P40", _P, grace=False),
+    GpuModel(0x1BB3, "Tesla P4", _P, grace=False),
+    GpuModel(0x1D81, "TITAN V", _V, grace=False),
+    GpuModel(0x1DB1, "Tesla V100 SXM2 16GB", _V, grace=False),
+    GpuModel(0x1DB4, "Tesla V100 PCIe 16GB", _V, grace=False),
+    GpuModel(0x1DB5, "Tesla V100 SXM2 32GB", _V, grace=False),
+    GpuModel(0x1DB6, "Tesla V100 PCIe 32GB", _V, grace=False),
+    GpuModel(0x1DB8, "Tesla V100 SXM3 32GB", _V, grace=False),
+    GpuModel(0x1DF6, "Tesla V100S PCIe 32GB", _V, grace=False),
+    GpuModel(0x1EB8, "Tesla T4", _T, grace=False),
     GpuModel(0x20B0, "A100 SXM4 40GB", _A, grace=False),
     GpuModel(0x20B2, "A100 SXM4 80GB", _A, grace=False),
     GpuModel(0x2236, "A10", _A, grace=False),
@@ -106,7 +129,22 @@ SUPPORTED_BRANCHES: Mapping[int, tuple[int, int | None]] = MappingProxyType(
         # Data Center GPU driver release notes: Ampere from R450 (A100) and R460 (A10),
         # Hopper from R525 (H100) and R535 (H200, GH200), Blackwell from R570 (B200,
         # GB200, GeForce RTX 50), and B300 / GB300 only from R580, the branch AKS runs
-        # them on (AgentBaker's GB image, aks-gpu's cuda-lts 580.159.04).
+        # them on (AgentBaker's GB image, aks-gpu's cuda-lts 580.159.04). R580 is the last
+        # branch for Maxwell, Pascal and Volta (NVIDIA's CUDA 12.8 / R580 notices).
+        0x13F2: (346, 580),
+        0x15F7: (361, 580),
+        0x15F8: (361, 580),
+        0x15F9: (361, 580),
+        0x1B38: (367, 580),
+        0x1BB3: (367, 580),
+        0x1D81: (387, 580),
+        0x1DB1: (384, 580),
+        0x1DB4: (384, 580),
+        0x1DB5: (384, 580),
+        0x1DB6: (384, 580),
+        0x1DB8: (384, 580),
+        0x1DF6: (384, 580),
+        0x1EB8: (410, None),
         0x20B0: (450, None),
         0x20B2: (450, None),
         0x2236: (460, None),
@@ -186,9 +224,23 @@ def blackwell_or_later(device_id: int) -> bool:
     return device_id >= BLACKWELL_FIRST_DEVICE_ID
 
 
+TURING_FIRST_DEVICE_ID = 0x1E00
+"""Every NVIDIA GPU device id below 0x1e00 is older than Turing (Volta's GV100 is 0x1dxx,
+Turing's TU102 0x1e02; tests/test_hardware.py checks it on every GPU in pci.ids). The
+open kernel modules need the GSP that Turing introduced: NVIDIA's driver README ("Open
+Linux Kernel Modules": "The open flavor of kernel modules supports Turing and later
+GPUs. The open kernel modules cannot support GPUs before Turing")."""
+
+
 def requires_open_module(models: Iterable[GpuModel]) -> bool:
     """Tell whether any GPU needs the open kernel module (every id >= 0x2900 does)."""
     return any(blackwell_or_later(m.device_id) for m in models)
+
+
+def requires_proprietary_module(models: Iterable[GpuModel]) -> bool:
+    """Tell whether any GPU needs the proprietary kernel module: it is older than Turing
+    (no GSP), named in the table or not."""
+    return any(m.device_id < TURING_FIRST_DEVICE_ID for m in models)
 
 
 def has_fabric_probe(model: GpuModel) -> bool:

@@ -18,7 +18,7 @@ from typing import Any
 
 from bootfsm import __version__
 from bootfsm.core.config import Config
-from bootfsm.install import records
+from bootfsm.install import coherent, records
 from bootfsm.install.marker import Marker, check_marker, expected_marker, read_marker
 from bootfsm.machine.context import Context
 from bootfsm.node.facts import NodeFacts
@@ -81,6 +81,7 @@ def _want(ctx: Context) -> Marker:
     return replace(
         expected_marker(cfg, ctx.facts),
         module_type=bake_module_type(cfg),
+        dkms="no",  # build-only: nothing registered with DKMS (Azure/aks-gpu#191)
         source="bake",
         bootfsm=__version__,
         baked_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ctx.host.wall())),
@@ -105,14 +106,14 @@ class BakeDriver:
         what this bake would write and DKMS's module agrees with it."""
         from bootfsm.install import driver_steps as driver
 
-        if not (driver.nouveau_off(ctx) and driver.toolkit_ok(ctx)):
+        if not (driver.nouveau_off(ctx) and driver.toolkit_ok(ctx) and coherent.conf_ok(ctx)):
             return False
         if not ctx.config.driver.install:
             return True
         old = read_marker(ctx.host, ctx.config)
         if not isinstance(old, Marker) or not _same(old, _want(ctx)):
             return False
-        return driver.module_problem(ctx, bake_module_type(ctx.config)) is None
+        return driver.module_problem(ctx, bake_module_type(ctx.config), dkms=False) is None
 
     def skip_reason(self, ctx: Context) -> str | None:
         """Why nothing needs doing (called only when ``satisfied`` held)."""
@@ -130,6 +131,8 @@ class BakeDriver:
         cfg, kernel = ctx.config, ctx.facts.kernel
         if driver.blacklist_nouveau(ctx, kernel=kernel) and "nouveau" not in self.changed:
             self.changed.append("nouveau")
+        if coherent.write_conf(ctx, kernel=kernel) and "coherent" not in self.changed:
+            self.changed.append("coherent")
         if driver.install_toolkit(ctx) and "toolkit" not in self.changed:
             self.changed.append("toolkit")
         if not cfg.driver.install:
@@ -140,13 +143,15 @@ class BakeDriver:
         old = read_marker(ctx.host, cfg)
         if isinstance(old, Marker):
             diff = check_marker(old, want, needs_open=False)
-            problem = driver.module_problem(ctx, module_type) if not diff else None
+            problem = driver.module_problem(ctx, module_type, dkms=False) if not diff else None
             why = f"marker {diff[0].field} differs" if diff else problem
         else:
             why = old or "no bake marker"
         if why is not None:
-            driver.build_module(ctx, module_type=module_type, extra=("--skip-module-load",))
-            after = driver.module_problem(ctx, module_type)
+            driver.build_module(
+                ctx, module_type=module_type, extra=("--skip-module-load",), dkms=False
+            )
+            after = driver.module_problem(ctx, module_type, dkms=False)
             if after is not None:
                 raise BootError(Code.DRIVER_INSTALL_FAILED, f"after the DKMS build: {after}")
             self.changed.append("module")

@@ -25,6 +25,7 @@ from bootfsm.machine.context import Context
 __all__ = [
     "ALL",
     "CONTAINERD",
+    "DRIVER_USERS",
     "FABRIC_MANAGER",
     "IMEX",
     "KUBELET",
@@ -101,6 +102,10 @@ class Daemon:
         if not self.running(ctx):
             raise BootError(self.code, f"{self.unit} is not active")
 
+    def stop(self, ctx: Context) -> None:
+        """Stop it (it stays enabled); ``code`` when systemctl fails."""
+        systemctl(ctx, "stop", self.unit, code=self.code, timeout=self.start_timeout)
+
     def disable(self, ctx: Context) -> None:
         """Stop and disable it."""
         systemctl(ctx, "disable", "--now", self.unit, code=self.code)
@@ -133,6 +138,14 @@ CONTAINERD = Daemon("containerd", "containerd.service", Code.CONTAINERD_RESTART_
 
 KUBELET = Daemon("kubelet", "kubelet.service", Code.KUBELET_NOT_HEALTHY)
 """Started last; healthy when its healthz answers ``ok`` (states/join.py sets the wait)."""
+
+DRIVER_USERS = (PERSISTENCED, FABRIC_MANAGER)
+"""The daemons bootfsm runs that keep /dev/nvidia* open, in the order NVIDIA's driver
+container stops them before it unloads the modules and starts them after it loads them
+(NVIDIA/gpu-driver-container nvidia-driver ``_unload_driver`` / ``_load_driver``:
+persistence daemon, grid daemon, fabric manager, NVLSM; NVLSM runs inside the fabric
+manager unit here, through nvidia-fabricmanager-start.sh, so stopping the unit stops
+both). IMEX stays masked on the host and is never started by bootfsm."""
 
 ALL = (PERSISTENCED, FABRIC_MANAGER, IMEX, CONTAINERD, KUBELET)
 """Every daemon bootfsm owns, in the order `systemctl show` is asked about them."""

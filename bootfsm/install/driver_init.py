@@ -7,8 +7,11 @@ A prebaked image or a udev-autoloaded module has none of that done at boot, so t
 driver state's postcondition asks for the device nodes and the cache (``init_missing``).
 
 /run/bootfsm/driver-loaded lists the NVIDIA modules bootfsm's own commands loaded this
-boot (/run is per boot). An upgrade in place unloads those (``unload_own``) before it
-decides the old driver is in use.
+boot (/run is per boot). An upgrade in place or a rebuild (``unload_driver``) first stops
+the daemons bootfsm started that hold /dev/nvidia* (``daemons.DRIVER_USERS``, in NVIDIA's
+driver container's order), unloads the modules bootfsm loaded (``unload_own``), then
+nvidia, and judges by what is loaded afterwards, never by modprobe's exit status (kmod
+exits 0 for a module already gone, 1 with --first-time in $MODPROBE_OPTIONS).
 """
 
 from __future__ import annotations
@@ -16,8 +19,15 @@ from __future__ import annotations
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError
 from bootfsm.install import records
+from bootfsm.install.daemons import DRIVER_USERS, IMEX, Daemon
 from bootfsm.machine.context import Context
-from bootfsm.parsers.nvidia_smi import SmiFailure, classify_smi_failure, wrong_module_type
+from bootfsm.node.facts import loaded_module_version
+from bootfsm.parsers.nvidia_smi import (
+    SmiFailure,
+    classify_smi_failure,
+    inforom_warnings,
+    wrong_module_type,
+)
 
 __all__ = [
     "LDCACHE",
@@ -25,10 +35,12 @@ __all__ = [
     "NV_MODULES",
     "SMI_POLL_S",
     "device_nodes",
+    "inforom_error",
     "init_missing",
     "initialize",
     "modules_present",
     "record_loaded",
+    "unload_driver",
     "unload_own",
 ]
 
@@ -38,6 +50,10 @@ LOADED_RECORD = "/run/bootfsm/driver-loaded"
 LDCACHE = "/etc/ld.so.cache"
 SMI_POLL_S = 2.0
 """Seconds between nvidia-smi tries while the driver comes up (within driver.smi_wait)."""
+SMI_INFOROM_EXIT = 14
+"""nvidia-smi's exit status for a corrupted infoROM (nvidia-smi(1) RETURN VALUE; the
+plain table prints the warning and exits 14 while `nvidia-smi -q -x` exits 0 without it:
+samples nvidia-smi/nvml_error_excerpts.txt [E], the microsoft/pai #3756 note)."""
 _NVML = b"libnvidia-ml.so.1"
 
 
@@ -82,6 +98,72 @@ def unload_own(ctx: Context) -> list[str]:
     return done
 
 
+def _started_by_bootfsm(ctx: Context) -> set[str]:
+    entries = records.load(ctx.host, ctx.config)
+    return {e["unit"] for e in entries if e["kind"] == "unit" and e["action"] == "start"}
+
+
+def _device_processes(ctx: Context) -> list[str]:
+    """``comm (pid N)`` of the processes with a /dev/nvidia* file open (/proc/<pid>/fd
+    links, as fuser(1) reads them); asked only when an unload failed."""
+    found: list[str] = []
+    for proc in ctx.host.glob("/proc/[0-9]*"):
+        fds = ctx.host.glob(f"{proc}/fd/*")
+        if any((ctx.host.readlink(fd) or "").startswith("/dev/nvidia") for fd in fds):
+            comm = (ctx.host.read_text(f"{proc}/comm") or "?").strip()
+            found.append(f"{comm} (pid {proc.rsplit('/', 1)[1]})")
+    return found
+
+
+def nvidia_users(ctx: Context) -> list[str]:
+    """Who keeps nvidia loaded, by name: the modules holding it (/sys/module/nvidia/
+    holders), the NVIDIA daemons still active and the processes with /dev/nvidia* open."""
+    users = ctx.host.listdir("/sys/module/nvidia/holders")
+    users += [d.unit for d in (*DRIVER_USERS, IMEX) if d.running(ctx)]
+    return users + _device_processes(ctx)
+
+
+def _start_again(ctx: Context, stopped: list[Daemon]) -> None:
+    for daemon in stopped:  # the order they were stopped in: the driver container's
+        try:
+            daemon.start(ctx)
+        except BootError as exc:
+            ctx.warn(f"{daemon.unit} did not start again: {exc.message}")
+
+
+def unload_driver(ctx: Context, loaded: str) -> None:
+    """Unload the loaded driver ``loaded`` so another can be loaded: stop the daemons
+    bootfsm started that hold /dev/nvidia* (``DRIVER_USERS`` order), unload the modules
+    bootfsm loaded this boot, then nvidia. REBOOT_REQUIRED, naming what holds it, when
+    nvidia is still loaded afterwards (the stopped daemons are started again first).
+    The stopped daemons come back with the new driver: nvidia-persistenced in this
+    state, fabric manager in the fabric state (after its version matches)."""
+    mine = _started_by_bootfsm(ctx)
+    stopped = [d for d in DRIVER_USERS if d.unit in mine and d.running(ctx)]
+    for daemon in stopped:
+        daemon.stop(ctx)
+    if stopped:
+        ctx.event("driver.daemons_stopped", units=[d.unit for d in stopped])
+    unload_own(ctx)
+    output = ""
+    if ctx.host.exists("/sys/module/nvidia"):
+        r = ctx.run(["modprobe", "-r", "nvidia"], timeout=60)
+        ctx.event("driver.unload", module="nvidia", ok=r.ok, rc=r.returncode)
+        output = r.output[-1000:]
+    if loaded_module_version(ctx.host) is not None:
+        users = nvidia_users(ctx)
+        _start_again(ctx, stopped)
+        held = f" (held by {', '.join(users[:10])})" if users else ""
+        raise BootError(
+            Code.REBOOT_REQUIRED,
+            f"driver {loaded} is loaded and in use{held}; "
+            f"{ctx.config.driver.version} needs a reboot",
+            output=output,
+        )
+    record_loaded(ctx, set(), replace_all=True)
+    ctx.event("driver.unloaded", version=loaded)
+
+
 def device_nodes(ctx: Context) -> list[str]:
     """The device nodes a usable driver has: nvidiactl, nvidia-uvm and one nvidiaN per GPU
     the driver attached (/proc/driver/nvidia/gpus/<bus id>; a GPU on PCI that the driver
@@ -117,10 +199,29 @@ def _load(ctx: Context) -> None:
         )
 
 
+def inforom_error(output: str, returncode: int) -> BootError | None:
+    """INFOROM_CORRUPTED when plain `nvidia-smi` reported a corrupted infoROM (its
+    warning line, or exit 14), naming the GPUs it warned about; None otherwise. Only the
+    plain table says so: `-q -x` exits 0 without the warning, so nothing else is asked."""
+    gpus = inforom_warnings(output)
+    if not gpus and returncode != SMI_INFOROM_EXIT:
+        return None
+    where = f" at {', '.join(gpus)}" if gpus else ""
+    return BootError(
+        Code.INFOROM_CORRUPTED,
+        f"nvidia-smi: infoROM is corrupted{where} (exit {returncode}); the GPU needs service",
+        output=output[-1000:],
+    )
+
+
 def _smi_answers(ctx: Context, seen: list[str]) -> bool | None:
     """One nvidia-smi try: True when it answers, None to try again (its failure appended
-    to ``seen``); a version mismatch is final (DRIVER_LIBRARY_MISMATCH)."""
+    to ``seen``); a version mismatch (DRIVER_LIBRARY_MISMATCH) and a corrupted infoROM
+    (INFOROM_CORRUPTED, what AgentBaker's validateGPUDrivers exits 87 for) are final."""
     r = ctx.run(["nvidia-smi"], timeout=120, die_with_bootfsm=False)  # only reads
+    inforom = inforom_error(r.output, r.returncode)
+    if inforom is not None:
+        raise inforom
     failure = classify_smi_failure(r.output)
     if failure is SmiFailure.DRIVER_LIBRARY_MISMATCH:
         raise BootError(
@@ -131,7 +232,7 @@ def _smi_answers(ctx: Context, seen: list[str]) -> bool | None:
         why = wrong_module_type(r.output, [g.device_id for g in ctx.facts.gpus], proc)
         if why is not None:
             raise BootError(Code.WRONG_MODULE_TYPE, why, output=r.tail)
-    if r.ok or failure is SmiFailure.INFOROM_CORRUPTED:  # verify reports the infoROM
+    if r.ok:
         return True
     seen.append(f"exit {r.returncode}: {r.output.strip()[-300:]}")
     return None

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError
-from bootfsm.core.hardware import GpuModel, requires_open_module
+from bootfsm.core.hardware import GpuModel, requires_open_module, requires_proprietary_module
 from bootfsm.core.node_paths import INSTALLER_LOG
 from bootfsm.fetch.artifacts import cache_node_path
 from bootfsm.fetch.store import verified
@@ -36,6 +36,7 @@ __all__ = [
     "built",
     "fallback_module_type",
     "install_toolkit",
+    "installer_module_args",
     "loaded_version",
     "module_problem",
     "nouveau_off",
@@ -46,9 +47,18 @@ __all__ = [
 BLACKLIST = "/etc/modprobe.d/blacklist-nouveau.conf"
 BLACKLIST_TEXT = "blacklist nouveau\noptions nouveau modeset=0\n"
 OPEN_DEFAULT_BRANCH = 560
+"""From this driver branch on, NVIDIA installs the open modules by default, and the
+installer takes -M/--kernel-module-type and --print-recommended-kernel-module-type (the
+575.57.08 --advanced-options in samples/installer/nvidia-run_help_info_advanced_excerpts
+.txt; NVIDIA/gpu-driver-container PR #182: "--kernel-module-type is a new flag and is
+only available from R560 onwards", so its driver container still passes -m for 535 and
+550, and its GPU Operator docs: auto is not supported with 550 and 535)."""
+OPEN_MODULES_BRANCH = 515
+"""The first branch whose package carries the open modules (kernel-open/ beside kernel/,
+chosen with -m/--kernel-module-build-directory: NVIDIA driver README, "Open Linux Kernel
+Modules", "Starting in the 515 driver release series")."""
 PROGRESS_EVERY_S = 10.0
 """Seconds between ``driver.progress`` journal events while nvidia-installer builds."""
-"""From this driver branch on, NVIDIA installs the open modules by default."""
 
 
 def toolkit_ok(ctx: Context) -> bool:
@@ -136,25 +146,52 @@ def parse_module_type(text: str) -> str | None:
     return None
 
 
+def _branch(version: str) -> int:
+    head = version.split(".", 1)[0]
+    return int(head) if head.isdigit() else OPEN_DEFAULT_BRANCH
+
+
 def fallback_module_type(version: str, models: Iterable[GpuModel]) -> str:
-    """The type to build when the installer gives no recommendation: ``open`` from branch
-    560 on (NVIDIA's default since then) or when a GPU needs it, else ``proprietary``."""
-    branch = version.split(".", 1)[0]
-    if branch.isdigit() and int(branch) >= OPEN_DEFAULT_BRANCH:
+    """The type to build when the installer gives no recommendation: ``proprietary`` when
+    a GPU is older than Turing (the open modules need its GSP), ``open`` from branch 560 on
+    (NVIDIA's default since then) or when a GPU needs it, else ``proprietary``."""
+    gpus = list(models)
+    if requires_proprietary_module(gpus):
+        return "proprietary"
+    if _branch(version) >= OPEN_DEFAULT_BRANCH:
         return "open"
-    return "open" if requires_open_module(models) else "proprietary"
+    return "open" if requires_open_module(gpus) else "proprietary"
+
+
+def installer_module_args(version: str, module_type: str) -> list[str]:
+    """The installer option that picks ``module_type`` in ``version``'s branch (pure):
+    ``--kernel-module-type=T`` from 560, ``-m=kernel-open`` / ``-m=kernel`` (the module
+    source directory, as NVIDIA's driver container passes it) from 515, nothing before
+    (proprietary only). ValueError for open modules before 515."""
+    branch = _branch(version)
+    if branch >= OPEN_DEFAULT_BRANCH:
+        return [f"--kernel-module-type={module_type}"]
+    if branch >= OPEN_MODULES_BRANCH:
+        return [f"-m={'kernel-open' if module_type == 'open' else 'kernel'}"]
+    if module_type == "open":
+        raise ValueError(f"driver {version} has no open kernel modules (branch 515 and later)")
+    return []
 
 
 def _module_type(ctx: Context, installer: str) -> str:
     mt = ctx.config.driver.module_type
     if mt != "auto":
         return mt
+    version = ctx.config.driver.version
+    if _branch(version) < OPEN_DEFAULT_BRANCH:  # no --print-recommended-kernel-module-type
+        chosen = fallback_module_type(version, [g.model for g in ctx.facts.gpus])
+        ctx.event("driver.module_type", module_type=chosen, source="branch")
+        return chosen
     r = ctx.run([installer, "--print-recommended-kernel-module-type"], timeout=60, probe=True)
     recommended = parse_module_type(r.output) if r.ok else None
     if recommended is not None:
         ctx.event("driver.module_type", module_type=recommended, source="installer")
         return recommended
-    version = ctx.config.driver.version
     fallback = fallback_module_type(version, [g.model for g in ctx.facts.gpus])
     ctx.warn(
         f"installer gave no module type recommendation (exit {r.returncode}); using "
@@ -164,12 +201,21 @@ def _module_type(ctx: Context, installer: str) -> str:
     return fallback
 
 
-def build_module(ctx: Context, module_type: str | None = None, extra: Sequence[str] = ()) -> str:
+def build_module(
+    ctx: Context,
+    module_type: str | None = None,
+    extra: Sequence[str] = (),
+    *,
+    dkms: bool = True,
+) -> str:
     """Extract the verified runfile and DKMS-build the driver for ``ctx.facts.kernel``.
 
     ``module_type`` None follows the config (``auto`` asks the installer); ``extra`` is
-    appended to the installer's argv (bake passes ``--skip-module-load``). Returns the
-    module type built.
+    appended to the installer's argv (bake passes ``--skip-module-load``). ``dkms``
+    False (bake): ``--no-dkms`` with the modules in /lib/modules/<kernel>/updates/dkms
+    and nothing registered with DKMS (Azure/aks-gpu#191: a shared image must not make
+    a CPU node's next kernel update build NVIDIA); their files are recorded instead.
+    Returns the module type built.
     """
     kernel = ctx.facts.kernel
     if not ctx.host.exists(f"/lib/modules/{kernel}/build"):
@@ -193,6 +239,10 @@ def build_module(ctx: Context, module_type: str | None = None, extra: Sequence[s
     )
     installer = str(ctx.host.path(f"{target}/nvidia-installer"))
     mt = module_type or _module_type(ctx, installer)
+    try:
+        type_args = installer_module_args(ctx.config.driver.version, mt)
+    except ValueError as exc:
+        raise BootError(Code.MODULE_TYPE_UNSUPPORTED, str(exc)) from None
     ctx.event("driver.install", version=ctx.config.driver.version, module_type=mt, kernel=kernel)
     watch = LogWatch(
         ctx.host.path(INSTALLER_LOG),
@@ -205,6 +255,12 @@ def build_module(ctx: Context, module_type: str | None = None, extra: Sequence[s
         clock=ctx.host.monotonic,
         wall=ctx.host.wall,
     )
+    dest = f"/lib/modules/{kernel}/updates/dkms"
+    registration = (
+        ["--dkms"] if dkms else ["--no-dkms", f"--kernel-install-path={ctx.host.path(dest)}"]
+    )
+    modules = [f"{dest}/{m}.ko" for m in ("nvidia", "nvidia-uvm", "nvidia-modeset")]
+    before = {} if dkms else {m: records.snapshot(ctx.host, m) for m in modules}
     with watch:
         ctx.require(
             [
@@ -212,9 +268,9 @@ def build_module(ctx: Context, module_type: str | None = None, extra: Sequence[s
                 "-s",
                 "-a",
                 "--no-drm",
-                "--dkms",
+                *registration,
                 f"--kernel-name={kernel}",
-                f"--kernel-module-type={mt}",
+                *type_args,
                 f"--log-file-name={ctx.host.path(INSTALLER_LOG)}",
                 *extra,
             ],
@@ -222,16 +278,22 @@ def build_module(ctx: Context, module_type: str | None = None, extra: Sequence[s
             timeout=ctx.config.driver.command_timeout,
             what="nvidia-installer failed",
         )
-    records.record_dkms(ctx, "nvidia", ctx.config.driver.version, kernel)
+    if dkms:
+        records.record_dkms(ctx, "nvidia", ctx.config.driver.version, kernel)
+    else:
+        for path in modules:
+            if ctx.host.exists(path):
+                records.track(ctx, path, before[path])  # uninstall removes them
     return mt
 
 
-def module_problem(ctx: Context, module_type: str = "") -> str | None:
+def module_problem(ctx: Context, module_type: str = "", *, dkms: bool = True) -> str | None:
     """Why the module for ``ctx.facts.kernel`` is unusable, or None when `dkms status`
-    lists the configured version installed and `modinfo` agrees (version and, unless
+    lists the configured version installed (``dkms``; a module bake installed without
+    DKMS is asked of modinfo alone) and `modinfo` agrees (version and, unless
     ``module_type`` is empty, the type its licence names)."""
     version, kernel = ctx.config.driver.version, ctx.facts.kernel
-    if not built(ctx):
+    if dkms and not built(ctx):
         return f"dkms status lists no installed nvidia/{version} for {kernel}"
     if ctx.host.which("modinfo") is None:
         return "modinfo is not on PATH: cannot confirm the module"

@@ -57,6 +57,11 @@ class Marker:
     module_type: str = ""
     runfile_sha256: str = ""
     config_digest: str = ""
+    dkms: str = ""
+    """``no``: installed without DKMS (bake's build-only module: a shared image keeps no
+    NVIDIA DKMS registration, so a kernel update on a CPU node builds nothing,
+    Azure/aks-gpu#191); ``yes`` or "": registered with DKMS, whose kernel hook builds
+    the module for every new kernel."""
     source: str = "bake"
     baked_at: str = ""
     bootfsm: str = ""
@@ -148,11 +153,14 @@ def write_marker(host: Host, cfg: Config, m: Marker) -> list[str]:
     return [marker_path(cfg), PEER_MARKER]
 
 
-def required_module_type(cfg_type: str, *, needs_open: bool) -> str:
+def required_module_type(
+    cfg_type: str, *, needs_open: bool, needs_proprietary: bool = False
+) -> str:
     """The module type a built module must have: ``open`` or ``proprietary``, or "" for
-    either (``auto`` on a node whose GPUs both modules drive)."""
+    either (``auto`` on a node whose GPUs both modules drive: not Blackwell, which needs
+    open, nor older than Turing, which needs proprietary)."""
     if cfg_type == "auto":
-        return "open" if needs_open else ""
+        return "open" if needs_open else "proprietary" if needs_proprietary else ""
     return cfg_type
 
 
@@ -169,11 +177,14 @@ def expected_marker(cfg: Config, facts: NodeFacts) -> Marker:
     )
 
 
-def check_marker(m: Marker, want: Marker, *, needs_open: bool) -> list[Mismatch]:
+def check_marker(
+    m: Marker, want: Marker, *, needs_open: bool, needs_proprietary: bool = False
+) -> list[Mismatch]:
     """Every field of ``MATCH_FIELDS`` where marker ``m`` does not fit ``want`` (pure).
 
     ``module_type = auto`` accepts a baked open or proprietary module, except that a node
-    with a GPU only the open module drives (``needs_open``) accepts only open. A marker
+    with a GPU only the open module drives (``needs_open``) accepts only open, and one
+    with a GPU older than Turing (``needs_proprietary``) only proprietary. A marker
     without a module type (the bash path's) is not judged on it here: the caller checks
     the built module's licence (``required_module_type``). A sha256 is compared only
     when both sides have one.
@@ -184,9 +195,11 @@ def check_marker(m: Marker, want: Marker, *, needs_open: bool) -> list[Mismatch]
         if name == "module_type" and not have:
             continue  # a bash-path marker names no type: the built module's licence decides
         if name == "module_type" and need == "auto":
-            allowed = ("open",) if needs_open else ("open", "proprietary")
-            if have not in allowed:
-                out.append(Mismatch(name, have, "open" if needs_open else "auto"))
+            only = required_module_type(
+                need, needs_open=needs_open, needs_proprietary=needs_proprietary
+            )
+            if have not in ((only,) if only else ("open", "proprietary")):
+                out.append(Mismatch(name, have, only or "auto"))
         elif name == "runfile_sha256":
             if have and need and have.lower() != need.lower():
                 out.append(Mismatch(name, have, need))

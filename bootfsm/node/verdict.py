@@ -10,7 +10,11 @@ from __future__ import annotations
 from bootfsm.core.codes import Code
 from bootfsm.core.config import Config
 from bootfsm.core.errors import BootError
-from bootfsm.core.hardware import branch_problem, requires_open_module
+from bootfsm.core.hardware import (
+    branch_problem,
+    requires_open_module,
+    requires_proprietary_module,
+)
 from bootfsm.core.vmsizes import has_nvidia_gpu
 from bootfsm.node.facts import NodeFacts
 from bootfsm.node.guards import needs_fabric_manager
@@ -50,6 +54,12 @@ def judge(cfg: Config, f: NodeFacts) -> None:
             Code.MODULE_TYPE_UNSUPPORTED,
             f"{f.gpu_model} (Blackwell) needs the open kernel modules; "
             'driver.module_type is "proprietary"',
+        )
+    if cfg.driver.module_type == "open" and requires_proprietary_module(models):
+        raise BootError(  # no GSP before Turing: the open modules refuse these GPUs
+            Code.MODULE_TYPE_UNSUPPORTED,
+            f"{f.gpu_model} (older than Turing) needs the proprietary kernel modules; "
+            'driver.module_type is "open"',
         )
     if cfg.driver.install and cfg.driver.kind == "grid" and not cfg.sources.grid_runfile_url:
         raise BootError(Code.CONFIG_INVALID, "driver.kind = grid needs sources.grid_runfile_url")

@@ -1,4 +1,4 @@
-"""Parse driver-side version facts: /proc/driver/nvidia/version, dkms status, containerd."""
+"""Parse driver-side facts: /proc/driver/nvidia/version and params, dkms status, containerd."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ __all__ = [
     "parse_containerd_version",
     "parse_dkms_status",
     "parse_module_version",
+    "parse_nvidia_params",
     "parse_proc_driver_version",
 ]
 
@@ -105,3 +106,21 @@ def parse_module_version(text: str) -> str:
     if not _MODULE_VERSION.fullmatch(version):
         raise ParseError(f"/sys/module/nvidia/version: not a driver version: {text[:60]!r}")
     return version
+
+
+_PARAM = re.compile(r'(?P<key>[A-Za-z][A-Za-z0-9]*): (?P<value>"[^"\n]*"|[0-9]+)')
+
+
+def parse_nvidia_params(text: str) -> dict[str, str]:
+    """/proc/driver/nvidia/params (``Key: 123`` and ``Key: "text"`` lines, as the loaded
+    module prints its NVreg_ parameters) -> key -> value, quotes removed.
+    ParseError when a non-empty line is of neither form."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        m = _PARAM.fullmatch(line.rstrip())
+        if m is None:
+            raise ParseError(f"/proc/driver/nvidia/params: unexpected line {line[:80]!r}")
+        out[m["key"]] = m["value"].strip('"')
+    return out

@@ -23,6 +23,8 @@ __all__ = [
     "SmiReport",
     "classify_smi_failure",
     "device_id_of",
+    "inforom_warnings",
+    "licensed",
     "parse_smi_query",
     "wrong_module_type",
 ]
@@ -54,6 +56,10 @@ class SmiGpu:
     """MIG Mode Current as printed ("Enabled", "Disabled", "N/A": no MIG); "" when absent."""
     mig_pending: str = ""
     """MIG Mode Pending: what the next GPU reset or reboot makes current."""
+    license_status: str = ""
+    """vGPU Software Licensed Product / License Status as printed (a GRID driver:
+    "Licensed (Expiry: 2025-3-19 7:29:4 GMT)", "Unlicensed (Unrestricted)"...); "" when
+    the block is absent (not a GRID driver)."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +103,22 @@ def classify_smi_failure(text: str) -> SmiFailure | None:
     return None
 
 
+def inforom_warnings(text: str) -> tuple[str, ...]:
+    """The bus ids of every ``WARNING: infoROM is corrupted at gpu <bus id>`` line, in
+    order (plain `nvidia-smi` prints it after its table and exits 14: samples
+    nvidia-smi/nvml_error_excerpts.txt [E] and
+    azhpc-diagnostics/table_8xV100_inforom-warning_460.32.03.txt)."""
+    found = (_INFOROM_WARNING.fullmatch(line.rstrip()) for line in text.splitlines())
+    return tuple(m[1].strip() for m in found if m is not None)
+
+
+def licensed(status: str) -> bool:
+    """A License Status that says the vGPU licence is acquired: ``Licensed``, with or
+    without ``(Expiry: ...)`` (NVIDIA's vGPU licensing guides; gpu-operator #220 shows the
+    4-space block of a guest that has none: ``License Status : Unlicensed``)."""
+    return status == "Licensed" or status.startswith("Licensed (")
+
+
 def device_id_of(value: str) -> int:
     """The PCI device id in nvidia-smi's "0x233010DE" (text) or "233010DE" (XML); 0 if not so."""
     match = _PCI_DEVICE_ID.fullmatch(value.strip())
@@ -104,6 +126,7 @@ def device_id_of(value: str) -> int:
 
 
 _FABRIC_KEYS = {"State": 0, "Status": 1, "CliqueId": 2, "ClusterUUID": 3}
+_LICENSED = "vGPU Software Licensed Product"
 
 
 @dataclass
@@ -117,6 +140,7 @@ class _GpuBuilder:
     section: str = ""
     subsection: str = ""
     mig: tuple[str, str] = ("", "")
+    license_status: str = ""
 
     def feed(self, indent: int, key: str, value: str | None) -> None:
         """Take one line of this GPU's block."""
@@ -132,6 +156,8 @@ class _GpuBuilder:
             self.subsection = key if value is None else ""
         if self.section == "PCI" and indent == 8 and key == "Device Id":
             self.device_id = device_id_of(value or "")
+        elif self.section == _LICENSED and indent == 8 and key == "License Status":
+            self.license_status = value or ""
         elif self.section == "MIG Mode" and indent == 8 and key in ("Current", "Pending"):
             current, pending = self.mig
             self.mig = (value or "", pending) if key == "Current" else (current, value or "")
@@ -154,6 +180,7 @@ class _GpuBuilder:
             cluster,
             health,
             *self.mig,
+            self.license_status,
         )
 
 

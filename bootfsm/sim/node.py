@@ -36,6 +36,7 @@ __all__ = [
     "calls",
     "imds_instance",
     "kubelet_healthz",
+    "simulate_kernel_upgrade",
     "simulate_reboot",
     "standin_script",
 ]
@@ -101,9 +102,41 @@ def simulate_reboot(root: Path) -> None:
     for volatile in ("run", "dev"):
         node.remove(volatile)
         node.p(volatile).mkdir(parents=True)
-    for path in [*node.p("sys/module").glob("nvidia*"), *node.p("proc/driver").glob("nvidia*")]:
+    processes = node.p("proc").glob("[0-9]*")  # no process outlives a reboot
+    for path in [*node.p("sys/module").glob("nvidia*"), *node.p("proc/driver").glob("nvidia*"),
+                 *processes]:  # fmt: skip
         node.remove(str(path.relative_to(node.root)))
     node.boot()
+
+
+def simulate_kernel_upgrade(root: Path, kernel: str) -> list[str]:
+    """An unattended kernel upgrade: the new kernel and its headers installed, then the
+    kernel's postinst hooks; return the DKMS modules built for it ("module/version").
+
+    Reference: dkms's kernel hook (/etc/kernel/postinst.d/dkms, dkms 3.0.10 on Debian 12
+    and Ubuntu) runs `dkms autoinstall` for the new kernel, which builds and installs
+    every module registered in /var/lib/dkms (a ``source`` link to /usr/src/<m>-<v>)
+    whose dkms.conf says ``AUTOINSTALL="yes"`` (nvidia-installer --dkms writes it). A
+    module installed without DKMS (``--no-dkms``) is not rebuilt. The new kernel runs
+    only after a reboot (write proc/sys/kernel/osrelease, then ``simulate_reboot``)."""
+    from bootfsm.sim.standin_installer import dkms_build  # the stand-ins' own builder
+
+    node = Node(Path(root))
+    node.write(f"lib/modules/{kernel}/build/Makefile", f"# headers {kernel}\n")
+    built: list[str] = []
+    dkms = node.p("var/lib/dkms")
+    sources = [v / "source" for m in (dkms.iterdir() if dkms.is_dir() else ()) for v in m.iterdir()]
+    for tree in sorted(t for t in sources if t.is_symlink()):  # links to /usr/src/<m>-<v>
+        conf = node.read(f"{os.readlink(tree).lstrip('/')}/dkms.conf") or ""
+        if 'AUTOINSTALL="yes"' not in conf:
+            continue
+        module, version = tree.parent.parent.name, tree.parent.name
+        old = sorted(tree.parent.glob(f"*/{node.arch}/module/nvidia.ko"))
+        text = old[0].read_text() if old else ""
+        kind = "open" if "module_type=open" in text else "proprietary"
+        dkms_build(node, version, kernel, kind)
+        built.append(f"{module}/{version}")
+    return built
 
 
 def calls(root: Path) -> list[dict[str, Any]]:

@@ -206,11 +206,17 @@ def write_layout(node: Node, sku: Sku, faults: Collection[str]) -> None:
     )
 
 
+_CUDA_JOB_PID = 4242
+
+
 def apply_build_faults(node: Node, faults: Collection[str]) -> None:
     """Faults that are part of the image: a stale driver, a stale fabric manager unit."""
     if "stale-driver" in faults or "stale-driver-in-use" in faults:
         install_driver_files(node, STALE_DRIVER_VERSION, node.kernel, "proprietary")
         node.load_module(force=True)
+    if "stale-driver-in-use" in faults:  # a CUDA job nobody told bootfsm about
+        node.write(f"proc/{_CUDA_JOB_PID}/comm", "python3\n")
+        node.symlink("/dev/nvidia0", f"proc/{_CUDA_JOB_PID}/fd/7")
     if "stale-fabricmanager-unit" in faults:
         node.write("lib/systemd/system/nvidia-fabricmanager.service", _OLD_FABRICMANAGER_UNIT)
         node.symlink(

@@ -19,7 +19,14 @@ from pathlib import Path
 import bootfsm
 from bootfsm.sim.nodestate_base import CALLS_LOG, RUN_DIR, SIM_DIR, SIM_STATE, log_call, smi_bus_id
 from bootfsm.sim.nodestate_driver import UVM_MAJOR, Module
-from bootfsm.sim.nodestate_units import FABRIC_MANAGER, NVLSM, UNIT_DIRS, NodeUnits, unit_name
+from bootfsm.sim.nodestate_units import (
+    FABRIC_MANAGER,
+    NVLSM,
+    UNIT_DIRS,
+    UNIT_JOURNAL,
+    NodeUnits,
+    unit_name,
+)
 
 __all__ = [
     "CALLS_LOG",
@@ -29,6 +36,7 @@ __all__ = [
     "SIM_DIR",
     "SIM_STATE",
     "UNIT_DIRS",
+    "UNIT_JOURNAL",
     "UVM_MAJOR",
     "Module",
     "Node",

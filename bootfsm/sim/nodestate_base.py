@@ -208,6 +208,12 @@ class NodeBase:
                 return address, device
         return None
 
+    def pre_turing_gpu(self) -> tuple[str, int] | None:
+        """The first GPU without a GSP (older than Turing: every device id below 0x1e00,
+        pci.ids: Volta's GV100 is 0x1dxx, Turing's TU102 0x1e02), which the open kernel
+        modules refuse, if any."""
+        return next(((a, d) for a, d in self.gpus() if d < 0x1E00), None)
+
     def recommended_module_type(self) -> str:
         """What nvidia-installer recommends: open when any GPU is Blackwell."""
         return "open" if self.blackwell_gpu() is not None else "proprietary"

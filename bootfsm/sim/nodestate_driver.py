@@ -26,6 +26,31 @@ UVM_MAJOR = 510
 NVSWITCH_MAJOR = 509
 
 
+# /proc/driver/nvidia/params as the loaded module prints it: the keys, order and defaults of
+# a real 580.159.04 open module (tests/captures/h200_580.159.04/kernel.txt); the string
+# ones in double quotes. CoherentGPUMemoryMode is printed by 580 and later only.
+_PARAMS = (
+    ("ResmanDebugLevel", "4294967295"), ("RmLogonRC", "1"), ("ModifyDeviceFiles", "1"),
+    ("DeviceFileUID", "0"), ("DeviceFileGID", "0"), ("DeviceFileMode", "438"),
+    ("InitializeSystemMemoryAllocations", "1"), ("UsePageAttributeTable", "4294967295"),
+    ("EnableMSI", "1"), ("EnablePCIeGen3", "0"), ("MemoryPoolSize", "0"),
+    ("KMallocHeapMaxSize", "0"), ("VMallocHeapMaxSize", "0"), ("IgnoreMMIOCheck", "0"),
+    ("EnableStreamMemOPs", "0"), ("EnableUserNUMAManagement", "1"), ("NvLinkDisable", "0"),
+    ("RmProfilingAdminOnly", "0"), ("PreserveVideoMemoryAllocations", "0"),
+    ("EnableS0ixPowerManagement", "0"), ("S0ixPowerManagementVideoMemoryThreshold", "256"),
+    ("DynamicPowerManagement", "3"), ("DynamicPowerManagementVideoMemoryThreshold", "200"),
+    ("RegisterPCIDriver", "1"), ("EnablePCIERelaxedOrderingMode", "0"),
+    ("EnableResizableBar", "0"), ("EnableGpuFirmware", "18"), ("EnableGpuFirmwareLogs", "2"),
+    ("RmNvlinkBandwidthLinkCount", "0"), ("EnableDbgBreakpoint", "0"),
+    ("OpenRmEnableUnsupportedGpus", "1"), ("DmaRemapPeerMmio", "1"),
+    ("ImexChannelCount", "2048"), ("CreateImexChannel0", "0"),
+    ("GrdmaPciTopoCheckOverride", "0"), ("CoherentGPUMemoryMode", '""'),
+    ("RegistryDwords", '""'), ("RegistryDwordsPerDevice", '""'), ("RmMsg", '""'),
+    ("GpuBlacklist", '""'), ("TemporaryFilePath", '""'), ("ExcludedGpus", '""'),
+)  # fmt: skip
+_MODPROBE_DIRS = ("etc/modprobe.d", "run/modprobe.d", "lib/modprobe.d", "usr/lib/modprobe.d")
+
+
 @dataclass(frozen=True)
 class Module:
     """An nvidia kernel module: its version and "open" or "proprietary"."""
@@ -78,7 +103,8 @@ class NodeDriver(NodeBase):
     def load_module(self, *, force: bool = False) -> str | None:
         """Load the module built for the running kernel; None on success, else the error text.
 
-        A proprietary module refuses to load on a node with a Blackwell GPU (unless force).
+        A proprietary module refuses to load on a node with a Blackwell GPU, an open one on
+        a node with a GPU older than Turing (unless force).
         """
         if self.loaded_module() is not None:
             return None
@@ -100,9 +126,25 @@ class NodeDriver(NodeBase):
                 "NVRM: installed in this system requires use of the NVIDIA open kernel modules.\n"
                 "modprobe: ERROR: could not insert 'nvidia': No such device\n"
             )
+        older = self.pre_turing_gpu()
+        if module.module_type == "open" and older is not None and not force:
+            address, device = older
+            # open-gpu-kernel-modules kernel-open/nvidia/nv.c, the probe of a GPU with no GSP
+            lines = (
+                f"NVRM: The NVIDIA GPU {address} (PCI ID: 10de:{device:04x})",
+                "NVRM: installed in this system is not supported by open",
+                "NVRM: nvidia.ko because it does not include the required GPU",
+                "NVRM: System Processor (GSP).",
+            )
+            for line in lines:
+                self.journal(f"kernel: {line}")
+            return (
+                "\n".join(lines) + "\nmodprobe: ERROR: could not insert 'nvidia': No such device\n"
+            )
         self.write("sys/module/nvidia/version", f"{module.version}\n")
         self.write("sys/module/nvidia/refcnt", "0\n")
         self.write("proc/driver/nvidia/version", self.proc_version_text(module))
+        self._write_params(module.version)
         for index, (address, _device) in enumerate(self.visible_gpus()):
             self.write(f"dev/nvidia{index}", "")
             self.write(
@@ -120,6 +162,52 @@ class NodeDriver(NodeBase):
         if self.p("etc/udev/rules.d/71-nvidia-dev-char.rules").exists():
             self.create_dev_char_links()
         return None
+
+    def device_processes(self) -> list[tuple[int, str]]:
+        """(pid, comm) of every process with a /dev/nvidia* file open, as Linux shows it:
+        /proc/<pid>/fd/<n> links to the device, /proc/<pid>/comm names the process (what
+        fuser(1) and lsof(8) read)."""
+        found: list[tuple[int, str]] = []
+        for proc in sorted(self.p("proc").glob("[0-9]*")):
+            fds = proc / "fd"
+            links = (
+                [os.readlink(f) for f in fds.iterdir() if f.is_symlink()] if fds.is_dir() else []
+            )
+            if any(t.startswith("/dev/nvidia") for t in links):
+                comm = (proc / "comm").read_text().strip() if (proc / "comm").exists() else "?"
+                found.append((int(proc.name), comm))
+        return found
+
+    def modprobe_options(self, module: str) -> dict[str, str]:
+        """The ``options <module> K=V ...`` of modprobe.d (modprobe.d(5): the *.conf files of
+        /etc, /run, /lib and /usr/lib/modprobe.d, a name in /etc hiding the same name
+        further down, read in name order), as modprobe, udev and nvidia-modprobe load it."""
+        files: dict[str, Path] = {}
+        for base in _MODPROBE_DIRS:
+            for conf in sorted(self.p(base).glob("*.conf")):
+                files.setdefault(conf.name, conf)
+        out: dict[str, str] = {}
+        for name in sorted(files):
+            for line in files[name].read_text().splitlines():
+                words = line.split("#", 1)[0].split()
+                if words[:2] == ["options", module]:
+                    out.update(w.partition("=")[::2] for w in words[2:] if "=" in w)
+        return out
+
+    def _write_params(self, version: str) -> None:
+        """/proc/driver/nvidia/params with the NVreg_ options modprobe.d gave the load
+        (an option the branch lacks is ignored, as the kernel ignores unknown ones)."""
+        options = self.modprobe_options("nvidia")
+        branch = int(version.split(".", 1)[0])
+        lines = []
+        for key, default in _PARAMS:
+            if key == "CoherentGPUMemoryMode" and branch < 580:
+                continue
+            given = options.get(f"NVreg_{key}")
+            if given is not None:
+                default = f'"{given}"' if default.startswith('"') else given
+            lines.append(f"{key}: {default}\n")
+        self.write("proc/driver/nvidia/params", "".join(lines))
 
     def unload_module(self) -> None:
         """Forget the loaded modules (device nodes stay, as mknod'ed nodes do)."""

@@ -9,14 +9,17 @@ manager; each message cites the capture or source it follows).
 
 from __future__ import annotations
 
+import json
 import os
 import time
+import uuid
 from pathlib import Path
 
 from bootfsm.sim.nodestate_base import RUN_DIR
 from bootfsm.sim.nodestate_driver import NodeDriver
 
-__all__ = ["FABRIC_MANAGER", "NVLSM", "UNIT_DIRS", "NodeUnits", "unit_name"]
+__all__ = ["CDI_REFRESH", "DEVICE_UNITS", "FABRIC_MANAGER", "NVLSM", "UNIT_DIRS", "UNIT_JOURNAL",
+           "NodeUnits", "unit_name"]  # fmt: skip
 
 UNIT_DIRS = (
     "etc/systemd/system",
@@ -30,10 +33,20 @@ _UNIT_SUFFIXES = frozenset(
 FABRIC_MANAGER = "nvidia-fabricmanager.service"
 NVLSM = "nvlsm.service"
 _FM_CMD = "/usr/bin/nv-fabricmanager -c /usr/share/nvidia/nvswitch/fabricmanager.cfg"
+CDI_REFRESH = "nvidia-cdi-refresh.service"
+UNIT_JOURNAL = "var/log/bootfsm-sim/unit-journal.jsonl"
 _NOTHING_TO_DO = (
     "request to query NVSwitch device information from NVSwitch driver failed with"
     " error:WARNING Nothing to do [NV_WARN_NOTHING_TO_DO]"
 )
+
+
+DEVICE_UNITS = ("nvidia-persistenced.service", FABRIC_MANAGER, "nvidia-imex.service")
+"""Units whose daemon keeps /dev/nvidia* open while it runs, so the nvidia module is in
+use: NVIDIA's driver container stops the persistence daemon and fabric manager (and
+IMEX) before it unloads the modules (NVIDIA/gpu-driver-container, nvidia-driver
+``_unload_driver``), and nvidia-persistenced's whole job is to hold the devices open
+(NVIDIA/nvidia-persistenced README)."""
 
 
 def unit_name(arg: str) -> str:
@@ -142,6 +155,15 @@ class NodeUnits(NodeDriver):
         dirs = [d for d in base.iterdir() if d.name.endswith((".wants", ".requires"))]
         return sorted({link.name for d in dirs if d.is_dir() for link in d.iterdir()})
 
+    def nvidia_users(self) -> list[str]:
+        """What keeps the nvidia module in use (its refcount), by name: the modules
+        holding it (/sys/module/nvidia/holders), the active daemons of DEVICE_UNITS and
+        the other processes with a /dev/nvidia* file open."""
+        holders = self.p("sys/module/nvidia/holders")
+        users = sorted(h.name for h in holders.iterdir()) if holders.is_dir() else []
+        users += [u for u in DEVICE_UNITS if self.unit_state(u) == "active"]
+        return users + [f"{comm} (pid {pid})" for pid, comm in self.device_processes()]
+
     def unit_state(self, unit: str) -> str:
         """active, failed or inactive."""
         if self.p(f"{RUN_DIR}/active/{unit}").exists():
@@ -158,6 +180,38 @@ class NodeUnits(NodeDriver):
             else:
                 self.remove(f"{RUN_DIR}/{kind}/{unit}")
 
+    def cdi_problem(self) -> str | None:
+        """Why `nvidia-ctk cdi generate` fails here, as it logs it (msg=), or None: no
+        driver or NVML, or (MIG mode on with no MIG instances, no other GPU) no device at
+        all, "invalid device, empty device edits" (kaito-project/kaito#2326 quotes
+        nvidia-ctk 1.19.1 on an AKS A100; Azure/AgentBaker #8736)."""
+        if self.fault("cdi-fails") or self.loaded_module() is None or self.nvml_version() is None:
+            return (
+                "failed to generate CDI spec: failed to create device CDI specs:"
+                " failed to initialize NVML: ERROR_UNKNOWN"
+            )
+        devices = [
+            a for a, _d in self.visible_gpus() if not self.mig_mode(a)[0] or self.mig_instances(a)
+        ]
+        if not devices:
+            return "failed to generate CDI spec: invalid device, empty device edits"
+        return None
+
+    def invocation(self, unit: str) -> str:
+        """The InvocationID of the unit's last start ("" before any)."""
+        return (self.read(f"{RUN_DIR}/invocation/{unit}") or "").strip()
+
+    def unit_journal(self, unit: str, messages: list[str]) -> None:
+        """Journal entries a unit's processes wrote in this invocation (stdout/stderr
+        lines carry _SYSTEMD_UNIT and _SYSTEMD_INVOCATION_ID: systemd.journal-fields(7))."""
+        path = self.p(UNIT_JOURNAL)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as fh:
+            for message in messages:
+                entry = {"_SYSTEMD_UNIT": unit, "_SYSTEMD_INVOCATION_ID": self.invocation(unit),
+                         "MESSAGE": message}  # fmt: skip
+                fh.write(json.dumps(entry) + "\n")
+
     def start_unit(self, unit: str, verb: str = "start") -> tuple[int, str]:
         """Start (or restart) a unit as systemctl would: (exit code, stderr text)."""
         if self.is_masked(unit):
@@ -170,6 +224,7 @@ class NodeUnits(NodeDriver):
                 f"systemd[1]: {unit} was skipped because of an unmet condition check ({unmet})."
             )
             return 0, ""
+        self.write(f"{RUN_DIR}/invocation/{unit}", uuid.uuid4().hex + "\n")
         env_file = self._missing_environment_file(unit)
         if env_file is not None:  # systemd's words: src/core/execute.c, src/core/service.c
             self.set_unit_state(unit, "failed")
@@ -211,10 +266,12 @@ class NodeUnits(NodeDriver):
             return self.persistenced_failure()
         if unit == "nvidia-imex.service" and self.loaded_module() is None:
             return "IMEX failed to open the NVIDIA driver: driver not loaded"
-        if unit == "nvidia-cdi-refresh.service" and (
-            self.fault("cdi-fails") or self.loaded_module() is None
-        ):
-            return "failed to generate CDI spec: failed to initialize NVML: ERROR_UNKNOWN"
+        if unit == CDI_REFRESH:  # ExecStart=/usr/bin/nvidia-ctk cdi generate (toolkit 1.18)
+            problem = self.cdi_problem()
+            if problem is not None:
+                stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                self.unit_journal(unit, [f'time="{stamp}" level=error msg="{problem}"'])
+            return problem
         if (
             unit == "containerd.service"
             and verb == "restart"

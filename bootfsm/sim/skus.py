@@ -141,6 +141,39 @@ SKUS: Mapping[str, Sku] = _skus(
         vm_size="Standard_ND96asr_v4",
     ),
     Sku(
+        # Azure NDv2: 8x V100 SXM2 32GB (0x1db5) in PCI domains 0001-0008, as the
+        # azhpc-diagnostics 8x V100 table capture shows them; no NVSwitch (hybrid cube
+        # mesh NVLink), so no fabric manager. Older than Turing: proprietary modules only.
+        name="v100-ndv2",
+        arch="x86_64",
+        gpu_device_id=0x1DB5,
+        gpu_count=8,
+        nvswitch_device_id=None,
+        nvswitch_count=0,
+        nvlink5=False,
+        os_id="ubuntu",
+        os_version="22.04",
+        kernel="5.15.0-1089-azure",
+        containerd_version="1.7.27",
+        vm_size="Standard_ND40rs_v2",
+    ),
+    Sku(
+        # Azure NVadsA10 v5: one A10 (0x2236) vGPU partition, driven by the GRID driver
+        # (AKS issues 4870/4880: "Standard_NV36ads_A10_v5", licensing through gridd)
+        name="a10-nvads",
+        arch="x86_64",
+        gpu_device_id=0x2236,
+        gpu_count=1,
+        nvswitch_device_id=None,
+        nvswitch_count=0,
+        nvlink5=False,
+        os_id="ubuntu",
+        os_version="22.04",
+        kernel="5.15.0-1089-azure",
+        containerd_version="1.7.27",
+        vm_size="Standard_NV36ads_A10_v5",
+    ),
+    Sku(
         # a CPU VM size booting the same image (AKS builds one VHD for GPU and CPU sizes):
         # no NVIDIA function on PCI, a general-purpose D-series size in IMDS
         name="cpu-d4s",
@@ -167,7 +200,8 @@ FAULTS: Mapping[str, str] = MappingProxyType(
         "installer-hangs": "nvidia-installer never returns (dies on SIGTERM/SIGKILL)",
         "stale-driver-in-use": (
             f"a {STALE_DRIVER_VERSION} proprietary driver is built and loaded;"
-            " `modprobe -r nvidia` fails 'in use'"
+            " a process (python3, pid 4242) holds /dev/nvidia0, so `modprobe -r nvidia`"
+            " fails 'in use'"
         ),
         "stale-driver": (
             f"a {STALE_DRIVER_VERSION} proprietary driver is built and loaded (unloadable)"
@@ -181,6 +215,10 @@ FAULTS: Mapping[str, str] = MappingProxyType(
         "cdi-fails": "`nvidia-ctk cdi generate` fails",
         "gpus-off-bus": "the GPUs are missing from PCI (fell off the bus) on a GPU VM size",
         "kernel-headers-missing": "/lib/modules/<kernel>/build is absent (no DKMS build)",
+        "grid-unlicensed": (
+            "a GRID guest's vGPU licence is never acquired (nvidia-smi -q: License Status"
+            " Unlicensed (Unrestricted))"
+        ),
         "mig-gpu-in-use": (
             "a client holds the GPUs: `nvidia-smi -mig 1` leaves MIG mode pending and MIG"
             " instances cannot be created or destroyed ('In use by another client')"
@@ -231,6 +269,8 @@ def pci_layout(sku: Sku) -> tuple[PciFunction, ...]:
 
 _SMI_NAMES: Mapping[int, str] = MappingProxyType(
     {
+        0x1DB5: "Tesla V100-SXM2-32GB",  # azhpc-diagnostics 8x V100 table (truncated there)
+        0x2236: "NVIDIA A10-24Q",  # the NVadsA10 v5 vGPU profile of a whole A10
         0x20B0: "NVIDIA A100-SXM4-40GB",
         0x2330: "NVIDIA H100 80GB HBM3",
         0x2331: "NVIDIA H100 PCIe",

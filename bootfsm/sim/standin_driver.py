@@ -17,7 +17,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from bootfsm.sim.nodestate import Node
-from bootfsm.sim.skus import STALE_DRIVER_VERSION
 from bootfsm.sim.standin_dkms import dkms
 from bootfsm.sim.standin_installer import nvidia_installer
 
@@ -86,27 +85,41 @@ def _module_dir(name: str) -> str:
 
 
 def modprobe(node: Node, argv: list[str]) -> int:
-    """`modprobe [-r] [-q] MODULE...`: nvidia modules are simulated; a few in-tree ones exist.
+    """`modprobe [-r] [-q] [--first-time] MODULE...`: nvidia modules are simulated; a few
+    in-tree ones exist.
 
-    Reference: kmod 30 as run on Debian 12: an unknown option is glibc getopt's
-    "modprobe: unrecognized option '--bogus'" (argv[0] as invoked), exit 1; `-r` of a
-    module that does not exist is "modprobe: FATAL: Module X not found.", exit 1; of an
-    existing module that is not loaded, silent, exit 0; of a module with holders or a
-    reference, "modprobe: FATAL: Module X is in use.", exit 1.
+    Reference: kmod 30 as run on Debian 12 (and kmod's tools/modprobe.c, rmmod_do_module):
+    the options in $MODPROBE_OPTIONS come first (prepend_options_from_env); an unknown
+    option is glibc getopt's "modprobe: unrecognized option '--bogus'" (argv[0] as
+    invoked), exit 1; `-r` of a module that does not exist is "modprobe: FATAL: Module X
+    not found.", exit 1; of an existing module that is not loaded, silent, exit 0, unless
+    --first-time: "modprobe: FATAL: Module X is not in kernel.", exit 1 (modprobe(8):
+    "Normally, modprobe will succeed (and do nothing) ... to remove a module which isn't
+    present"); of a module with holders or a reference, "modprobe: FATAL: Module X is in
+    use.", exit 1; after removing a module, the modules it depends on that nothing else
+    uses go too (modprobe(8), -r: "If the modules it depends on are also unused,
+    modprobe will try to remove them too"), so `-r nvidia_uvm` on an idle node unloads
+    nvidia.
     """
+    argv = [*os.environ.get("MODPROBE_OPTIONS", "").split(), *argv]
     problem = _getopt_error(argv, _MODPROBE_FLAGS, _MODPROBE_VALUED)
     if problem is not None:
         _err(problem)
         return 1
     remove = any(a in ("-r", "--remove") for a in argv)
     quiet = any(a in ("-q", "--quiet") for a in argv)
+    first_time = "--first-time" in argv
     modules = [a for a in argv if not a.startswith("-")]
     if not modules:
         _err("modprobe: ERROR: missing parameters. See -h.")
         return 1
     for module in modules if remove or "-a" in argv or "--all" in argv else modules[:1]:
         if module in _NVIDIA_MODULES:
-            rc = _rmmod_nvidia(node, module) if remove else _insmod_nvidia(node, module, quiet)
+            rc = (
+                _rmmod_nvidia(node, module, first_time)
+                if remove
+                else _insmod_nvidia(node, module, quiet)
+            )
             if rc:
                 return rc
         elif module in _IN_TREE:
@@ -146,19 +159,25 @@ def _insmod_nvidia(node: Node, module: str = "nvidia", quiet: bool = False) -> i
     return 0
 
 
-def _rmmod_nvidia(node: Node, module: str = "nvidia") -> int:
+def _rmmod_nvidia(node: Node, module: str = "nvidia", first_time: bool = False) -> int:
     name = module.replace("-", "_")
+    loaded = node.p(_module_dir(name)).exists() if name != "nvidia" else node.loaded_module()
+    built = node.p(f"lib/modules/{node.kernel}/updates/dkms/{name.replace('_', '-')}.ko")
+    if not loaded and not built.exists():  # kmod finds no such module for this kernel
+        _err(f"modprobe: FATAL: Module {name} not found.")
+        return 1
+    if not loaded:
+        if first_time:
+            _err(f"modprobe: FATAL: Module {name} is not in kernel.")
+            return 1
+        return 0
     if name != "nvidia":
-        if node.p(_module_dir(name)).exists():
-            node.remove(_module_dir(name))
-            node.remove(f"sys/module/nvidia/holders/{name}")
+        node.remove(_module_dir(name))
+        node.remove(f"sys/module/nvidia/holders/{name}")
+        if not node.nvidia_users():  # its dependency, now unused, goes too (step 4)
+            node.unload_module()
         return 0
-    loaded = node.loaded_module()
-    if loaded is None:
-        return 0
-    holders = node.p("sys/module/nvidia/holders")
-    in_use = holders.is_dir() and any(holders.iterdir())
-    if in_use or (node.fault("stale-driver-in-use") and loaded.version == STALE_DRIVER_VERSION):
+    if node.nvidia_users():
         _err("modprobe: FATAL: Module nvidia is in use.")
         return 1
     node.unload_module()

@@ -23,7 +23,7 @@ from pathlib import Path
 from bootfsm.sim.elf import shared_object
 from bootfsm.sim.nodestate import Node, log_call, standin_script
 
-__all__ = ["PERSISTENCED_SAMPLE", "install_driver_files", "install_persistenced",
+__all__ = ["PERSISTENCED_SAMPLE", "dkms_build", "install_driver_files", "install_persistenced",
            "nvidia_installer", "runfile_identity"]  # fmt: skip
 
 _RUNFILE_DIR = re.compile(r"NVIDIA-Linux-(x86_64|aarch64)-(\d+\.\d+(?:\.\d+)?)(?:[-.].*)?")
@@ -70,6 +70,8 @@ class _InstallerArgs:
     kernel: str | None = None
     module_type: str | None = None
     log_file: str | None = None
+    install_path: str | None = None
+    no_dkms: bool = False
     unknown: list[str] = field(default_factory=list)
 
 
@@ -81,33 +83,58 @@ _FLAGS = frozenset(
 )  # fmt: skip
 
 
-def _installer_args(argv: list[str]) -> _InstallerArgs:
-    """Parse the nvidia-installer options the provisioners use (-k X, -k=X, --opt=X, --opt X)."""
+_MODULE_TYPE_BRANCH = 560
+"""From this branch the installer has -M/--kernel-module-type and
+--print-recommended-kernel-module-type (the 575.57.08 --advanced-options of
+samples/installer/nvidia-run_help_info_advanced_excerpts.txt lists both beside the
+deprecated -m; NVIDIA/gpu-driver-container PR #182: "--kernel-module-type is a new flag
+and is only available from R560 onwards"), and builds the open modules by default."""
+_OPEN_BRANCH = 515
+"""From this branch the package carries kernel-open/ beside kernel/ and the installer
+takes -m/--kernel-module-build-directory to pick one (NVIDIA driver README, "Open Linux
+Kernel Modules": two flavors "starting in the 515 driver release series")."""
+
+
+def _branch(version: str | None) -> int:
+    head = (version or "").split(".", 1)[0]
+    return int(head) if head.isdigit() else _MODULE_TYPE_BRANCH
+
+
+def _installer_args(argv: list[str], version: str | None = None) -> _InstallerArgs:
+    """Parse the nvidia-installer options the provisioners use (-k X, -k=X, --opt=X, --opt X)
+    as the installer of ``version``'s branch knows them (options a branch lacks are
+    unknown to it)."""
     args = _InstallerArgs()
-    valued = {"-k": "kernel", "--kernel-name": "kernel", "-M": "module_type",
-              "--kernel-module-type": "module_type", "--log-file-name": "log_file",
-              "-m": "build_dir", "--kernel-module-build-directory": "build_dir"}  # fmt: skip
+    branch = _branch(version)
+    valued = {"-k": "kernel", "--kernel-name": "kernel", "--log-file-name": "log_file",
+              "--kernel-install-path": "install_path"}  # fmt: skip
+    if branch >= _OPEN_BRANCH:
+        valued |= {"-m": "build_dir", "--kernel-module-build-directory": "build_dir"}
+    if branch >= _MODULE_TYPE_BRANCH:
+        valued |= {"-M": "module_type", "--kernel-module-type": "module_type"}
     i = 0
     while i < len(argv):
         arg = argv[i]
         key, eq, value = arg.partition("=")
         if arg in ("-x", "--extract-only"):
             args.extract_only = True
-        elif arg == "--print-recommended-kernel-module-type":
+        elif arg == "--print-recommended-kernel-module-type" and branch >= _MODULE_TYPE_BRANCH:
             args.print_recommended = True
         elif arg in ("-v", "--version"):
             args.version = True
         elif arg == "--allow-installation-with-running-driver":
             args.allow_running = True
         elif arg in _FLAGS:
-            pass
+            args.no_dkms = args.no_dkms or arg == "--no-dkms"
         elif key in valued:
             if not eq:
                 i += 1
                 value = argv[i] if i < len(argv) else ""
             target = valued[key]
             if target == "build_dir":
-                args.module_type = "open" if value == "kernel-open" else "proprietary"
+                args.module_type = {"kernel-open": "open", "kernel": "proprietary"}.get(
+                    value.rstrip("/"), f"build directory {value}"
+                )
             else:
                 setattr(args, target, value)
         else:
@@ -133,13 +160,17 @@ def _fail_install(log: Path, *lines: str) -> int:
 _ELF_MACHINES = {"x86_64": 62, "aarch64": 183}  # EM_X86_64, EM_AARCH64 (elf.h)
 
 
-def install_driver_files(node: Node, version: str, kernel: str, module_type: str) -> None:
+def install_driver_files(
+    node: Node, version: str, kernel: str, module_type: str, *, dkms: bool = True
+) -> None:
     """Lay down what a DKMS runfile install leaves: DKMS tree, module, sources, NVML/CUDA libs.
 
     Other versions' DKMS trees, sources and libraries are removed, as the installer
-    uninstalls a previous runfile driver first.
+    uninstalls a previous runfile driver first. ``dkms`` False (``--no-dkms``): the
+    modules go to lib/modules/<kernel>/updates/dkms (the ``--kernel-install-path`` the
+    caller gives, as aks-gpu's build-only mode does, Azure/aks-gpu#191), nothing is
+    registered with DKMS.
     """
-    arch = node.arch
     for old in node.p("var/lib/dkms/nvidia").glob("*"):
         if old.name != version:
             node.remove(f"var/lib/dkms/nvidia/{old.name}")
@@ -150,6 +181,12 @@ def install_driver_files(node: Node, version: str, kernel: str, module_type: str
         for old in node.p(node.libdir).glob(pattern):
             if not old.name.endswith(f".so.{version}"):
                 old.unlink()
+    if not dkms:
+        for name in ("nvidia", "nvidia-uvm", "nvidia-modeset"):
+            node.write(f"lib/modules/{kernel}/updates/dkms/{name}.ko", _ko(name, version, kernel,
+                                                                          module_type))  # fmt: skip
+        _install_libraries(node, version)
+        return
     node.write(
         f"usr/src/nvidia-{version}/dkms.conf",
         f'PACKAGE_NAME="nvidia"\nPACKAGE_VERSION="{version}"\nAUTOINSTALL="yes"\n'
@@ -160,21 +197,37 @@ def install_driver_files(node: Node, version: str, kernel: str, module_type: str
         ' KERNEL_UNAME=${kernelver} modules"\n',
     )
     node.symlink(f"/usr/src/nvidia-{version}", f"var/lib/dkms/nvidia/{version}/source")
-    license_ = "Dual MIT/GPL" if module_type == "open" else "NVIDIA"
-    for name in ("nvidia", "nvidia-uvm", "nvidia-modeset"):
-        text = (
-            f"{name}.ko (bootfsm simulated kernel module)\nname={name}\nversion={version}\n"
-            f"module_type={module_type}\nlicense={license_}\n"
-            f"vermagic={kernel} SMP mod_unload modversions\n"
-        )
-        node.write(f"var/lib/dkms/nvidia/{version}/{kernel}/{arch}/module/{name}.ko", text)
-        node.write(f"lib/modules/{kernel}/updates/dkms/{name}.ko", text)
+    dkms_build(node, version, kernel, module_type)
     node.write(
         f"var/lib/dkms/nvidia/{version}/build/make.log", f"DKMS make.log for nvidia-{version}\n"
     )
+    _install_libraries(node, version)
+
+
+def _ko(name: str, version: str, kernel: str, module_type: str) -> str:
+    license_ = "Dual MIT/GPL" if module_type == "open" else "NVIDIA"
+    return (
+        f"{name}.ko (bootfsm simulated kernel module)\nname={name}\nversion={version}\n"
+        f"module_type={module_type}\nlicense={license_}\n"
+        f"vermagic={kernel} SMP mod_unload modversions\n"
+    )
+
+
+def dkms_build(node: Node, version: str, kernel: str, module_type: str) -> None:
+    """What DKMS leaves for one kernel: its tree's copy of each module and the installed
+    one in lib/modules/<kernel>/updates/dkms (Ubuntu's DKMS destination)."""
+    for name in ("nvidia", "nvidia-uvm", "nvidia-modeset"):
+        text = _ko(name, version, kernel, module_type)
+        node.write(f"var/lib/dkms/nvidia/{version}/{kernel}/{node.arch}/module/{name}.ko", text)
+        node.write(f"lib/modules/{kernel}/updates/dkms/{name}.ko", text)
+
+
+def _install_libraries(node: Node, version: str) -> None:
+    # nvidia-installer installs the setuid loader unless --no-nvidia-modprobe
+    node.write("usr/bin/nvidia-modprobe", standin_script("nvidia-modprobe", node.root), 0o755)
     for lib in ("libnvidia-ml.so", "libcuda.so"):
         # real ELF objects with their SONAME, so a real ldconfig caches them (sim/elf.py)
-        node.write(f"{node.libdir}/{lib}.{version}", shared_object(f"{lib}.1", arch))
+        node.write(f"{node.libdir}/{lib}.{version}", shared_object(f"{lib}.1", node.arch))
         node.symlink(f"{lib}.{version}", f"{node.libdir}/{lib}.1")
     install_persistenced(node, version)
 
@@ -226,10 +279,10 @@ def _hang_until_killed(node: Node, argv: list[str]) -> int:
 
 def nvidia_installer(node: Node, argv: list[str]) -> int:
     """The runfile's installer; its version comes from its NVIDIA-Linux-<arch>-<ver> dir."""
-    args = _installer_args(argv)
-    if args.extract_only:
+    if "-x" in argv or "--extract-only" in argv:
         return 0
     identity = runfile_identity(Path(sys.argv[0]).absolute())
+    args = _installer_args(argv, identity[1] if identity else None)
     if identity is None:
         _err(
             "ERROR: bootfsm simulator: nvidia-installer must sit in a directory named"
@@ -266,18 +319,26 @@ def _recommended_type(node: Node, version: str) -> str:
     samples/installer/nvidia-run_help_info_advanced_excerpts.txt: "based on currently
     attached GPUs"). From 560 the installer defaults to the open modules for every GPU
     that has a GSP (Turing and newer); before 560 only Blackwell needed them."""
-    branch = version.split(".", 1)[0]
-    if branch.isdigit() and int(branch) >= 560:
+    if _branch(version) >= _MODULE_TYPE_BRANCH:
         gpus = node.gpus()
         return "open" if all(d >= _FIRST_TURING for _, d in gpus) else "proprietary"
     return node.recommended_module_type()
+
+
+def _default_type(node: Node, version: str) -> str:
+    """The modules an install builds when no type is given: from 560 the recommended
+    ones, before it the proprietary ones in kernel/ (the package's default build
+    directory)."""
+    if _branch(version) >= _MODULE_TYPE_BRANCH:
+        return _recommended_type(node, version)
+    return "proprietary"
 
 
 def _install(node: Node, argv: list[str], args: _InstallerArgs, version: str) -> int:
     """The -s --dkms install path."""
     log = Path(args.log_file) if args.log_file else node.p("var/log/nvidia-installer.log")
     kernel = args.kernel or node.kernel
-    module_type = args.module_type or _recommended_type(node, version)
+    module_type = args.module_type or _default_type(node, version)
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(
         f"nvidia-installer log file '{log}'\ncreation time: {time.ctime()}\n"
@@ -306,7 +367,16 @@ def _install(node: Node, argv: list[str], args: _InstallerArgs, version: str) ->
             f"Consult /var/lib/dkms/nvidia/{version}/build/make.log for more information.",
             _BUILD_FAILED,
         )
-    install_driver_files(node, version, kernel, module_type)
+    if args.no_dkms:  # the modules go where --kernel-install-path says, DKMS not involved
+        where = Path(args.install_path or node.p(f"lib/modules/{kernel}/kernel/drivers/video"))
+        if where.resolve() != node.p(f"lib/modules/{kernel}/updates/dkms").resolve():
+            return _fail_install(log, f"ERROR: bootfsm simulator: install path {where} is not"
+                                      f" lib/modules/{kernel}/updates/dkms")  # fmt: skip
+    install_driver_files(node, version, kernel, module_type, dkms=not args.no_dkms)
+    if "-grid" in Path(sys.argv[0]).parent.name:  # the GRID runfile's licensing daemon
+        node.write("usr/bin/nvidia-gridd", "#!/bin/sh\n# nvidia-gridd (bootfsm simulator)\n",
+                   0o755)  # fmt: skip
+        node.write("etc/nvidia/gridd.conf.template", "# /etc/nvidia/gridd.conf.template\n")
     with log.open("a") as fh:
         fh.write(
             f"-> DKMS build and install of nvidia/{version} for kernel {kernel} succeeded.\n"

@@ -5,7 +5,10 @@ References (read, not copied; no product code is used to make this output):
 * argv grammar and exit codes: nvidia-smi(1), "RETURN VALUE" (0 success, 2 "a supplied
   argument or flag is invalid", 6 "a query to find an object was unsuccessful", 9 "the
   NVIDIA driver is not loaded", 14 "infoROM is corrupted", 18 driver/library version
-  mismatch as observed); an unknown flag prints
+  mismatch as observed); a corrupted infoROM is reported only by the default table
+  (``WARNING: infoROM is corrupted at gpu <bus id>`` after it, exit 14: the 8x V100
+  capture azhpc-diagnostics/table_8xV100_inforom-warning_460.32.03.txt), never by
+  ``-q -x``, which exits 0 without it (microsoft/pai #3756); an unknown flag prints
   ``ERROR: Option <flag> is not recognized. Please run 'nvidia-smi -h' for help.`` and
   a flag without its value ``ERROR: Option <flag> is missing its value. ...`` (both as
   quoted in public user reports of the real tool); ``-x`` without ``-q`` and other bad
@@ -151,9 +154,8 @@ def nvidia_smi(node: Node, argv: list[str]) -> int:
         for index, address, device in gpus:
             print(f"GPU {index}: {node.product_name(device)} (UUID: {node.gpu_uuid(address)})")
         return 0
-    if "query" in flags:
-        if inforom:
-            print(warning)
+    if "query" in flags:  # `-q -x` exits 0 without the infoROM warning (microsoft/pai
+        # #3756, samples nvidia-smi/nvml_error_excerpts.txt [E]); only the table warns
         sys.stdout.write(render_query(node, module.version, gpus, xml="xml" in flags))
         return 0
     sys.stdout.write(render_table(node, module.version, gpus))

@@ -23,6 +23,7 @@ from bootfsm.sim.nodestate import FABRIC_MANAGER, RUN_DIR, Node, smi_bus_id
 from bootfsm.sim.standin_driver import cuda_version_for
 from bootfsm.sim.standin_smi_mig import mig_mode_values
 from bootfsm.sim.standin_smi_text import TEXT_GPU
+from bootfsm.sim.standin_smi_vgpu import count_license_query, vgpu_values
 from bootfsm.sim.standin_smi_xml import XML_GPU
 
 __all__ = ["render_query", "render_table"]
@@ -55,6 +56,13 @@ class _Board:
 
 
 _BOARDS: Mapping[int, _Board] = {
+    # V100 SXM2 32GB: 300 W, 32510 MiB as the azhpc 8x V100 table; A10-24Q: our numbers
+    0x1DB5: _Board("Tesla", "Volta", "88.00.80.00.01", "900-2G503-0430-000", "1DB5-895-A1",
+                   "G503.0203.00.05", "124910DE", 32768, 258, 32768, 300, 150, 1530, 877, 1372,
+                   3, 0),
+    0x2236: _Board("NVIDIA RTX Virtual Workstation", "Ampere", "00.00.00.00.00", "N/A",
+                   "2236-892-A1", "N/A", "14D410DE", 24576, 1378, 32768, 150, 100, 1695, 6251,
+                   1440, 4, 0),
     # A100 SXM4 40GB: the values of k8s-test-infra_hardware_xml/qx-a100.xml (570.148.08)
     0x20B0: _Board("NVIDIA", "Ampere", "92.00.45.00.03", "692-2G506-0200-003", "20B0-884-A1",
                    "G506.0200.00.04", "134F10DE", 40960, 518, 65536, 400, 100, 1410, 1215, 1290,
@@ -202,6 +210,7 @@ def _values(
         "health_bandwidth": "Full" if completed and grace else "N/A",
         "health_flag": "False" if completed and grace else "N/A",
         "health_config": "None" if completed and grace else "N/A",
+        **vgpu_values(node),
     }
 
 
@@ -224,9 +233,18 @@ _XML_LINES = _lines(XML_GPU)
 
 
 def _text_gpu(values: Mapping[str, str]) -> str:
-    """One `-q` GPU block."""
+    """One `-q` GPU block (the [vgpu] sections only on a vGPU guest)."""
     lines = [f"GPU {values['bus_id']}"]
+    skip_below: int | None = None
     for depth, key, value in _TEXT_LINES:
+        if skip_below is not None and depth > skip_below:
+            continue
+        skip_below = None
+        if key.startswith("[vgpu] "):
+            if not values["license_status"]:
+                skip_below = depth
+                continue
+            key = key.removeprefix("[vgpu] ")
         indent = " " * (4 * depth + 4)
         if value is None:
             lines.append(indent + (key[:-1] + " " if key.endswith("|") else key))
@@ -318,6 +336,7 @@ def render_query(node: Node, version: str, gpus: list[tuple[int, str, int]], xml
         )
         body = "".join(_xml_gpu(v, _clocks(b)) for v, b in per_gpu)
         return head + body + "</nvidia_smi_log>\n"
+    count_license_query(node)
     head = "\n".join(
         [
             "==============NVSMI LOG==============",

@@ -8,8 +8,12 @@ same frame with fewer keys.
 
 Notation (shared with :mod:`standin_smi_xml`): two spaces a level, ``Key: value`` for a
 line, ``Key`` for a section, ``Key|`` for a section heading the real tool prints with a
-trailing space. Values in braces come from the board table and the node
-(:func:`standin_smi_render._values`).
+trailing space, ``[vgpu] Key`` for a section only a vGPU guest (a GRID driver) prints:
+its "vGPU Software Licensed Product" block follows "GPU Virtualization Mode" with
+"Virtualization Mode : VGPU", as in a real 535.216.01 `-q` of a GRID V100D-8C guest
+quoted in a public GPU Operator vGPU guide, and ``License Status`` words from NVIDIA's
+vGPU licensing guides and NVIDIA/gpu-operator #220 (``Unlicensed``). Values in braces
+come from the board table and the node (:func:`standin_smi_render._values`).
 """
 
 from __future__ import annotations
@@ -64,9 +68,12 @@ GPU Operation Mode
   Pending: N/A
 GPU C2C Mode: {c2c_mode}
 GPU Virtualization Mode
-  Virtualization Mode: None
+  Virtualization Mode: {virtualization_mode}
   Host VGPU Mode: N/A
   vGPU Heterogeneous Mode: N/A
+[vgpu] vGPU Software Licensed Product
+  Product Name: {licensed_product}
+  License Status: {license_status}
 GPU Reset Status
   Reset Required: Requested functionality has been deprecated
   Drain and Reset Recommended: Requested functionality has been deprecated

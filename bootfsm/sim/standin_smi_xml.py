@@ -71,7 +71,7 @@ gpu_operation_mode
   pending_gom: N/A
 c2c_mode: {c2c_mode}
 gpu_virtualization_mode
-  virtualization_mode: None
+  virtualization_mode: {virtualization_mode}
   host_vgpu_mode: N/A
   vgpu_heterogeneous_mode: N/A
 [570] gpu_reset_status

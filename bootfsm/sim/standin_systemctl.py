@@ -6,12 +6,13 @@ state is a file per unit under run/bootfsm-sim/{active,failed}/, cleared by a re
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from bootfsm.sim.nodestate import FABRIC_MANAGER, NVLSM, Node, unit_name
+from bootfsm.sim.nodestate import FABRIC_MANAGER, NVLSM, UNIT_JOURNAL, Node, unit_name
 
 __all__ = ["COMMANDS"]
 
@@ -210,7 +211,7 @@ def _status(node: Node, units: list[str], opts: _Opts) -> int:
 # LoadState, ActiveState, FreezerState, SubState, ..., UnitFileState); a property
 # named with -p prints even when empty, one unknown to systemd prints nothing, and
 # several units are separated by an empty line.
-_SHOW_ORDER = ("Id", "LoadState", "ActiveState", "SubState", "UnitFileState")
+_SHOW_ORDER = ("Id", "LoadState", "ActiveState", "SubState", "UnitFileState", "InvocationID")
 
 
 def _show(node: Node, units: list[str], opts: _Opts) -> int:
@@ -231,6 +232,7 @@ def _show(node: Node, units: list[str], opts: _Opts) -> int:
             "ActiveState": state if state in ("active", "failed") else "inactive",
             "SubState": {"active": "running", "failed": "failed"}.get(state, "dead"),
             "UnitFileState": enabled,
+            "InvocationID": node.invocation(unit),
         }
         if n:
             print()
@@ -311,7 +313,55 @@ def fabricmanager_start(node: Node, argv: list[str]) -> int:
     return rc
 
 
+_JOURNALCTL_FLAGS = frozenset({"--no-pager", "-q", "--quiet", "-b", "--boot", "-a", "--all"})
+
+
+def journalctl(node: Node, argv: list[str]) -> int:
+    """`journalctl [FIELD=VALUE...] [-u UNIT] -o cat [--no-pager] [-q] [-b]`: the
+    messages unit processes wrote (their stdout and stderr lines).
+
+    Reference: systemd's journalctl(1) and journalctl 252 as run on Debian 12: matches
+    FIELD=VALUE select entries (one field named twice: either value); ``-o cat`` prints
+    each entry's MESSAGE alone; without --quiet an empty result prints "-- No entries
+    --"; an unknown option is getopt's "<argv0>: unrecognized option '--x'", a word
+    that is no match "Failed to add match 'x': Invalid argument", exit 1 both. Only
+    ``-o cat`` is simulated.
+    """
+    matches: dict[str, set[str]] = {}
+    output, quiet, rest = "short", False, iter(argv)
+    for arg in rest:
+        if arg in ("-o", "--output"):
+            output = next(rest, "")
+        elif arg.startswith("--output="):
+            output = arg.split("=", 1)[1]
+        elif arg in ("-u", "--unit"):
+            matches.setdefault("_SYSTEMD_UNIT", set()).add(unit_name(next(rest, "")))
+        elif arg in _JOURNALCTL_FLAGS:
+            quiet = quiet or arg in ("-q", "--quiet")
+        elif arg.startswith("-"):
+            sys.stderr.write(f"{sys.argv[0]}: unrecognized option '{arg}'\n")
+            return 1
+        elif "=" in arg:
+            key, value = arg.split("=", 1)
+            matches.setdefault(key, set()).add(value)
+        else:
+            sys.stderr.write(f"Failed to add match '{arg}': Invalid argument\n")
+            return 1
+    if output != "cat":
+        sys.stderr.write(f"bootfsm simulator: journalctl -o {output} is not simulated\n")
+        return 1
+    text = node.read(UNIT_JOURNAL) or ""
+    entries = [json.loads(line) for line in text.splitlines() if line.strip()]
+    found = [e for e in entries if all(e.get(k) in v for k, v in matches.items())]
+    for entry in found:
+        print(entry["MESSAGE"])
+    if not found and not quiet:
+        print("-- No entries --")
+    return 0
+
+
 COMMANDS: Mapping[str, Callable[[Node, list[str]], int]] = {
     "systemctl": systemctl,
     "nvidia-fabricmanager-start.sh": fabricmanager_start,
+    "journalctl": journalctl,
 }

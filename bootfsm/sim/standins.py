@@ -254,12 +254,9 @@ def _cdi_generate(node: Node, argv: list[str]) -> int:
             output = arg.split("=", 1)[1]
         elif arg == "--output" and i + 1 < len(argv):
             output = argv[i + 1]
-    if node.fault("cdi-fails") or node.loaded_module() is None or node.nvml_version() is None:
-        _ctk_log(
-            "error",
-            "failed to generate CDI spec: failed to create device CDI specs:"
-            " failed to initialize NVML: ERROR_UNKNOWN",
-        )
+    problem = node.cdi_problem()
+    if problem is not None:
+        _ctk_log("error", problem)
         return 1
     spec = _cdi_yaml(node)
     if not output:
@@ -281,7 +278,7 @@ _HERE: Mapping[str, _Command] = {
 }
 _DRIVER = ("nvidia-installer", "dkms", "modprobe", "nvidia-modprobe", "nvidia-smi", "modinfo",
            "nvidia-persistenced")  # fmt: skip
-_UNITS = ("systemctl", "nvidia-fabricmanager-start.sh")
+_UNITS = ("systemctl", "nvidia-fabricmanager-start.sh", "journalctl")
 _PACKAGES = ("dpkg", "dpkg-query")
 
 

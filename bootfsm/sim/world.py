@@ -68,6 +68,7 @@ class World:
     sku_name: str = "gb300"
     faults: Collection[str] = ()
     driver_kind: str = "cuda"
+    driver_version: str = DRIVER_VERSION
     compile_seconds: float = 0.05
     runfile_blob_bytes: int = 1 << 20
     config_overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
@@ -125,8 +126,8 @@ class World:
         sku = SKUS[self.sku_name]
         names = normalize_arch(sku.arch)
         assert names is not None
-        v = DRIVER_VERSION
-        tesla = self.docroot / "tesla" / v
+        v = self.driver_version
+        tesla = self.docroot / ("grid" if self.driver_kind == "grid" else f"tesla/{v}")
         tesla.mkdir(parents=True, exist_ok=True)
         runfile = art.build_runfile(
             tesla,
@@ -135,6 +136,8 @@ class World:
             installer_source=standin_script("nvidia-installer", self.root),
             blob_bytes=self.runfile_blob_bytes,
         )
+        if self.driver_kind == "grid":  # GRID runfiles are named -grid (aks-gpu's -grid-azure)
+            runfile = runfile.rename(runfile.with_name(runfile.name.replace(".run", "-grid.run")))
         self.runfile_sha256 = art.sha256_file(runfile)
         tk = self.docroot / "toolkit" / names.debian
         tk.mkdir(parents=True, exist_ok=True)
@@ -204,7 +207,8 @@ class World:
     def _inject(self) -> None:
         names = normalize_arch(SKUS[self.sku_name].arch)
         assert names is not None
-        runfile = f"NVIDIA-Linux-{names.runfile}-{DRIVER_VERSION}.run"
+        grid = "-grid" if self.driver_kind == "grid" else ""
+        runfile = f"NVIDIA-Linux-{names.runfile}-{self.driver_version}{grid}.run"
         rules: dict[str, Fault] = {
             "artifact-404": NotFound(),
             "checksum-mismatch": Corrupt(),
@@ -235,7 +239,7 @@ class World:
             "run": {"deadline": 120.0, "backoff_scale": 0.05},
             "detect": {"imds_url": f"{u}/metadata/instance?api-version=2021-02-01"},
             "driver": {
-                "version": DRIVER_VERSION,
+                "version": self.driver_version,
                 "kind": self.driver_kind,
                 "dpkg_lock_timeout": 2.0,
                 "command_timeout": 10.0,
@@ -243,7 +247,9 @@ class World:
             "sources": {
                 "runfile_base": f"{u}/tesla",
                 "runfile_sha256": self.runfile_sha256,
-                "grid_runfile_url": f"{u}/grid/NVIDIA-Linux-x86_64-{DRIVER_VERSION}-grid.run",
+                "grid_runfile_url": (
+                    f"{u}/grid/NVIDIA-Linux-x86_64-{self.driver_version}-grid.run"
+                ),
                 "redist_base": f"{u}/redist",
                 "cuda_repo": f"{u}/cuda/{{os_id}}{{os_version_nodot}}/{{redist_arch}}",
                 "toolkit_repo": f"{u}/toolkit/{{debian_arch}}",

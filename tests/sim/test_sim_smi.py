@@ -20,6 +20,7 @@ from bootfsm.sim import (
     standin_smi_mig,
     standin_smi_render,
     standin_smi_text,
+    standin_smi_vgpu,
     standin_smi_xml,
 )
 from bootfsm.sim.node import SKUS, build_node, standin_script
@@ -207,8 +208,10 @@ def test_proprietary_module_on_blackwell_finds_no_devices(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize(
-    "module", [standin_smi, standin_smi_mig, standin_smi_render, standin_smi_text, standin_smi_xml]
-)
+    "module",
+    [standin_smi, standin_smi_mig, standin_smi_render, standin_smi_text, standin_smi_vgpu,
+     standin_smi_xml],
+)  # fmt: skip
 def test_the_stand_in_uses_no_product_code(module: ModuleType) -> None:
     tree = ast.parse(Path(str(module.__file__)).read_text())
     imported = {
@@ -222,5 +225,6 @@ def test_the_stand_in_uses_no_product_code(module: ModuleType) -> None:
         "bootfsm.sim.standin_smi_mig",
         "bootfsm.sim.standin_smi_render",
         "bootfsm.sim.standin_smi_text",
+        "bootfsm.sim.standin_smi_vgpu",
         "bootfsm.sim.standin_smi_xml",
     }
