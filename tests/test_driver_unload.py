@@ -22,7 +22,7 @@ from typing import Any
 from bootfsm.core.codes import Code
 from bootfsm.sim.nodestate import Node
 from bootfsm.sim.skus import STALE_DRIVER_VERSION
-from bootfsm.sim.world import World
+from bootfsm.sim.world import DRIVER_VERSION, World
 from tests.conftest import MakeWorld, installer_calls, run_in_process
 
 PERSISTENCED = "nvidia-persistenced.service"
@@ -65,7 +65,7 @@ def test_upgrade_is_judged_by_what_is_loaded_not_by_modprobes_exit(
     # kernel" here) is needed, and nothing about the old driver remains
     assert removed[0] == (["-r", "nvidia_uvm"], 0)
     assert (["-r", "nvidia"], 1) not in removed
-    assert (w.root / "sys/module/nvidia/version").read_text().strip() == "570.211.01"
+    assert (w.root / "sys/module/nvidia/version").read_text().strip() == DRIVER_VERSION
     [unloaded] = _events(result.journal, "driver.unloaded")
     assert unloaded["version"] == STALE_DRIVER_VERSION
 

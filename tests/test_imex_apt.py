@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from bootfsm.sim.nodestate import Node
-from bootfsm.sim.world import World
+from bootfsm.sim.world import DRIVER_VERSION, World
 from tests.conftest import MakeWorld, run_in_process
 from tests.samples import on_ci
 from tests.test_uninstall import REAL_DPKG, env_of, query, real_dpkg_path
@@ -65,15 +65,15 @@ def _booted_with_real_dpkg(make_world: MakeWorld, tmp_path: Path) -> World:
 
 def test_apt_get_check_passes_after_imex(make_world: MakeWorld, tmp_path: Path) -> None:
     w = _booted_with_real_dpkg(make_world, tmp_path)
-    assert query(w, "nvidia-imex") == "ii 570.211.01-1ubuntu1"  # the real dpkg installed it
-    assert query(w, "nvidia-modprobe") == "ii 570.211.01-1+runfile"
+    assert query(w, "nvidia-imex") == f"ii {DRIVER_VERSION}-1ubuntu1"  # the real dpkg installed it
+    assert query(w, "nvidia-modprobe") == f"ii {DRIVER_VERSION}-1+runfile"
     check = apt_check(w, "arm64")
     assert check.returncode == 0, check.stdout + check.stderr
     assert "unmet dependencies" not in check.stdout + check.stderr
     assert Node(w.root).is_masked("nvidia-imex.service")
     status = (w.root / "var/lib/dpkg/status").read_text()
     record = status.split("Package: nvidia-modprobe\n", 1)[1].split("\n\n", 1)[0]
-    assert "/usr/bin/nvidia-modprobe 570.211.01 was installed by nvidia-installer" in record
+    assert f"/usr/bin/nvidia-modprobe {DRIVER_VERSION} was installed by nvidia-installer" in record
     assert not (w.root / "var/lib/dpkg/info/nvidia-modprobe.list").read_text().strip("/.\n")
 
 

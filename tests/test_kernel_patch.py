@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bootfsm.sim.node import simulate_kernel_upgrade, simulate_reboot
-from bootfsm.sim.world import World
+from bootfsm.sim.world import DRIVER_VERSION, World
 from tests.conftest import MakeWorld, installer_calls, no_gpus, run_in_process
 from tests.test_bake import _bake
 
@@ -38,7 +38,7 @@ def _boot_new_kernel(w: World) -> None:
 def test_a_dkms_build_for_the_patched_kernel_is_used(make_world: MakeWorld) -> None:
     w = make_world("h100-pcie")
     assert run_in_process(w).outcome.ok  # compiled at boot: registered with DKMS
-    assert simulate_kernel_upgrade(w.root, NEW_KERNEL) == ["nvidia/570.211.01"]
+    assert simulate_kernel_upgrade(w.root, NEW_KERNEL) == [f"nvidia/{DRIVER_VERSION}"]
     _boot_new_kernel(w)
     n = len(installer_calls(w))
     result = run_in_process(w)
@@ -48,7 +48,7 @@ def test_a_dkms_build_for_the_patched_kernel_is_used(make_world: MakeWorld) -> N
     assert (decision["build"], decision["via"], decision["field"]) == (False, "dkms", "")
     assert NEW_KERNEL in decision["reason"] and decision["marker"]["kernel"] != NEW_KERNEL
     version = (w.root / "sys/module/nvidia/version").read_text().strip()
-    assert version == "570.211.01"
+    assert version == DRIVER_VERSION
     # and the rerun in the same boot is satisfied outright
     again = run_in_process(w)
     skipped = {e["state"] for e in _events(again.journal, "state.skip")}
@@ -73,7 +73,7 @@ def test_a_kernel_dkms_did_not_build_for_is_compiled(make_world: MakeWorld) -> N
 def test_a_dkms_build_of_another_module_type_is_not_taken(make_world: MakeWorld) -> None:
     w = make_world("h100-pcie")
     assert run_in_process(w).outcome.ok  # open
-    assert simulate_kernel_upgrade(w.root, NEW_KERNEL) == ["nvidia/570.211.01"]
+    assert simulate_kernel_upgrade(w.root, NEW_KERNEL) == [f"nvidia/{DRIVER_VERSION}"]
     ko = w.root / f"lib/modules/{NEW_KERNEL}/updates/dkms/nvidia.ko"
     ko.write_text(ko.read_text().replace("Dual MIT/GPL", "NVIDIA"))  # proprietary somehow
     _boot_new_kernel(w)

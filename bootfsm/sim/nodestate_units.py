@@ -110,12 +110,20 @@ class NodeUnits(NodeDriver):
         return self._section(unit, "Install")
 
     def _unmet_condition(self, unit: str) -> str | None:
-        """The first ConditionPathExists= of [Unit] that does not hold ("!" negates), as
-        systemd names it, or None (systemd.unit(5); only this condition is modelled)."""
+        """Why the unit's ConditionPathExists= checks fail, as systemd names it, or None
+        (systemd.unit(5); only this condition is modelled): every plain one must hold
+        ("!" negates) and, when there are triggering ones ("|" prefix), at least one."""
+        plain, triggers = [], []
         for value in self._section(unit, "Unit").get("ConditionPathExists", []):
-            path, negate = value.removeprefix("!"), value.startswith("!")
-            if self.p(path.lstrip("/")).exists() == negate:
+            check = value.removeprefix("|")
+            path, negate = check.removeprefix("!"), check.startswith("!")
+            holds = self.p(path.lstrip("/")).exists() != negate
+            (triggers if value.startswith("|") else plain).append((value, holds))
+        for value, holds in plain:
+            if not holds:
                 return f"ConditionPathExists={value}"
+        if triggers and not any(holds for _, holds in triggers):
+            return "no trigger condition checks were met"
         return None
 
     def _missing_environment_file(self, unit: str) -> str | None:
@@ -220,9 +228,8 @@ class NodeUnits(NodeDriver):
             return 5, f"Failed to {verb} {unit}: Unit {unit} not found.\n"
         unmet = self._unmet_condition(unit)
         if unmet is not None:  # the job succeeds, the unit stays as it was (systemd.unit(5))
-            self.journal(
-                f"systemd[1]: {unit} was skipped because of an unmet condition check ({unmet})."
-            )
+            why = unmet if unmet.startswith("no ") else f"of an unmet condition check ({unmet})"
+            self.journal(f"systemd[1]: {unit} was skipped because {why}.")
             return 0, ""
         self.write(f"{RUN_DIR}/invocation/{unit}", uuid.uuid4().hex + "\n")
         env_file = self._missing_environment_file(unit)

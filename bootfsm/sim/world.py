@@ -147,7 +147,16 @@ class World:
                 package=p,
                 version=TOOLKIT_VERSION,
                 arch=names.debian,
-                files={f"/usr/share/doc/{p}/copyright": b"NVIDIA container toolkit\n"},
+                files={
+                    f"/usr/share/doc/{p}/copyright": b"NVIDIA container toolkit\n",
+                    # -base ships /usr/bin/nvidia-ctk (units condition on it, e.g. the
+                    # toolkit's nvidia-cdi-refresh.service); here the simulator's stand-in
+                    **(
+                        {"/usr/bin/nvidia-ctk": standin_script("nvidia-ctk", self.root).encode()}
+                        if p == "nvidia-container-toolkit-base"
+                        else {}
+                    ),
+                },
                 description=f"{p} (simulated)",
             )
             for p in TOOLKIT_PACKAGES
