@@ -90,7 +90,8 @@ def prepare(sku: str) -> int:
     world._build_mirror()  # the simulator's real-format builders (makeself, dpkg-deb)
     world.mirror = SimpleNamespace(url=f"http://127.0.0.1:{MIRROR_PORT}")  # type: ignore[assignment]
     world.config_overrides = {
-        "detect": {"supported_os": ["debian:12", "debian:13"]},
+        # bootfsm's default list (Ubuntu 22.04, 24.04, Debian 12) and Debian 13
+        "detect": {"supported_os": ["ubuntu:22.04", "ubuntu:24.04", "debian:12", "debian:13"]},
         "driver": {"dpkg_lock_timeout": 3.0},
     }
     text = world.config_text()
