@@ -42,9 +42,9 @@ PACKAGES = (
     "gpgv",
 )
 # What the whole test suite needs besides (make deps, less the browser, which Ubuntu 22.04
-# ships only as a snap): real dpkg tools, systemd-analyze, zsh and groff for the
-# completion and man page checks, readelf, setpriv, make
-SUITE_PACKAGES = ("zsh", "groff-base", "binutils", "util-linux", "make")
+# ships only as a snap): zsh and groff for the completion and man page checks, readelf,
+# setpriv, make, git (tests ask git what the checkout tracks)
+SUITE_PACKAGES = ("zsh", "groff-base", "binutils", "util-linux", "make", "git")
 # NVIDIA's user-space as Ubuntu carries it (multiverse, restricted), for the comparisons
 # with the simulator's stand-ins (tests/booted/real_nvidia.py); pciutils, pci.ids, kmod
 # and infiniband-diags are what nvidia-fabricmanager-start.sh runs (lspci, lsmod, ibstat)

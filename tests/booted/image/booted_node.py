@@ -251,7 +251,8 @@ def chaos() -> int:
     while time.monotonic() < deadline:
         if _installer_building():
             time.sleep(0.5)
-            _run("systemctl", "kill", "--kill-whom=main", "--signal=SIGKILL", "bootfsm.service")
+            # --kill-who: systemd 249 knows no other spelling (252 added --kill-whom)
+            _run("systemctl", "kill", "--kill-who=main", "--signal=SIGKILL", "bootfsm.service")
             (OUT / "chaos.txt").write_text(f"killed at {time.monotonic():.3f}\n")
             print("booted-chaos: SIGKILL sent to bootfsm's main process mid-driver", flush=True)
             return 0
