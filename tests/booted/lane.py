@@ -81,6 +81,7 @@ OTHER_TOOLS = (
     # systemd-analyze 249 has no --offline, and --root only for cat-config
     "tests/test_systemd_unit.py::test_exposure_score_of_the_shipped_unit",
     "tests/test_systemd_unit.py::test_install_into_image_root_enables_and_verifies",
+    "tests/test_systemd_unit.py::test_packaged_unit_files_install_without_the_checkout",
 )
 BOOT_TIMEOUT = 240  # seconds per boot, all scenarios (the longest settles in ~40 s)
 VENV = "/opt/bootfsm"
