@@ -7,8 +7,9 @@ its unit: the 570+ archive's ``nvidia-fabricmanager.service`` runs
 NVLink5 system that script starts NVLSM (``/opt/nvidia/nvlsm/sbin/nvlsm``) and fabric
 manager inside the unit. Run by hand, the script leaves the unit inactive. On NVLink5
 ``--mode start`` needs the ``ib_umad`` module loaded and NVLSM installed (the precheck
-only waits for an InfiniBand device: Ubuntu's 580.196.07 script), so both come first. On every other node the transition callback ``disable_stale_unit`` turns off a
-fabric manager unit an older image left enabled, which would otherwise fail at boot.
+only waits for an InfiniBand device: Ubuntu's 580.196.07 script), so both come first.
+On every other node the transition callback ``disable_stale_unit`` turns off a fabric
+manager unit an older image left enabled, which would otherwise fail at boot.
 """
 
 from __future__ import annotations
