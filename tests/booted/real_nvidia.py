@@ -8,8 +8,8 @@ same condition (no driver loaded; for NVLink5 an HGX B200 without ib_umad, whose
 InfiniBand layout the real script reads), and each row of COMPARISONS says whether the
 stand-in shows what the real binary shows. The committed H200 capture
 (tests/captures/h200_580.159.04) is the reference for what needs a GPU (nvidia-smi's
-grammar with a driver loaded); tests/test_standins_real.py checks the stand-ins against
-it in make test.
+grammar with a driver loaded); tests/sim/test_sim_smi.py and tests/test_verify.py check
+the stand-ins against it in make test.
 """
 
 from __future__ import annotations
@@ -26,10 +26,13 @@ from pathlib import Path
 
 from images import Image, base_image
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the tests package
+
 from bootfsm.sim import standin_smi
 from bootfsm.sim.artifacts_redist import _FM_UNIT
 from bootfsm.sim.node import build_node, standin_script
 from bootfsm.sim.skus import SKUS
+from tests.test_systemd_unit import unit_settings
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -93,21 +96,6 @@ def help_options(text: str) -> set[str]:
     return found
 
 
-def directives(unit: str) -> list[tuple[str, str, str]]:
-    """(section, key, value) of every directive of a unit file, in order."""
-    section, out = "", []
-    for raw in unit.splitlines():
-        line = raw.strip()
-        if not line or line.startswith(("#", ";")):
-            continue
-        if line.startswith("["):
-            section = line.strip("[]")
-            continue
-        key, _, value = line.partition("=")
-        out.append((section, key.strip(), value.strip()))
-    return out
-
-
 Check = Callable[[Path, dict[str, Sim]], tuple[bool, str]]
 
 
@@ -153,13 +141,15 @@ def smi_help(out: Path, sims: dict[str, Sim]) -> tuple[bool, str]:
 
 
 def fm_unit(out: Path, sims: dict[str, Sim]) -> tuple[bool, str]:
-    real = directives((out / "fm-unit.txt").read_text())
-    sim = directives(_FM_UNIT)
+    real = unit_settings((out / "fm-unit.txt").read_text())
+    sim = unit_settings(_FM_UNIT)
     if real == sim:
-        return True, f"{len(real)} directives in the same order, e.g. TimeoutStartSec=720"
-    only_real = [f"[{s}] {k}={v}" for s, k, v in real if (s, k, v) not in sim]
-    only_sim = [f"[{s}] {k}={v}" for s, k, v in sim if (s, k, v) not in real]
-    return False, f"only in the real unit: {only_real}; only in the stand-in's: {only_sim}"
+        n = sum(len(v) for v in real.values())
+        timeout = real[("Service", "TimeoutStartSec")][0]
+        return True, f"the same {n} directives, e.g. TimeoutStartSec={timeout}"
+    only_real = {k: v for k, v in real.items() if sim.get(k) != v}
+    only_sim = {k: v for k, v in sim.items() if real.get(k) != v}
+    return False, f"the real unit's: {only_real}; the stand-in's: {only_sim}"
 
 
 def fm_files(out: Path, sims: dict[str, Sim]) -> tuple[bool, str]:
