@@ -6,9 +6,10 @@ its unit: the 570+ archive's ``nvidia-fabricmanager.service`` runs
 ``nvidia-fabricmanager-start.sh --mode precheck`` then ``--mode start``, and on an
 NVLink5 system that script starts NVLSM (``/opt/nvidia/nvlsm/sbin/nvlsm``) and fabric
 manager inside the unit. Run by hand, the script leaves the unit inactive. On NVLink5
-the precheck needs the ``ib_umad`` module loaded and NVLSM installed, so both come
-first. On every other node the transition callback ``disable_stale_unit`` turns off a
-fabric manager unit an older image left enabled, which would otherwise fail at boot.
+``--mode start`` needs the ``ib_umad`` module loaded and NVLSM installed (the precheck
+only waits for an InfiniBand device: Ubuntu's 580.196.07 script), so both come first.
+On every other node the transition callback ``disable_stale_unit`` turns off a fabric
+manager unit an older image left enabled, which would otherwise fail at boot.
 """
 
 from __future__ import annotations
@@ -130,7 +131,7 @@ def install_nvlsm(ctx: Context) -> None:
 
 
 def load_ib_umad(ctx: Context) -> None:
-    """``modprobe ib_umad`` (the unit's precheck refuses to start without it) and
+    """``modprobe ib_umad`` (the start script refuses to start without it) and
     /etc/modules-load.d/ib_umad.conf so it loads at every boot; IB_UMAD_NOT_LOADED."""
     if ctx.host.read_text(IB_UMAD_LOAD) != "ib_umad\n":
         records.write_file(ctx, IB_UMAD_LOAD, "ib_umad\n")

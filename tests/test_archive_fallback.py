@@ -5,7 +5,9 @@ still refuse every unsafe member."""
 from __future__ import annotations
 
 import io
+import os
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -33,16 +35,42 @@ def no_filter(monkeypatch: pytest.MonkeyPatch) -> None:
             raise TypeError(f"extractall() got an unexpected keyword argument {next(iter(kw))!r}")
         if real_has_filter:  # this interpreter's own extractall, without PEP 706's check
             real(self, path, members, numeric_owner=numeric_owner, filter="fully_trusted")  # type: ignore[arg-type]
-        else:  # an interpreter without filters (Ubuntu 22.04's 3.10.4 in make test-py310)
+        else:  # an interpreter without filters (3.10 before 3.10.12, 3.11 before 3.11.4)
             real(self, path, members, numeric_owner=numeric_owner)
 
     monkeypatch.setattr(tarfile.TarFile, "extractall", extractall_3_11_2)
 
 
 def test_feature_is_detected_not_the_version() -> None:
-    assert archive.HAS_EXTRACTION_FILTER is hasattr(tarfile, "data_filter")
+    present = hasattr(tarfile, "data_filter")
+    assert archive.HAS_EXTRACTION_FILTER is (present and archive.filter_is_sound())
     src = Path(archive.__file__).read_text()
     assert "version_info" not in src and "python_version" not in src
+
+
+def test_a_filter_that_refuses_inside_links_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPython gh-107845 (3.10.12 and 3.11.4, Ubuntu 22.04's python3): the data filter
+    resolved a link's target against the destination, refusing ``lib/up -> ../bin/x``;
+    the fixed filter resolves it against the link's directory."""
+
+    class FilterError(Exception):
+        pass
+
+    def data_filter(fixed: bool) -> Callable[[tarfile.TarInfo, str], tarfile.TarInfo]:
+        def check(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
+            base = os.path.dirname(member.name) if fixed else ""
+            target = os.path.normpath(os.path.join(dest, base, member.linkname))
+            if not target.startswith(os.path.normpath(dest) + os.sep):
+                raise FilterError(member.name)
+            return member
+
+        return check
+
+    monkeypatch.setattr(tarfile, "FilterError", FilterError, raising=False)
+    monkeypatch.setattr(tarfile, "data_filter", data_filter(fixed=False), raising=False)
+    assert archive.filter_is_sound() is False
+    monkeypatch.setattr(tarfile, "data_filter", data_filter(fixed=True), raising=False)
+    assert archive.filter_is_sound() is True
 
 
 @pytest.mark.parametrize("case", MALICIOUS)

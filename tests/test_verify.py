@@ -35,12 +35,14 @@ OPEN = (
 )
 PROPRIETARY = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.105.08  Thu Oct  2 2025\n"
 
+# refuses anything but -q -x as the real 580.159.04 refuses an unknown option with its
+# driver loaded (tests/captures/h200_580.159.04/smi-bogus.txt: the line, a blank line, 255)
 FAKE_SMI = """\
 import os, pathlib, sys
 d = pathlib.Path(os.environ["FAKE_SMI_DIR"])
 if sys.argv[1:] != ["-q", "-x"]:
-    print(f"ERROR: Option {sys.argv[1]} is not recognized. Please run 'nvidia-smi -h' for help.")
-    sys.exit(2)
+    print(f"ERROR: Option {sys.argv[1]} is not recognized. Please run 'nvidia-smi -h'.\\n")
+    sys.exit(255)
 calls = d / "calls"
 n = int(calls.read_text()) if calls.exists() else 0
 calls.write_text(str(n + 1))

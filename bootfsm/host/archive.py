@@ -19,12 +19,32 @@ __all__ = [
     "check_members",
     "extract_bounded",
     "extract_members",
+    "filter_is_sound",
 ]
 
-HAS_EXTRACTION_FILTER: bool = hasattr(tarfile, "data_filter") and hasattr(tarfile, "FilterError")
+
+def filter_is_sound() -> bool:
+    """Python's ``data`` filter takes an inside link for what it is. The first releases
+    with the filter (3.10.12, 3.11.4; 3.8.17, 3.9.17) resolve a symlink's target against
+    the destination instead of the link's own directory (CPython gh-107845, fixed in
+    3.10.13, 3.11.5, 3.12.0), so they refuse ``lib/up -> ../bin/x``; Ubuntu 22.04's
+    python3 is 3.10.12 with that bug. Asked of the filter itself, on a member in memory."""
+    info = tarfile.TarInfo("a/b/link")
+    info.type, info.linkname = tarfile.SYMTYPE, "../c"
+    try:
+        tarfile.data_filter(info, "/nonexistent/dest")  # type: ignore[attr-defined,unused-ignore]
+    except tarfile.FilterError:  # type: ignore[attr-defined,unused-ignore]
+        return False
+    return True
+
+
+HAS_EXTRACTION_FILTER: bool = (
+    hasattr(tarfile, "data_filter") and hasattr(tarfile, "FilterError") and filter_is_sound()
+)
 """Python's tar extraction filters (PEP 706) exist from 3.11.4 (and in 3.8.17+, 3.9.17+,
-3.10.12+ backports); Debian 12's python3 is 3.11.2 and has none. The feature is
-detected, never the version string."""
+3.10.12+ backports); Debian 12's python3 is 3.11.2 and has none, and where the filter
+refuses inside links (filter_is_sound) it is not used either: bootfsm's own member
+checks apply. The feature is detected, never the version string."""
 
 FILTER_ERRORS: tuple[type[Exception], ...] = (
     (tarfile.FilterError,) if HAS_EXTRACTION_FILTER else ()  # type: ignore[attr-defined,unused-ignore]

@@ -45,6 +45,11 @@ ABORT_CUDA_JOBS_ON_FM_EXIT=1
 TOPOLOGY_FILE_PATH=/usr/share/nvidia/nvswitch
 """
 
+# The unit of NVIDIA's 580 fabric manager, directive for directive as Ubuntu's
+# nvidia-fabricmanager-580 580.196.07 ships it (lib/systemd/system/; the booted lane
+# compares the two, tests/booted/real_nvidia.py): the start script's precheck and start
+# modes, a 720 s start timeout (NVLSM and the fabric can take minutes) and the paths of
+# both daemons' configuration and pid files.
 _FM_UNIT = """\
 [Unit]
 Description=NVIDIA fabric manager service
@@ -55,15 +60,19 @@ Requires=network-online.target
 User=root
 PrivateTmp=false
 Type=forking
-TimeoutStartSec=240
+TimeoutStartSec=720
+LimitCORE=infinity
+
+Environment="FM_CONFIG_FILE=/usr/share/nvidia/nvswitch/fabricmanager.cfg"
+Environment="FM_PID_FILE=/var/run/nvidia-fabricmanager/nv-fabricmanager.pid"
+Environment="NVLSM_CONFIG_FILE=/usr/share/nvidia/nvlsm/nvlsm.conf"
+Environment="NVLSM_PID_FILE=/var/run/nvidia-fabricmanager/nvlsm.pid"
+
+PIDFile=/var/run/nvidia-fabricmanager/nv-fabricmanager.pid
 
 ExecStartPre=/usr/bin/nvidia-fabricmanager-start.sh --mode precheck
 ExecStart=/usr/bin/nvidia-fabricmanager-start.sh --mode start
 ExecStop=/usr/bin/nvidia-fabricmanager-start.sh --mode stop
-
-PIDFile=/var/run/nvidia-fabricmanager/nv-fabricmanager.pid
-
-LimitCORE=infinity
 
 [Install]
 WantedBy=multi-user.target

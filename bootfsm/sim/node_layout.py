@@ -138,6 +138,29 @@ _CONTAINERD_CONFIG = {
 }
 
 
+_IB_PORT = {
+    "node_type": "1: CA",
+    "fw_ver": "28.39.1002",
+    "hw_rev": "0x0",
+    "hca_type": "MT4129",
+    "board_id": "MT_0000000838",
+    "node_guid": "0820:e703:007b:9d9a",  # IB_PORT_GUID, as sysfs writes it
+    "sys_image_guid": "0820:e703:007b:9d9a",
+    "ports/1/state": "4: ACTIVE",
+    "ports/1/phys_state": "5: LinkUp",
+    "ports/1/rate": "400 Gb/sec (4X NDR)",
+    "ports/1/lid": "0x1",
+    "ports/1/lid_mask_count": "0",
+    "ports/1/sm_lid": "0x1",
+    "ports/1/sm_sl": "0",
+    # bit 10 (IsSMDisabled) clear: the start script takes this port's GUID for NVLSM
+    "ports/1/cap_mask": "0xa751e848",
+    "ports/1/link_layer": "InfiniBand",
+    "ports/1/gids/0": "fe80:0000:0000:0000:0820:e703:007b:9d9a",
+    "ports/1/pkeys/0": "0xffff",
+}
+
+
 def vpd(sw_mng: bool) -> bytes:
     """Binary PCI VPD of a ConnectX-7: ident string, VPD-R keywords, RV checksum, end tag."""
     ident = b"NVIDIA ConnectX-7 HHHL adapter card, 400Gb/s NDR IB, single-port OSFP"
@@ -174,6 +197,10 @@ def write_layout(node: Node, sku: Sku, faults: Collection[str]) -> None:
         node.write(f"{base}/device", f"0x{func.device:04x}\n")
         node.write(f"{base}/class", f"0x{func.pci_class:06x}\n")
     node.write("sys/class/infiniband/mlx5_0/device/vpd", vpd(sku.nvlink5))
+    # the port as the kernel's sysfs shows it (Documentation/ABI/stable/sysfs-class-infiniband):
+    # what ibstat reads, and through it nvidia-fabricmanager-start.sh the port GUID
+    for rel, text in _IB_PORT.items():
+        node.write(f"sys/class/infiniband/mlx5_0/{rel}", text + "\n")
     modules = f"lib/modules/{sku.kernel}"
     node.write(
         f"{modules}/modules.dep", "kernel/drivers/net/ethernet/mellanox/mlx5/core/mlx5_core.ko:\n"

@@ -23,6 +23,7 @@ from bootfsm.sim.skus import SKUS, Sku, smi_product_name
 
 __all__ = [
     "CALLS_LOG",
+    "IB_PORT_GUID",
     "JOURNAL",
     "MIG_INSTANCES",
     "MIG_MODES",
@@ -34,6 +35,9 @@ __all__ = [
     "smi_bus_id",
 ]
 
+# the simulated ConnectX-7 port (node_layout writes its sysfs; the fabric manager start
+# script stand-in names it as the real one does from ibstat)
+IB_PORT_GUID = "0x0820e703007b9d9a"
 SIM_DIR = "var/lib/bootfsm-sim"
 SIM_STATE = f"{SIM_DIR}/sim.json"
 CALLS_LOG = f"{SIM_DIR}/calls.jsonl"

@@ -15,7 +15,7 @@ import time
 import uuid
 from pathlib import Path
 
-from bootfsm.sim.nodestate_base import RUN_DIR
+from bootfsm.sim.nodestate_base import IB_PORT_GUID, RUN_DIR
 from bootfsm.sim.nodestate_driver import NodeDriver
 
 __all__ = ["CDI_REFRESH", "DEVICE_UNITS", "FABRIC_MANAGER", "NVLSM", "UNIT_DIRS", "UNIT_JOURNAL",
@@ -35,6 +35,8 @@ NVLSM = "nvlsm.service"
 _FM_CMD = "/usr/bin/nv-fabricmanager -c /usr/share/nvidia/nvswitch/fabricmanager.cfg"
 CDI_REFRESH = "nvidia-cdi-refresh.service"
 UNIT_JOURNAL = "var/log/bootfsm-sim/unit-journal.jsonl"
+_NVLSM_BIN = "/opt/nvidia/nvlsm/sbin/nvlsm"
+_NVLSM_INSTALL = 'Please make sure to install "Nvidia NVLink Subnet Manager"(nvlsm) package.'
 _NOTHING_TO_DO = (
     "request to query NVSwitch device information from NVSwitch driver failed with"
     " error:WARNING Nothing to do [NV_WARN_NOTHING_TO_DO]"
@@ -301,44 +303,57 @@ class NodeUnits(NodeDriver):
         return None
 
     def fabric_manager_failure(self) -> str | None:
-        """Why fabric manager cannot start here (no switches, no driver; on NVLink5 the
-        start script's precheck: ib_umad loaded, NVLSM installed), or None."""
-        if not self.nvswitches() and not self.nvlink5():
-            return _NOTHING_TO_DO
+        """Why fabric manager cannot start here, or None: the start script's NVLink5
+        checks (ib_umad loaded, NVLSM installed), then the daemon's (the driver, then
+        the switches). The wording is what nvidia-fabricmanager-start.sh and
+        nv-fabricmanager 580.196.07 print (Ubuntu's nvidia-fabricmanager-580, run by the
+        booted lane's comparisons, tests/booted/real_nvidia.py)."""
         if self.nvlink5() and not self.p("sys/module/ib_umad").exists():
-            # fm_failure_and_status_excerpts.txt [D]
             return 'Kernel module "ib_umad" has not been loaded, fabric manager cannot be started'
         if self.nvlink5() and not self.p("opt/nvidia/nvlsm/sbin/nvlsm").exists():
-            return (
-                '"/opt/nvidia/nvlsm/sbin/nvlsm" does not exist. Please install'
-                ' "Nvidia NVLink Subnet Manager" (nvlsm) package'
-            )
+            return f'"{_NVLSM_BIN}" does not exist. {_NVLSM_INSTALL}'
         if self.loaded_module() is None:
-            return (
-                "fabric manager failed to open the NVIDIA driver (/dev/nvidiactl):"
-                " the nvidia kernel module is not loaded"
-            )
+            return "failed to allocate handle (client) to NVIDIA GPU driver"
+        if not self.nvswitches() and not self.nvlink5():
+            return _NOTHING_TO_DO
         return None
 
     def fabric_start_script(self, mode: str = "start") -> tuple[int, str, str]:
-        """nvidia-fabricmanager-start.sh --mode start|precheck: (exit code, stdout, stderr).
+        """nvidia-fabricmanager-start.sh --mode MODE: (exit code, stdout, stderr), as the
+        580.196.07 script answers (see fabric_manager_failure).
 
-        Run by hand, the script starts the daemons outside systemd: the unit stays as it
-        was (``start_unit`` runs it as the unit's ExecStartPre/ExecStart)."""
+        ``precheck`` only waits for an InfiniBand device when an NVLink5 adapter is
+        there (printing that it polls) and exits 0: it checks neither ib_umad, NVLSM nor
+        the driver. ``start`` detects NVLink5 from the InfiniBand VPD (SW_MNG) and the
+        port ibstat shows, checks ib_umad and NVLSM, starts NVLSM, then the daemon; the
+        script's lines go to stdout, the daemon's error to stderr. Any other mode does
+        nothing and exits 0. Run by hand, the script starts the daemons outside systemd:
+        the unit stays as it was (``start_unit`` runs it as ExecStartPre/ExecStart)."""
+        if mode == "precheck":
+            polling = "Polling for at least one Infiniband device before starting Fabric Manager..."
+            return 0, polling + "\n" if self.nvlink5() else "", ""
+        if mode != "start":
+            return 0, "", ""
         if self.nvlink5():
             out = (
-                "Polling for at least one Infiniband device before starting Fabric Manager...\n"
-                "Checking mlx5_0...\nDetected NVL5+ system\n"
+                f"Checking mlx5_0...\nUsing device mlx5_0, port {IB_PORT_GUID}\n"
+                "Detected NVL5+ system\n"
             )
         else:
             out = "Detected Pre-NVL5 system\n"
         reason = self.fabric_manager_failure()
-        if reason is not None:
-            return 1, out, f'{reason}\n"{_FM_CMD}" failed! Exit code: 1\n'
-        if mode == "precheck":
-            return 0, out, ""
+        if reason is not None and reason.startswith("Kernel module"):
+            return (
+                1,
+                f'{out}{reason}\nPlease run "modprobe ib_umad" before starting fabric manager\n',
+                "",
+            )
+        if reason is not None and reason.startswith(f'"{_NVLSM_BIN}"'):
+            return 1, f"{out}{reason}\n", ""
         if self.nvlink5():
-            out += 'Started "NVLink Subnet Manager"\n'
+            out += 'Started "Nvidia NVLink Subnet Manager"\n'
+        if reason is not None:
+            return 1, f'{out}"{_FM_CMD}" failed! Exit code: 1\n', reason + "\n"
         self.write(f"{RUN_DIR}/fm-daemon", "started by nvidia-fabricmanager-start.sh\n")
         return 0, out + 'Started "Nvidia Fabric Manager"\n', ""
 

@@ -8,13 +8,19 @@ References (read, not copied; no product code is used to make this output):
   mismatch as observed); a corrupted infoROM is reported only by the default table
   (``WARNING: infoROM is corrupted at gpu <bus id>`` after it, exit 14: the 8x V100
   capture azhpc-diagnostics/table_8xV100_inforom-warning_460.32.03.txt), never by
-  ``-q -x``, which exits 0 without it (microsoft/pai #3756); an unknown flag prints
-  ``ERROR: Option <flag> is not recognized. Please run 'nvidia-smi -h' for help.`` and
-  a flag without its value ``ERROR: Option <flag> is missing its value. ...`` (both as
+  ``-q -x``, which exits 0 without it (microsoft/pai #3756). With the driver loaded, an
+  unknown flag prints
+  ``ERROR: Option <flag> is not recognized. Please run 'nvidia-smi -h'.`` and exits 255
+  (580.159.04 on an H200: tests/captures/h200_580.159.04/smi-bogus.txt); a flag
+  without its value ``ERROR: Option <flag> is missing its value. ...`` (both as
   quoted in public user reports of the real tool); ``-x`` without ``-q`` and other bad
   mixes print ``Invalid combination of input arguments. Please run 'nvidia-smi -h' for
   help.``. A loaded driver that manages no GPU (the proprietary module on a Blackwell
-  GPU) prints ``No devices were found`` and exits 6.
+  GPU) prints ``No devices were found`` and exits 6. Without a driver, every command
+  line but ``-h``/``--help`` (a bogus option too) gets the no-driver message and a blank
+  line, exit 9, before its arguments are read (Ubuntu 24.04's nvidia-smi 550.67 in a
+  container without the module: the booted lane's comparisons,
+  tests/booted/real_nvidia.py).
 * ``-q`` text: the 570.124.06 layout of samples/nvidia-smi/thamada/RTX5090x1_gls_q.txt
   (key column 42, four spaces a level, one blank line after each GPU block, the
   trailing space after "GPU Memory Power Readings" and after an empty Chassis Serial
@@ -72,6 +78,10 @@ class _Usage(Exception):
     """A bad command line: nvidia-smi's message; exit 2."""
 
 
+class _Unknown(_Usage):
+    """An option nvidia-smi does not know: its message; exit 255."""
+
+
 def _parse_argv(argv: list[str]) -> tuple[set[str], str | None, str | None]:
     """(flags given, -i value, -mig value) by nvidia-smi's grammar; _Usage with the real
     wording."""
@@ -92,7 +102,7 @@ def _parse_argv(argv: list[str]) -> tuple[set[str], str | None, str | None]:
         elif name in _REAL_UNSIMULATED or (i == 0 and arg in _SUBCOMMANDS):
             raise _Usage(f"bootfsm simulator: nvidia-smi {name} is not simulated")
         elif arg.startswith("-"):
-            raise _Usage(f"ERROR: Option {arg} is not recognized. {_HELP}")
+            raise _Unknown(f"ERROR: Option {arg} is not recognized. Please run 'nvidia-smi -h'.")
         else:
             raise _Usage(_INVALID)
         i += 1
@@ -116,8 +126,18 @@ def _select(gpus: list[tuple[int, str, int]], target: str | None) -> list[tuple[
 def nvidia_smi(node: Node, argv: list[str]) -> int:
     """`nvidia-smi`, `-L`, `-q`, `-q -x`, `-i N`, reading the node's driver state."""
     subcommand = argv[:1] == ["mig"]
+    library = node.nvml_version()
+    module = node.loaded_module()
+    if (library is None or module is None) and not {"-h", "--help"} & set(argv):
+        print(_NO_DRIVER)
+        print()
+        return 9
     try:
         flags, target, mig = _parse_argv([]) if subcommand else _parse_argv(argv)
+    except _Unknown as exc:
+        print(exc)
+        print()
+        return 255
     except _Usage as exc:
         print(exc)
         print()
@@ -126,10 +146,9 @@ def nvidia_smi(node: Node, argv: list[str]) -> int:
         print("NVIDIA System Management Interface -- bootfsm simulator")
         print("nvidia-smi [OPTION1 [ARG1]] [OPTION2 [ARG2]] ...")
         return 0
-    library = node.nvml_version()
-    module = node.loaded_module()
     if library is None or module is None:
         print(_NO_DRIVER)
+        print()
         return 9
     if library != module.version:
         print("Failed to initialize NVML: Driver/library version mismatch")

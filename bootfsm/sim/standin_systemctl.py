@@ -293,19 +293,29 @@ def systemctl(node: Node, argv: list[str]) -> int:
 def fabricmanager_start(node: Node, argv: list[str]) -> int:
     """nvidia-fabricmanager-start.sh --mode start|stop|precheck (the 570+ wrapper in the FM
     archive; the unit runs precheck as ExecStartPre and start as ExecStart). By hand it
-    starts the daemons but not the unit: `systemctl is-active` stays as it was."""
-    mode = ""
-    for i, arg in enumerate(argv):
-        if arg == "--mode" and i + 1 < len(argv):
-            mode = argv[i + 1]
-        elif arg.startswith("--mode="):
-            mode = arg.split("=", 1)[1]
+    starts the daemons but not the unit: `systemctl is-active` stays as it was. Like the
+    580.196.07 script, an unknown option prints it and the help (exit 1) and an unknown
+    mode does nothing (exit 0)."""
+    mode = "interactive"
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("-m", "--mode"):
+            mode = argv[i + 1] if i + 1 < len(argv) else ""
+            i += 2
+            continue
+        if arg in ("-d", "--debug"):
+            i += 1
+            continue
+        print(f"Unknown option: {arg}")
+        print("NVIDIA Fabric Manager Start Script")
+        return 1
     if mode == "stop":
         node.set_unit_state(FABRIC_MANAGER, "inactive")
         node.set_unit_state(NVLSM, "inactive")
         return 0
-    if mode not in ("start", "precheck"):
-        print("Usage: nvidia-fabricmanager-start.sh --mode start|stop|precheck", file=sys.stderr)
+    if mode == "interactive":
+        print("bootfsm simulator: nvidia-fabricmanager-start.sh interactive mode is not simulated")
         return 1
     rc, out, err = node.fabric_start_script(mode)
     sys.stdout.write(out)

@@ -1,20 +1,27 @@
 """The booted lane (`make test-booted`): the shipped unit under a real systemd, on real
-Debian images built from Debian's own packages, with their own Pythons.
+Debian and Ubuntu images built from their distributions' own packages, with their own
+Pythons; and NVIDIA's real user-space from Ubuntu's archive compared with the simulator's
+stand-ins.
 
-For each image (Debian 12: systemd 252, Python 3.11; Debian 13: systemd 257, Python 3.13):
+For each image (tests/booted/images.py: Debian 12, systemd 252, Python 3.11; Debian 13,
+257, 3.13; Ubuntu 22.04, 249, 3.10; Ubuntu 24.04, 255, 3.12):
 
-1. a base image from mmdebstrap, cached under the cache dir by a content key (suite,
-   mirror, package list, mmdebstrap options);
+1. a base image from mmdebstrap, the archive's signature checked, cached under the cache
+   dir by a content key (suite, sources, package list, mmdebstrap options);
 2. a working copy: bootfsm installed from this checkout's wheel into a venv made with the
    image's own python3 (dependencies from a wheelhouse that pip filled on the host,
    installed offline inside the image), the unit installed with
    ``bootfsm install-unit --root IMAGE``, the lane's units and helper added;
-3. the unit test suite's pure parts under the image's python3 (non-booted container);
-4. one ``systemd-nspawn --boot`` per scenario; a report unit inside dumps what systemd
-   and the node show into a bind-mounted directory and powers off; the host asserts on it.
+3. the test suite under the image's python3 in a non-booted container: its pure parts,
+   or (Ubuntu 22.04) the whole suite from a copy of the checkout, as make test runs it;
+4. one ``systemd-nspawn --boot`` per row of SCENARIOS; a report unit inside dumps what
+   systemd and the node show into a bind-mounted directory and powers off; the host
+   asserts on it;
+5. (Ubuntu 24.04) NVIDIA's real binaries run beside the stand-ins
+   (tests/booted/real_nvidia.py).
 
-Prints one line per scenario, ``ok``/``FAIL`` first, naming the image's systemd; exits 1
-on any FAIL or when a tool is missing (never skips). See docs/testing.md.
+Prints one line per scenario, ``ok``/``FAIL`` first, naming the image's systemd and
+Python; exits 1 on any FAIL or when a tool is missing (never skips). See docs/testing.md.
 """
 
 from __future__ import annotations
@@ -22,7 +29,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
-import glob
 import hashlib
 import json
 import os
@@ -32,32 +38,18 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import real_nvidia
+from images import IMAGES, Image, base_image, log, run
 
 from bootfsm.core.compat import tomllib
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 IMAGE_FILES = HERE / "image"
-PACKAGES = (
-    "systemd",
-    "systemd-sysv",
-    "python3",
-    "python3-venv",
-    "containerd",
-    # the simulator's artifact builders run inside the image: a real makeself runfile,
-    # real dpkg-deb packages, tar.xz
-    "makeself",
-    "xz-utils",
-    # the simulator signs its mirror's repositories with a real key (gpg, gpg-agent);
-    # bootfsm checks them with gpgv (Debian 13's apt uses sqv: minbase has no gpgv)
-    "gpg",
-    "gpg-agent",
-    "gpgv",
-)
-MMDEBSTRAP_OPTS = ("--variant=minbase", "--mode=root", "--format=directory")
 SKU = "h100-pcie"  # PCIe, no fabric manager (see docs/testing.md)
 TEST_DEPS = ("pytest>=8,<10", "hypothesis>=6.100,<7", "pytest-httpserver>=1.1,<2")
 # the pure parts of the suite: no host tools beyond what the image has
@@ -70,9 +62,31 @@ UNIT_TESTS = (
     "tests/test_hardware.py",
     "tests/test_notify.py",
 )
+# Tests of the whole suite that compare bootfsm or the simulator with this machine's own
+# system tools, written against Debian 12's versions of them; Ubuntu 22.04 has others
+# (docs/testing.md says what differs). They run in make test, against Debian 12's tools.
+OTHER_TOOLS = (
+    # dpkg 1.21.1 points its lock message at the FAQ's #db-lock anchor
+    "tests/sim/test_sim_standins.py::test_dpkg_database_lock_refuses_like_the_real_dpkg",
+    # Ubuntu's /sbin/ldconfig is a wrapper script that runs ldconfig.real
+    "tests/sim/test_sim_standins.py::test_bogus_invocation_fails_like_the_real_tool[ldconfig",
+    # containerd 2.2: configuration version 3 (io.containerd.cri.v1.*), its own wording and
+    # usage text; these tests model containerd 1.x
+    "tests/test_join_containerd.py::test_import_added_and_the_real_containerd_merges_the_runtime",
+    "tests/test_join_containerd.py::test_a_runtime_only_dropin_loses_runc_in_the_real_merge",
+    "tests/test_join_containerd.py::test_invalid_config_is_refused_by_both",
+    "tests/sim/test_sim_containerd.py::test_dump_matches_the_real_containerd",
+    "tests/sim/test_sim_containerd.py::test_not_toml_fails_like_the_real_containerd",
+    "tests/sim/test_standin_grammar.py::test_containerd_undefined_flag_like_containerd",
+    # systemd-analyze 249 has no --offline, and --root only for cat-config
+    "tests/test_systemd_unit.py::test_exposure_score_of_the_shipped_unit",
+    "tests/test_systemd_unit.py::test_install_into_image_root_enables_and_verifies",
+    "tests/test_systemd_unit.py::test_packaged_unit_files_install_without_the_checkout",
+)
 BOOT_TIMEOUT = 240  # seconds per boot, all scenarios (the longest settles in ~40 s)
 VENV = "/opt/bootfsm"
 TEST_VENV = "/opt/booted-tests"
+SUITE_VENV = "/opt/booted-suite"  # the whole suite: an editable install of /src
 DROPINS = "/etc/systemd/system/bootfsm.service.d"
 START = "ExecMainStartTimestampMonotonic"
 # `systemctl show bootfsm` of the hardened unit, and the exposure it must not exceed
@@ -92,29 +106,6 @@ HARDENING = {
 MAX_EXPOSURE = 8.0
 
 
-@dataclass(frozen=True)
-class Image:
-    name: str
-    suite: str
-    systemd: str  # expected major version
-
-
-IMAGES = (Image("debian-12", "bookworm", "252"), Image("debian-13", "trixie", "257"))
-
-
-def log(msg: str) -> None:
-    print(f"[booted {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def run(argv: list[str], *, timeout: float = 600, **kw: object) -> subprocess.CompletedProcess[str]:
-    p = subprocess.run(argv, text=True, capture_output=True, timeout=timeout, check=False, **kw)  # type: ignore[call-overload]
-    if p.returncode != 0:
-        raise RuntimeError(
-            f"{' '.join(argv)} exited {p.returncode}:\n{p.stdout[-3000:]}{p.stderr[-3000:]}"
-        )
-    return p  # type: ignore[no-any-return]
-
-
 def cache_dir() -> Path:
     """$BOOTED_CACHE, else /var/cache/bootfsm-booted as root, else $XDG_CACHE_HOME."""
     if os.environ.get("BOOTED_CACHE"):
@@ -125,25 +116,9 @@ def cache_dir() -> Path:
     return Path(xdg) / "bootfsm-booted"
 
 
-def debian_mirror() -> str:
-    """The Debian mirror this machine's apt uses ($BOOTED_DEBIAN_MIRROR overrides)."""
-    if os.environ.get("BOOTED_DEBIAN_MIRROR"):
-        return os.environ["BOOTED_DEBIAN_MIRROR"]
-    files = ["/etc/apt/sources.list", *sorted(glob.glob("/etc/apt/sources.list.d/*"))]
-    for name in files:
-        with contextlib.suppress(OSError):
-            text = Path(name).read_text()
-            uris = re.findall(r"^URIs:\s*(\S+)", text, re.M)
-            uris += re.findall(r"^deb\s+(?:\[[^]]*\]\s+)?(\S+)\s+\S+", text, re.M)
-            for uri in uris:
-                if uri.rstrip("/").endswith("/debian"):
-                    return uri.rstrip("/")
-    raise RuntimeError("no Debian mirror in /etc/apt/sources.list*; set BOOTED_DEBIAN_MIRROR")
-
-
 def preflight() -> list[str]:
     problems = []
-    for tool in ("mmdebstrap", "systemd-nspawn", "systemctl"):
+    for tool in ("mmdebstrap", "systemd-nspawn", "systemctl", "dpkg-deb"):
         if not shutil.which(tool):
             problems.append(
                 f"{tool} is missing (make test-booted installs mmdebstrap systemd-container)"
@@ -156,35 +131,6 @@ def preflight() -> list[str]:
 
 
 # -- images ---------------------------------------------------------------------------
-def base_image(img: Image, cache: Path) -> tuple[Path, bool]:
-    """The cached mmdebstrap image for `img`; (path, built now)."""
-    mirror = debian_mirror()
-    key_src = json.dumps([img.suite, mirror, PACKAGES, MMDEBSTRAP_OPTS])
-    key = hashlib.sha256(key_src.encode()).hexdigest()[:16]
-    path = cache / f"base-{img.suite}-{key}"
-    if (path / ".complete").is_file():
-        return path, False
-    tmp = cache / f".tmp-base-{img.suite}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    log(f"{img.name}: building base image with mmdebstrap ({img.suite}, {mirror})")
-    run(
-        [
-            "mmdebstrap",
-            *MMDEBSTRAP_OPTS,
-            f"--include={','.join(PACKAGES)}",
-            img.suite,
-            str(tmp),
-            mirror,
-        ],
-        timeout=1200,
-    )
-    (tmp / ".complete").write_text(key_src + "\n")
-    for old in cache.glob(f"base-{img.suite}-*"):
-        shutil.rmtree(old, ignore_errors=True)
-    tmp.rename(path)
-    return path, True
-
-
 def image_python(base: Path) -> str:
     """X.Y of the image's python3 (its /usr/bin/python3 link names it)."""
     target = os.readlink(base / "usr/bin/python3")
@@ -194,10 +140,28 @@ def image_python(base: Path) -> str:
     return m[1]
 
 
-def wheelhouse(cache: Path, pyver: str, wheel_dir: Path) -> Path:
-    """Dependency wheels for the image's Python, downloaded by pip on the host (cached)."""
+# `pip download --python-version X.Y` evaluates python_full_version markers with the
+# host's interpreter (3.11.2 here): what a dependency needs only before 3.11 by that marker
+# (hypothesis's exceptiongroup) is named for the image's Python
+FULL_VERSION_MARKED = {"3.10": ("exceptiongroup>=1.0.0",)}
+
+
+def _build_requires() -> list[str]:
+    return list(tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]["requires"])
+
+
+def _requirements(full: bool, pyver: str) -> list[str]:
     meta = tomllib.loads((REPO / "pyproject.toml").read_text())
-    reqs = [*meta["project"]["dependencies"], *TEST_DEPS]
+    build = meta["build-system"]["requires"] if full else []
+    dev = meta["project"]["optional-dependencies"]["dev"] if full else []
+    extra = FULL_VERSION_MARKED.get(pyver, ())
+    return [*meta["project"]["dependencies"], *TEST_DEPS, *dev, *build, *extra]
+
+
+def wheelhouse(cache: Path, pyver: str, wheel_dir: Path, *, full: bool) -> Path:
+    """Dependency wheels for the image's Python, downloaded by pip on the host (cached):
+    bootfsm's, the tests', and for the whole suite the dev extra and the build backend."""
+    reqs = _requirements(full, pyver)
     key = hashlib.sha256(json.dumps([pyver, reqs]).encode()).hexdigest()[:16]
     path = cache / f"wheelhouse-py{pyver}-{key}"
     if not (path / ".complete").is_file():
@@ -236,10 +200,17 @@ def nspawn(image: Path, *argv: str, binds: tuple[str, ...] = (), timeout: float 
         "--register=no",
         "--keep-unit",
         "--private-network",
+        "--pipe",
         *[f"--bind{b}" for b in binds],
         *argv,
     ]
     return run(cmd, timeout=timeout).stdout
+
+
+def checkout_files() -> list[str]:
+    """The checkout as git sees it: tracked files and untracked ones it does not ignore."""
+    out = run(["git", "-C", str(REPO), "ls-files", "-z", "-co", "--exclude-standard"]).stdout
+    return sorted({f for f in out.split("\0") if f and (REPO / f).is_file()})
 
 
 def prepare(img: Image, base: Path, work: Path, wheels: Path) -> Path:
@@ -261,14 +232,35 @@ def prepare(img: Image, base: Path, work: Path, wheels: Path) -> Path:
         f"set -e; python3 -m venv {VENV}; "
         f"{VENV}/bin/pip install -q --no-index --find-links {wh} bootfsm; "
         f'cp -r /opt/booted/sim "$({VENV}/bin/python -c "{pkg}")/sim"; '
-        f"python3 -m venv {TEST_VENV}; "
-        f"{TEST_VENV}/bin/pip install -q --no-index --find-links {wh} bootfsm "
-        + " ".join(f"'{r}'" for r in TEST_DEPS)
-        + f'; cp -r /opt/booted/sim "$({TEST_VENV}/bin/python -c "{pkg}")/sim"'
-        + f"; {VENV}/bin/python /opt/booted/booted_node.py prepare {SKU}"
     )
+    if img.tests == "full":
+        # the whole suite runs from a copy of the checkout, installed editable as make
+        # test installs it (the simulator and states/ come with it)
+        src = prepared / "src"
+        for rel in checkout_files():
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / rel, src / rel)
+        # a repository of its own, so the tests that ask git what is tracked get the
+        # same answer as in the checkout
+        git = "git -C /src -c user.name=booted -c user.email=booted@localhost"
+        script += (
+            f"{git} init -q; {git} add -A; {git} commit -qm checkout; "
+            f"python3 -m venv {SUITE_VENV}; "
+            # the build backend pyproject.toml names (jammy's venv seeds setuptools 59,
+            # which does not read [tool.setuptools]); a test builds with it
+            f"{SUITE_VENV}/bin/pip install -q --no-index --find-links {wh}"
+            f" {' '.join(repr(r) for r in _build_requires())} -e '/src[dev]'; "
+        )
+    else:
+        script += (
+            f"python3 -m venv {TEST_VENV}; "
+            f"{TEST_VENV}/bin/pip install -q --no-index --find-links {wh} bootfsm "
+            + " ".join(f"'{r}'" for r in TEST_DEPS)
+            + f'; cp -r /opt/booted/sim "$({TEST_VENV}/bin/python -c "{pkg}")/sim"; '
+        )
+    script += f"{VENV}/bin/python /opt/booted/booted_node.py prepare {SKU}"
     (prepared / "opt/booted/wheels").mkdir()
-    nspawn(prepared, "/bin/sh", "-c", script, binds=binds)
+    nspawn(prepared, "/bin/sh", "-c", script, binds=binds, timeout=900)
     # the unit, the way an image builder installs it: from the host, into the root
     host_bootfsm = Path(sys.executable).parent / "bootfsm"
     out = run(
@@ -288,6 +280,10 @@ def prepare(img: Image, base: Path, work: Path, wheels: Path) -> Path:
     dropins = units / "bootfsm.service.d"
     dropins.mkdir(exist_ok=True)
     shutil.copy(IMAGE_FILES / "units/50-booted.conf", dropins / "50-booted.conf")
+    # a node's /etc/hosts (minbase has none: `localhost` would not resolve)
+    (prepared / "etc/hosts").write_text(
+        "127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n"
+    )
     kubelet = prepared / "usr/local/bin/kubelet"
     shutil.copy(IMAGE_FILES / "kubelet", kubelet)
     kubelet.chmod(0o755)
@@ -299,20 +295,32 @@ def prepare(img: Image, base: Path, work: Path, wheels: Path) -> Path:
     return prepared
 
 
-def unit_tests(img: Image, prepared: Path) -> tuple[bool, str]:
-    """The pure part of the unit suite under the image's own python3, on the bootfsm
-    installed from the wheel (the simulator copied beside it): the read-only checkout at
-    /src gives the tests only. Nothing may import the checkout's bootfsm/, which has no
-    ``states`` (the wheel maps states/ to bootfsm.states): the tests run from /tmp, so a
-    ``python -m bootfsm`` they start does not find /src first, and pytest's own process
-    imports bootfsm before pytest puts /src (the tests' package root) on sys.path."""
+def _samples_binds() -> tuple[list[str], list[str]]:
     samples = REPO.parent / "shared/reference/samples"
-    binds = [f"-ro={REPO}:/src"]
-    env = []
-    if samples.is_dir():
-        binds.append(f"-ro={samples}:/samples")
-        env = ["--setenv=BOOTFSM_SAMPLES=/samples"]
-    cmd = [
+    if os.environ.get("BOOTFSM_SAMPLES"):
+        samples = Path(os.environ["BOOTFSM_SAMPLES"])
+    if not samples.is_dir():
+        return [], []
+    return [f"--bind-ro={samples}:/samples"], ["--setenv=BOOTFSM_SAMPLES=/samples"]
+
+
+def unit_tests(img: Image, prepared: Path, wheels: Path) -> tuple[bool, str]:
+    """The suite under the image's own python3, in a non-booted container.
+
+    "pure": the parts of the suite with no host tools, on the bootfsm installed from the
+    wheel (the simulator copied beside it): the read-only checkout at /src gives the
+    tests only. Nothing may import the checkout's bootfsm/, which has no ``states`` (the
+    wheel maps states/ to bootfsm.states): the tests run from /tmp, so a ``python -m
+    bootfsm`` they start does not find /src first, and pytest's own process imports
+    bootfsm before pytest puts /src (the tests' package root) on sys.path.
+
+    "full": the whole suite, as make test runs it (two workers), in the copy of the
+    checkout at /src installed editable, with the image's own tools (dpkg, gpgv,
+    makeself, containerd, systemd-analyze, zsh, groff...); the container's writes go to
+    an overlay.
+    """
+    binds, env = _samples_binds()
+    common = [
         "systemd-nspawn",
         "-q",
         "-D",
@@ -320,20 +328,46 @@ def unit_tests(img: Image, prepared: Path) -> tuple[bool, str]:
         "--register=no",
         "--keep-unit",
         "--private-network",
+        "--pipe",
         "--volatile=overlay",
-        "--chdir=/tmp",
+        # a stub init as PID 1 reaps orphans, as on a node (a test's killpg must find its
+        # group gone, not kept by zombies)
+        "--as-pid2",
         *env,
-        *[f"--bind{b}" for b in binds],
-        f"{TEST_VENV}/bin/python",
-        "-c",
-        "import sys, platform; print('python', platform.python_version());"
-        "sys.path[:] = [p for p in sys.path if p];"  # -c's '' (the working directory)
-        "import bootfsm.states, bootfsm.sim; print('bootfsm', bootfsm.__file__);"
-        "import pytest; sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-p', "
-        "'no:xdist', '-o', 'addopts=', *sys.argv[1:]]))",
-        *[f"/src/{t}" for t in UNIT_TESTS],
+        *binds,
     ]
-    p = subprocess.run(cmd, text=True, capture_output=True, timeout=900, check=False)
+    if img.tests == "full":
+        cmd = [
+            *common,
+            "--chdir=/src",
+            # the tests that build bootfsm's wheel get the build backend offline
+            f"--bind-ro={wheels}:/opt/booted/wheels",
+            "--setenv=PIP_NO_INDEX=1",
+            "--setenv=PIP_FIND_LINKS=/opt/booted/wheels",
+            f"{SUITE_VENV}/bin/python",
+            "-c",
+            "import platform, sys; print('python', platform.python_version(), flush=True);"
+            "import pytest; sys.exit(pytest.main(['-p', 'no:cacheprovider', '-n', '2',"
+            " '--dist', 'loadfile', *sys.argv[1:]]))",
+            *[f"--deselect={t}" for t in OTHER_TOOLS],
+        ]
+    else:
+        cmd = [
+            *common,
+            "--chdir=/tmp",
+            f"--bind-ro={REPO}:/src",
+            f"{TEST_VENV}/bin/python",
+            "-c",
+            "import sys, platform; print('python', platform.python_version());"
+            "sys.path[:] = [p for p in sys.path if p];"  # -c's '' (the working directory)
+            "import bootfsm.states, bootfsm.sim; print('bootfsm', bootfsm.__file__);"
+            "import pytest; sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-p', "
+            "'no:xdist', '-o', 'addopts=', *sys.argv[1:]]))",
+            *[f"/src/{t}" for t in UNIT_TESTS],
+        ]
+    # the whole suite takes both cores: never beside a boot, whose timings it would skew
+    with BOOT_LOCK if img.tests == "full" else contextlib.nullcontext():
+        p = subprocess.run(cmd, text=True, capture_output=True, timeout=2400, check=False)
     out = p.stdout + p.stderr
     return p.returncode == 0, out
 
@@ -662,90 +696,109 @@ def check_deadline(b: Boot, systemd: str, deadline: float, timeout_start: float)
     return c
 
 
+# -- the scenarios ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Scenario:
+    """One boot of an image and what systemd and the node must show after it.
+
+    ``node``: "fresh" boots the prepared image with --volatile=overlay (nothing it does
+    stays); "kept" boots the image's one kept copy, made from the prepared image before
+    the first "kept" row, so a later "kept" row is a reboot of the same node (rows run in
+    table order). ``scenario`` goes to /booted/scenario.json (read by booted_node.py:
+    mirror_faults, node_faults, compile_seconds, settle_timeout); ``files`` are written
+    to /booted (a unit of the image may be conditioned on one); ``ro_binds`` replace
+    files of the node for this boot (a node path -> its text). ``images`` names the
+    images it runs on (None: every image). ``check(boot, image, earlier)`` gets the boots
+    of the rows before it by key.
+    """
+
+    key: str
+    title: str
+    check: Callable[[Boot, Image, Mapping[str, Boot]], Checks]
+    scenario: Mapping[str, object] = field(default_factory=dict)
+    files: Mapping[str, str] = field(default_factory=dict)
+    ro_binds: Mapping[str, str] = field(default_factory=dict)
+    node: str = "fresh"
+    images: frozenset[str] | None = None
+
+
+DEADLINE, TIMEOUT_START = 20.0, 80.0  # the shipped 720/780 scaled down, same 60 s margin
+
+SCENARIOS = (
+    Scenario(
+        "1-success",
+        "1 success: active (exited), STATUS= summary, kubelet after bootfsm",
+        lambda b, img, _: check_success(b, img.systemd),
+        node="kept",
+    ),
+    Scenario(
+        "5-reboot",
+        "5 reboot of the provisioned node: nothing reinstalled, per-boot init only, kubelet soon",
+        lambda b, img, earlier: check_reboot(b, img.systemd, earlier["1-success"]),
+        node="kept",
+    ),
+    Scenario(
+        "2-permanent",
+        "2 permanent failure (31): no restart, kubelet Dependency failed, code in status",
+        lambda b, img, _: check_permanent(b, img.systemd),
+        scenario={"mirror_faults": ["checksum-mismatch"]},
+    ),
+    Scenario(
+        "3-transient",
+        "3 transient failure (40) then success on the automatic restart: kubelet ends active",
+        lambda b, img, _: check_restarted(b, img.systemd, r"code=exited, status=40"),
+        files={"dpkg-lock-seconds": "12\n"},
+    ),
+    Scenario(
+        "4-sigkill",
+        "4 SIGKILL of bootfsm mid-driver: the restart converges",
+        lambda b, img, _: check_restarted(b, img.systemd, r"code=killed, status=9/KILL"),
+        scenario={"compile_seconds": 8},
+        files={"kill-mid-driver": ""},
+    ),
+    Scenario(
+        "6-deadline",
+        "6 global deadline vs TimeoutStartSec: bootfsm gives up first (100), never killed",
+        lambda b, img, _: check_deadline(b, img.systemd, DEADLINE, TIMEOUT_START),
+        scenario={"node_faults": ["installer-hangs"]},
+        ro_binds={
+            "/etc/default/bootfsm": f"BOOTFSM_DEADLINE={DEADLINE:g}\nBOOTFSM_ARGS=\n",
+            f"{DROPINS}/60-booted-timeout.conf": f"[Service]\nTimeoutStartSec={TIMEOUT_START:g}\n",
+        },
+    ),
+)
+"""The lane's scenarios, in the order they boot on every image (see docs/testing.md)."""
+
+
 def scenarios(img: Image, prepared: Path, work: Path, pyver: str) -> list[Result]:
     results: list[Result] = []
-
-    def record(name: str, fn: Callable[[], Checks], seconds: float) -> None:
+    boots: dict[str, Boot] = {}
+    kept = work / "node"
+    shutil.rmtree(kept, ignore_errors=True)
+    for sc in SCENARIOS:
+        if sc.images is not None and img.name not in sc.images:
+            continue
+        if sc.node == "kept" and not kept.exists():
+            run(["cp", "-a", "--reflink=auto", str(prepared), str(kept)])
+        t0 = time.monotonic()
         try:
-            c = fn()
+            b = boot(
+                kept if sc.node == "kept" else prepared,
+                work / sc.key,
+                {"name": sc.key, **sc.scenario},
+                volatile=sc.node != "kept",
+                files=dict(sc.files),
+                ro_binds=dict(sc.ro_binds),
+            )
+            boots[sc.key] = b
+            c = sc.check(b, img, boots)
             ok, detail = not c.problems, "; ".join(c.problems or c.facts or ["as expected"])
+            seconds = b.elapsed
         except Exception as exc:  # a broken scenario is a FAIL, never a skip
-            ok, detail = False, f"{type(exc).__name__}: {exc}"
-        results.append(Result(img.name, img.systemd, pyver, name, ok, detail, seconds))
+            ok, detail, seconds = False, f"{type(exc).__name__}: {exc}", time.monotonic() - t0
+        results.append(Result(img.name, img.systemd, pyver, sc.title, ok, detail, seconds))
         log(results[-1].line())
-
-    # (1) success, on a copy that (5) then boots again
-    node = work / "node"
-    shutil.rmtree(node, ignore_errors=True)
-    run(["cp", "-a", "--reflink=auto", str(prepared), str(node)])
-    first = boot(node, work / "1-success", {"name": "success"}, volatile=False)
-    record(
-        "1 success: active (exited), STATUS= summary, kubelet after bootfsm",
-        lambda: check_success(first, img.systemd),
-        first.elapsed,
-    )
-    second = boot(node, work / "5-reboot", {"name": "reboot"}, volatile=False)
-    record(
-        "5 reboot of the provisioned node: nothing reinstalled, per-boot init only, kubelet soon",
-        lambda: check_reboot(second, img.systemd, first),
-        second.elapsed,
-    )
-    shutil.rmtree(node, ignore_errors=True)
-
-    b2 = boot(
-        prepared,
-        work / "2-permanent",
-        {"name": "permanent", "mirror_faults": ["checksum-mismatch"]},
-        volatile=True,
-    )
-    record(
-        "2 permanent failure (31): no restart, kubelet Dependency failed, code in status",
-        lambda: check_permanent(b2, img.systemd),
-        b2.elapsed,
-    )
-
-    b3 = boot(
-        prepared,
-        work / "3-transient",
-        {"name": "transient"},
-        volatile=True,
-        files={"dpkg-lock-seconds": "12\n"},
-    )
-    record(
-        "3 transient failure (40) then success on the automatic restart: kubelet ends active",
-        lambda: check_restarted(b3, img.systemd, r"code=exited, status=40"),
-        b3.elapsed,
-    )
-
-    b4 = boot(
-        prepared,
-        work / "4-sigkill",
-        {"name": "sigkill", "compile_seconds": 8},
-        volatile=True,
-        files={"kill-mid-driver": ""},
-    )
-    record(
-        "4 SIGKILL of bootfsm mid-driver: the restart converges",
-        lambda: check_restarted(b4, img.systemd, r"code=killed, status=9/KILL"),
-        b4.elapsed,
-    )
-
-    deadline, timeout_start = 20.0, 80.0  # the shipped 720/780 scaled down, same 60 s margin
-    b6 = boot(
-        prepared,
-        work / "6-deadline",
-        {"name": "deadline", "node_faults": ["installer-hangs"]},
-        volatile=True,
-        ro_binds={
-            "/etc/default/bootfsm": f"BOOTFSM_DEADLINE={deadline:g}\nBOOTFSM_ARGS=\n",
-            f"{DROPINS}/60-booted-timeout.conf": f"[Service]\nTimeoutStartSec={timeout_start:g}\n",
-        },
-    )
-    record(
-        "6 global deadline vs TimeoutStartSec: bootfsm gives up first (100), never killed",
-        lambda: check_deadline(b6, img.systemd, deadline, timeout_start),
-        b6.elapsed,
-    )
+    shutil.rmtree(kept, ignore_errors=True)
     return results
 
 
@@ -756,7 +809,7 @@ def lane(img: Image, cache: Path, wheels: Path, results: list[Result], only: set
     try:
         base, built = base_image(img, cache)
         pyver = image_python(base)
-        wh = wheelhouse(cache, pyver, wheels)
+        wh = wheelhouse(cache, pyver, wheels, full=img.tests == "full")
         prepared = prepare(img, base, work, wh)
         log(
             f"{img.name}: base {'built' if built else 'cached'},"
@@ -779,20 +832,28 @@ def lane(img: Image, cache: Path, wheels: Path, results: list[Result], only: set
         )
         log(results[-1].line())
         return
+    if img.nvidia and (not only or "real" in only):
+        results.extend(
+            Result(img.name, img.systemd, full, name, ok, detail, seconds)
+            for name, ok, detail, seconds in real_nvidia.compare(img, cache, work / "real")
+        )
+        for r in results[-len(real_nvidia.COMPARISONS) :]:
+            log(r.line())
     if not only or "unit" in only:
         t1 = time.monotonic()
-        ok, out = unit_tests(img, prepared)
+        ok, out = unit_tests(img, prepared, wh)
         (work / "unit-tests.txt").write_text(out)
         summary = [ln for ln in out.splitlines() if re.search(r"\d+ (passed|failed|error)", ln)]
         tail = [re.sub(r"\x1b\[[0-9;]*m", "", ln).strip("= ") for ln in summary[-1:]] or [
             "no pytest summary"
         ]
+        what = "the whole suite" if img.tests == "full" else "unit tests"
         results.append(
             Result(
                 img.name,
                 img.systemd,
                 full,
-                f"unit tests under the image's python3 {full}",
+                f"{what} under the image's python3 {full}",
                 ok,
                 tail[0],
                 time.monotonic() - t1,
@@ -804,9 +865,9 @@ def lane(img: Image, cache: Path, wheels: Path, results: list[Result], only: set
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--image", action="append", choices=[i.name for i in IMAGES])
-    ap.add_argument("--only", action="append", choices=["unit", "boot"])
+    ap.add_argument("--only", action="append", choices=["unit", "boot", "real"])
     args = ap.parse_args(argv)
     problems = preflight()
     if problems:

@@ -176,22 +176,56 @@ def test_both_formats_parse_and_agree(h100: Sim) -> None:
 
 HELP = "Please run 'nvidia-smi -h' for help."
 INVALID = f"Invalid combination of input arguments. {HELP}"
+CAPTURE = Path(__file__).resolve().parents[1] / "captures/h200_580.159.04"
+# the real 580.159.04 with its driver loaded (smi-bogus.txt, exit 255 in exit-status.txt)
+UNKNOWN = "ERROR: Option {} is not recognized. Please run 'nvidia-smi -h'."
 
 
 @pytest.mark.parametrize(
-    ("argv", "message"),
+    ("argv", "rc", "message"),
     [
-        (["--bogus"], f"ERROR: Option --bogus is not recognized. {HELP}"),
-        (["-q", "-X"], f"ERROR: Option -X is not recognized. {HELP}"),
-        (["-i"], f"ERROR: Option -i is missing its value. {HELP}"),
-        (["-x"], INVALID),
-        (["-L", "-q"], INVALID),
-        (["query"], INVALID),
+        (["--bogus"], 255, UNKNOWN.format("--bogus")),
+        (["-q", "-X"], 255, UNKNOWN.format("-X")),
+        (["-i"], 2, f"ERROR: Option -i is missing its value. {HELP}"),
+        (["-x"], 2, INVALID),
+        (["-L", "-q"], 2, INVALID),
+        (["query"], 2, INVALID),
     ],
 )
-def test_bogus_arguments_fail_like_the_real_tool(h100: Sim, argv: list[str], message: str) -> None:
+def test_bogus_arguments_fail_like_the_real_tool(
+    h100: Sim, argv: list[str], rc: int, message: str
+) -> None:
     r = h100.run("nvidia-smi", *argv)
-    assert (r.returncode, r.stdout) == (2, message + "\n\n")
+    assert (r.returncode, r.stdout) == (rc, message + "\n\n")
+
+
+def test_unknown_option_is_the_real_captures_answer(h100: Sim) -> None:
+    r = h100.run("nvidia-smi", "--no-such-option")
+    statuses = dict(ln.split() for ln in (CAPTURE / "exit-status.txt").read_text().splitlines())
+    assert r.stdout == (CAPTURE / "smi-bogus.txt").read_text()
+    assert r.returncode == int(statuses["smi-bogus.txt"]) == 255
+
+
+def test_without_a_driver_every_command_line_gets_the_no_driver_answer(tmp_path: Path) -> None:
+    """Ubuntu 24.04's real nvidia-smi 550.67 without the module (make test-booted compares
+    it): the message, a blank line, exit 9, before the arguments are read; only -h
+    answers."""
+    bin_dir = build_node(tmp_path / "bare", SKUS["h100-pcie"], (), compile_seconds=0.01)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+
+    def smi(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["nvidia-smi", *argv], env=env, capture_output=True, text=True, check=False
+        )
+
+    message = (
+        "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make"
+        " sure that the latest NVIDIA driver is installed and running.\n\n"
+    )
+    for argv in ([], ["-L"], ["-q", "-x"], ["--no-such-option"], ["-x"], ["mig", "-lgip"]):
+        r = smi(*argv)
+        assert (r.returncode, r.stdout, r.stderr) == (9, message, ""), argv
+    assert smi("-h").returncode == 0
 
 
 def test_select_one_gpu(h100: Sim) -> None:

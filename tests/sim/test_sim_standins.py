@@ -273,15 +273,31 @@ def test_fabric_nvlink5_starts_only_through_its_unit(make_node: MakeNode) -> Non
     script.write_text(standin_script("nvidia-fabricmanager-start.sh", node.root))
     script.chmod(0o755)
     node.add_fm_unit()
+    # the 580.196.07 script's precheck only waits for an InfiniBand device; ib_umad is
+    # checked by --mode start, after the NVLink5 detection (tests/booted/real_nvidia.py)
     out = node.run(str(script), "--mode", "precheck")
+    assert (out.returncode, out.stdout) == (
+        0,
+        "Polling for at least one Infiniband device before starting Fabric Manager...\n",
+    )
+    out = node.run(str(script), "--mode", "start")
     assert out.returncode == 1
-    assert 'Kernel module "ib_umad" has not been loaded' in out.stderr
+    assert out.stdout == (
+        "Checking mlx5_0...\n"
+        "Using device mlx5_0, port 0x0820e703007b9d9a\n"
+        "Detected NVL5+ system\n"
+        'Kernel module "ib_umad" has not been loaded, fabric manager cannot be started\n'
+        'Please run "modprobe ib_umad" before starting fabric manager\n'
+    )
     start = node.run("systemctl", "start", "nvidia-fabricmanager")
     assert start.returncode == 1 and "failed because the control process exited" in start.stderr
     assert node.run("modprobe", "ib_umad").returncode == 0
     assert (node.root / "sys/module/ib_umad").is_dir()
     out = node.run(str(script), "--mode", "start")
-    assert out.returncode == 1 and '"/opt/nvidia/nvlsm/sbin/nvlsm" does not exist' in out.stderr
+    assert out.returncode == 1 and out.stdout.endswith(
+        '"/opt/nvidia/nvlsm/sbin/nvlsm" does not exist. Please make sure to install'
+        ' "Nvidia NVLink Subnet Manager"(nvlsm) package.\n'
+    )
     nvlsm = node.root / "opt/nvidia/nvlsm/sbin/nvlsm"
     nvlsm.parent.mkdir(parents=True)
     nvlsm.write_text("#!/bin/sh\n")
@@ -316,7 +332,11 @@ def test_fabric_manager_fails_without_switches(make_node: MakeNode) -> None:
     script.chmod(0o755)
     out = node.run(str(script), "--mode", "start")
     assert out.returncode == 1
-    assert out.stdout == "Detected Pre-NVL5 system\n"
+    assert out.stdout == (
+        "Detected Pre-NVL5 system\n"
+        '"/usr/bin/nv-fabricmanager -c /usr/share/nvidia/nvswitch/fabricmanager.cfg"'
+        " failed! Exit code: 1\n"
+    )
     assert "[NV_WARN_NOTHING_TO_DO]" in out.stderr
     node.add_fm_unit()
     start = node.run("systemctl", "start", "nvidia-fabricmanager.service")

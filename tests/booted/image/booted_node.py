@@ -90,7 +90,8 @@ def prepare(sku: str) -> int:
     world._build_mirror()  # the simulator's real-format builders (makeself, dpkg-deb)
     world.mirror = SimpleNamespace(url=f"http://127.0.0.1:{MIRROR_PORT}")  # type: ignore[assignment]
     world.config_overrides = {
-        "detect": {"supported_os": ["debian:12", "debian:13"]},
+        # bootfsm's default list (Ubuntu 22.04, 24.04, Debian 12) and Debian 13
+        "detect": {"supported_os": ["ubuntu:22.04", "ubuntu:24.04", "debian:12", "debian:13"]},
         "driver": {"dpkg_lock_timeout": 3.0},
     }
     text = world.config_text()
@@ -250,7 +251,8 @@ def chaos() -> int:
     while time.monotonic() < deadline:
         if _installer_building():
             time.sleep(0.5)
-            _run("systemctl", "kill", "--kill-whom=main", "--signal=SIGKILL", "bootfsm.service")
+            # --kill-who: systemd 249 knows no other spelling (252 added --kill-whom)
+            _run("systemctl", "kill", "--kill-who=main", "--signal=SIGKILL", "bootfsm.service")
             (OUT / "chaos.txt").write_text(f"killed at {time.monotonic():.3f}\n")
             print("booted-chaos: SIGKILL sent to bootfsm's main process mid-driver", flush=True)
             return 0
