@@ -45,6 +45,7 @@ from pathlib import Path
 import real_nvidia
 from images import IMAGES, Image, base_image, log, run
 
+from bootfsm.commands.unit import AFTER_HOOK_PATH, AFTER_HOOK_TEXT, HOOK_CHOICES
 from bootfsm.core.compat import tomllib
 
 REPO = Path(__file__).resolve().parents[2]
@@ -221,6 +222,7 @@ def prepare(img: Image, base: Path, work: Path, wheels: Path) -> Path:
     opt = prepared / "opt/booted"
     opt.mkdir(parents=True)
     shutil.copy(IMAGE_FILES / "booted_node.py", opt / "booted_node.py")
+    shutil.copy(REPO / "tests/cse_caller.sh", opt / "cse_caller.sh")  # booted-cse.service
     (prepared / "booted").mkdir()
     # the simulator is never in the wheel (it is test tooling): this test image gets it
     # beside the installed package, from the checkout
@@ -696,6 +698,89 @@ def check_deadline(b: Boot, systemd: str, deadline: float, timeout_start: float)
     return c
 
 
+def check_cse_hook(b: Boot, systemd: str) -> Checks:
+    """The hook in CSE's order on a fresh VHD whose unit waits for the hook's first run:
+    the unit is skipped at boot (its condition, as the real systemd judges it), the hook
+    provisions without touching kubelet, ensureKubelet's start of kubelet runs the unit
+    (now met) first, and kubelet comes up after it."""
+    c = Checks()
+    base_checks(c, b, systemd)
+    cse = b.text("cse.txt")
+    c.true(f"CSE did not end 0: {cse[-300:]!r}", "rc=0" in cse.splitlines()[-1:])
+    c.true("CSE never started kubelet", "caller: kubelet started" in cse)
+    c.true(
+        "the hook's line is not OK/provisioned",
+        re.search(r"^bootfsm: OK code=0 OK state=done: node provisioned in ", cse, re.M)
+        is not None,
+    )
+    c.true(
+        "the unit was not skipped at boot for the hook's drop-in",
+        re.search(r"bootfsm\.service.*ConditionPathExists=" + re.escape(HOOK_CHOICES), b.journal())
+        is not None,
+    )
+    bf, kl = b.show("bootfsm"), b.show("kubelet")
+    c.eq("ActiveState", bf.get("ActiveState"), "active")
+    c.eq("ExecMainStatus", bf.get("ExecMainStatus"), "0")
+    kubelet_after_bootfsm(c, bf, kl)
+    hook = [json.loads(line) for line in b.text("azure-run-0.jsonl").splitlines()]
+    c.true(
+        "the first journal in /var/log/azure/bootfsm is not the hook's",
+        bool(hook) and hook[0].get("hook") is True,
+    )
+    touched = [
+        e["argv"]
+        for e in hook
+        if e.get("event") == "command"
+        and "kubelet" in " ".join(e["argv"])
+        and e["argv"][1:2] not in (["show"], ["is-active"])
+    ]
+    c.eq("kubelet commands of the hook", touched, [])
+    c.facts.append(
+        f"hook run then unit run; kubelet at {mono(kl, 'ExecMainStartTimestampMonotonic'):.1f} s"
+    )
+    return c
+
+
+def check_cpu_node(b: Boot, systemd: str) -> Checks:
+    """A CPU VM size booting the shared image: the unit ends 0, nothing installed,
+    kubelet (Requires=bootfsm.service) starts."""
+    c = Checks()
+    base_checks(c, b, systemd)
+    bf, kl = b.show("bootfsm"), b.show("kubelet")
+    c.eq("ActiveState", bf.get("ActiveState"), "active")
+    c.eq("ExecMainStatus", bf.get("ExecMainStatus"), "0")
+    want = (
+        "OK code=0 OK state=done: nothing to provision: VM size standard_d4s_v5 has no NVIDIA GPU"
+    )
+    c.true(f"StatusText {bf.get('StatusText')!r}", bf.get("StatusText", "").startswith(want))
+    kubelet_after_bootfsm(c, bf, kl)
+    c.true("the toolkit was installed", "nvidia-container-toolkit" not in b.text("dpkg-l.txt"))
+    return c
+
+
+def check_gpus_off_the_bus(b: Boot, systemd: str) -> Checks:
+    """A GPU VM size whose GPUs are missing from PCI: 22, never restarted, kubelet down."""
+    c = Checks()
+    base_checks(c, b, systemd)
+    bf, kl = b.show("bootfsm"), b.show("kubelet")
+    c.eq("ActiveState", bf.get("ActiveState"), "failed")
+    c.eq("ExecMainStatus", bf.get("ExecMainStatus"), "22")
+    c.eq("NRestarts (RestartPreventExitStatus)", bf.get("NRestarts"), "0")
+    c.eq("kubelet ActiveState", kl.get("ActiveState"), "inactive")
+    return c
+
+
+def cse_env() -> str:
+    """What cse_cmd.sh and cse_helpers.sh export for this SKU's VM size (AgentBaker)."""
+    from bootfsm.sim.world import DRIVER_VERSION
+
+    return (
+        f"GPU_NODE=true\nGPU_DRIVER_VERSION={DRIVER_VERSION}\nGPU_DRIVER_TYPE=cuda-lts\n"
+        "GPU_NEEDS_FABRIC_MANAGER=false\nMIG_NODE=false\nGPU_INSTANCE_PROFILE=\n"
+        "CONFIG_GPU_DRIVER_IF_NEEDED=true\nKUBELET_CACHE=/opt/kube/kubelet\n"
+    )
+
+
 # -- the scenarios ----------------------------------------------------------------------
 @dataclass(frozen=True)
 class Scenario:
@@ -765,6 +850,26 @@ SCENARIOS = (
             "/etc/default/bootfsm": f"BOOTFSM_DEADLINE={DEADLINE:g}\nBOOTFSM_ARGS=\n",
             f"{DROPINS}/60-booted-timeout.conf": f"[Service]\nTimeoutStartSec={TIMEOUT_START:g}\n",
         },
+    ),
+    Scenario(
+        "7-cse-hook",
+        "7 the hook in CSE's order (install-unit --after-hook, AgentBaker's kubelet unit)",
+        lambda b, img, _: check_cse_hook(b, img.systemd),
+        scenario={"fresh_cse": True},
+        files={"cse.env": cse_env()},
+        ro_binds={AFTER_HOOK_PATH: AFTER_HOOK_TEXT},
+    ),
+    Scenario(
+        "8-cpu-node",
+        "8 a CPU VM size of the shared image: nothing to provision (0), kubelet starts",
+        lambda b, img, _: check_cpu_node(b, img.systemd),
+        scenario={"pci": "no-gpus", "vm_size": "Standard_D4s_v5"},
+    ),
+    Scenario(
+        "9-gpus-off-bus",
+        "9 a GPU VM size without its GPUs on PCI: 22, no restart, kubelet down",
+        lambda b, img, _: check_gpus_off_the_bus(b, img.systemd),
+        scenario={"pci": "no-gpus"},
     ),
 )
 """The lane's scenarios, in the order they boot on every image (see docs/testing.md)."""

@@ -145,6 +145,8 @@ def setup() -> int:
     # PCI functions of the SKU: a tmpfs holding vendor/device/class, over the real list
     pci = Path("/run/booted/pci")
     for func in pci_layout(sku):
+        if scenario.get("pci") == "no-gpus" and func.pci_class == 0x030200:
+            continue  # a CPU VM size, or a GPU VM size whose GPUs left the bus
         d = pci / func.address
         d.mkdir(parents=True, exist_ok=True)
         (d / "vendor").write_text(f"0x{func.vendor:04x}\n")
@@ -164,6 +166,12 @@ def setup() -> int:
     build.mkdir(parents=True, exist_ok=True)
     (build / "Makefile").write_text(f"# Linux kernel headers for {kernel} (booted lane)\n")
     (build / ".config").write_text("CONFIG_MODULES=y\nCONFIG_MODULE_UNLOAD=y\n")
+    if scenario.get("vm_size"):  # what IMDS says (the simulator's VM_SIZE override)
+        Path("/opt/bootfsm-sim/vm-size").write_text(f"{scenario['vm_size']}\n")
+    if scenario.get("fresh_cse"):  # a fresh VHD: kubelet in the image's cache, unconfigured
+        Path("/opt/kube").mkdir(exist_ok=True)
+        shutil.move("/usr/local/bin/kubelet", "/opt/kube/kubelet")
+        Path("/etc/default/kubelet").unlink()
     node = Node(Path("/"))
     if node.built_module() is not None:  # a reboot: the kernel loads the DKMS module
         err = node.load_module()
@@ -324,6 +332,9 @@ def report() -> int:
     (OUT / "security.txt").write_text(
         _out("systemd-analyze", "security", "--no-pager", "bootfsm.service")
     )
+    # journals of runs through the provisioning hook (/var/log/azure/bootfsm), in order
+    for n, path in enumerate(sorted(Path("/var/log/azure/bootfsm").glob("run-*.jsonl"))):
+        shutil.copy(path, OUT / f"azure-run-{n}.jsonl")
     for src in ("/var/lib/bootfsm-sim/calls.jsonl", "/var/log/dpkg.log"):
         if Path(src).is_file():
             shutil.copy(src, OUT / Path(src).name)
