@@ -231,7 +231,8 @@ class NodeUnits(NodeDriver):
         unmet = self._unmet_condition(unit)
         if unmet is not None:  # the job succeeds, the unit stays as it was (systemd.unit(5))
             why = unmet if unmet.startswith("no ") else f"of an unmet condition check ({unmet})"
-            self.journal(f"systemd[1]: {unit} was skipped because {why}.")
+            title = " ".join(self._section(unit, "Unit").get("Description", [])) or unit
+            self.journal(f"systemd[1]: {unit} - {title} was skipped because {why}.")  # 252+
             return 0, ""
         self.write(f"{RUN_DIR}/invocation/{unit}", uuid.uuid4().hex + "\n")
         env_file = self._missing_environment_file(unit)

@@ -715,7 +715,12 @@ def check_cse_hook(b: Boot, systemd: str) -> Checks:
     )
     c.true(
         "the unit was not skipped at boot for the hook's drop-in",
-        re.search(r"bootfsm\.service.*ConditionPathExists=" + re.escape(HOOK_CHOICES), b.journal())
+        re.search(  # systemd 252+ names the condition; 249 only says it was skipped
+            r"bootfsm\.service.*ConditionPathExists="
+            + re.escape(HOOK_CHOICES)
+            + r"|Condition check resulted in bootfsm: provision the GPU node.* being skipped",
+            b.journal(),
+        )
         is not None,
     )
     bf, kl = b.show("bootfsm"), b.show("kubelet")
@@ -770,15 +775,49 @@ def check_gpus_off_the_bus(b: Boot, systemd: str) -> Checks:
     return c
 
 
-def cse_env() -> str:
-    """What cse_cmd.sh and cse_helpers.sh export for this SKU's VM size (AgentBaker)."""
+def cse_env(mig: str = "") -> str:
+    """What cse_cmd.sh and cse_helpers.sh export for this SKU's VM size (AgentBaker):
+    MIG_NODE is true exactly when the pool has a GPU instance profile."""
     from bootfsm.sim.world import DRIVER_VERSION
 
     return (
         f"GPU_NODE=true\nGPU_DRIVER_VERSION={DRIVER_VERSION}\nGPU_DRIVER_TYPE=cuda-lts\n"
-        "GPU_NEEDS_FABRIC_MANAGER=false\nMIG_NODE=false\nGPU_INSTANCE_PROFILE=\n"
-        "CONFIG_GPU_DRIVER_IF_NEEDED=true\nKUBELET_CACHE=/opt/kube/kubelet\n"
+        f"GPU_NEEDS_FABRIC_MANAGER=false\nMIG_NODE={'true' if mig else 'false'}\n"
+        f"GPU_INSTANCE_PROFILE={mig}\nCONFIG_GPU_DRIVER_IF_NEEDED=true\n"
+        "KUBELET_CACHE=/opt/kube/kubelet\n"
     )
+
+
+def check_mig_pending(b: Boot, systemd: str) -> Checks:
+    """The hook on the provisioned node of a MIG pool whose GPU stays MIG-pending (a
+    client holds it): CSE succeeds and asks for its reboot; the unit's run kept going."""
+    c = Checks()
+    base_checks(c, b, systemd)
+    cse = b.text("cse.txt")
+    c.true(f"CSE did not end 0: {cse[-300:]!r}", "rc=0" in cse.splitlines()[-1:])
+    c.true(
+        "the caller was not asked to reboot", "reboot required, rebooting node in 1 minute" in cse
+    )
+    c.true(
+        "the hook's line does not say the reboot is required",
+        re.search(r"^bootfsm: OK code=0 .*; reboot required: MIG mode pending on 1 GPU", cse, re.M)
+        is not None,
+    )
+    c.eq("kubelet ActiveState", b.show("kubelet").get("ActiveState"), "active")
+    return c
+
+
+def check_mig_after_reboot(b: Boot, systemd: str) -> Checks:
+    """The reboot CSE asked for: bootfsm.service, with the MIG layout the hook kept in
+    its drop-in, finds the mode current and creates the instances; kubelet follows."""
+    c = Checks()
+    base_checks(c, b, systemd)
+    bf, kl = b.show("bootfsm"), b.show("kubelet")
+    c.eq("ExecMainStatus", bf.get("ExecMainStatus"), "0")
+    kubelet_after_bootfsm(c, bf, kl)
+    states = {s["state"]: s["outcome"] for s in json.loads(b.text("trace.json"))["states"]}
+    c.eq("the mig state", states.get("mig"), "done")
+    return c
 
 
 # -- the scenarios ----------------------------------------------------------------------
@@ -858,6 +897,20 @@ SCENARIOS = (
         scenario={"fresh_cse": True},
         files={"cse.env": cse_env()},
         ro_binds={AFTER_HOOK_PATH: AFTER_HOOK_TEXT},
+    ),
+    Scenario(
+        "10-mig-hook",
+        "10 a MIG pool's hook while the GPU stays MIG-pending: CSE 0 and its reboot asked",
+        lambda b, img, _: check_mig_pending(b, img.systemd),
+        scenario={"node_faults": ["mig-gpu-in-use"]},
+        files={"cse.env": cse_env(mig="MIG1g")},
+        node="kept",
+    ),
+    Scenario(
+        "11-mig-reboot",
+        "11 the reboot CSE asked for: bootfsm.service creates the MIG instances, kubelet after",
+        lambda b, img, _: check_mig_after_reboot(b, img.systemd),
+        node="kept",
     ),
     Scenario(
         "8-cpu-node",

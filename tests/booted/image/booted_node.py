@@ -220,7 +220,7 @@ class _Healthz(BaseHTTPRequestHandler):
 
 
 def kubelet(argv: list[str]) -> int:
-    known = ("--enable-server", "--node-labels", "--v")
+    known = ("--enable-server", "--node-labels", "--v", "--max-pods")  # kubelet's own flags
     for arg in argv:
         if arg.startswith("--") and arg.split("=", 1)[0] not in known:
             print(f"Error: unknown flag: {arg.split('=', 1)[0]}", file=sys.stderr)
