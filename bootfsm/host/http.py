@@ -19,7 +19,7 @@ import http.client
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -91,7 +91,13 @@ def _retry_after(headers: Mapping[str, str]) -> float | None:
 
 
 class Http(Segmented):
-    """HTTP with bounded timeouts; proxies from ``env`` except for link-local/loopback."""
+    """HTTP with bounded timeouts; proxies from ``env`` except for link-local/loopback.
+
+    ``budget`` (seconds, asked at each request) caps every request's total time on top
+    of its own limit: the run gives what remains of the state's limit, the global
+    deadline and the wait the request is part of (``Context.request_budget``), so no
+    request outlives a bound of its caller, whatever limit the caller passed.
+    """
 
     def __init__(
         self,
@@ -100,10 +106,12 @@ class Http(Segmented):
         read_timeout: float = 30.0,
         env: Mapping[str, str] | None = None,
         ca_file: str = "",
+        budget: Callable[[], float] | None = None,
     ) -> None:
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.ca_file = ca_file
+        self.budget = budget
         self._env = dict(os.environ if env is None else env)
         self._proxies = env_proxies(self._env)
         # REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE (what requests and curl honour) win, then
@@ -123,6 +131,7 @@ class Http(Segmented):
             read_timeout=self.read_timeout,
             env=self._env,
             ca_file=self.ca_file,
+            budget=self.budget,
         )
 
     def close(self) -> None:
@@ -152,6 +161,18 @@ class Http(Segmented):
         if bypass(parts.hostname or "", parts.port, self._proxies.get("no", "")):
             return None
         return self._proxies.get(parts.scheme) or self._proxies.get("all")
+
+    def _within(self, url: str, seconds: float | None) -> float | None:
+        """``seconds`` (None: no limit of its own) capped by the budget; a request whose
+        budget is spent before it starts is DOWNLOAD_TIMEOUT."""
+        if self.budget is None:
+            return seconds
+        left = self.budget()
+        if left <= 0:
+            raise TransientError(
+                Code.DOWNLOAD_TIMEOUT, f"no time left to request {redact_url(url)}"
+            )
+        return left if seconds is None else min(seconds, left)
 
     def _kwargs(self, url: str, timeout: float | None) -> dict[str, Any]:
         read = self.read_timeout if timeout is None else min(self.read_timeout, timeout)
@@ -217,7 +238,10 @@ class Http(Segmented):
         A plain-HTTP link-local or loopback URL (IMDS, kubelet) is read without requests
         (``bootfsm.host.http_local``).
         """
-        total = timeout if timeout is not None else self.connect_timeout + self.read_timeout
+        own = self.connect_timeout + self.read_timeout if timeout is None else timeout
+        total = self._within(url, own)
+        assert total is not None
+        timeout = None if timeout is None else total
         if allow_http_hosts is None and url.startswith("http://") and never_proxied(url):
             return self._get_local(url, headers or {}, timeout, total, max_bytes, check)
         import requests  # noqa: TID251
@@ -288,7 +312,10 @@ class Http(Segmented):
         """
         import requests  # noqa: TID251
 
-        total = timeout if timeout is not None else self.connect_timeout + self.read_timeout
+        own = self.connect_timeout + self.read_timeout if timeout is None else timeout
+        total = self._within(url, own)
+        assert total is not None
+        timeout = None if timeout is None else total
         with Watch(total) as watch:
             try:
                 with self._sess().post(
@@ -352,6 +379,7 @@ class Http(Segmented):
             )
         if timeout is not None:
             left = timeout if left is None else min(left, timeout)
+        left = self._within(url, left)
         session = self._sess()
         session.allow_http_hosts = allow_http_hosts  # type: ignore[attr-defined]
         with Watch(left) as watch:
