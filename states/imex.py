@@ -34,8 +34,11 @@ def run(ctx: Context) -> None:
     v = dpkg.installed_version(ctx, _package(ctx)) or ""
     want = ctx.config.driver.version
     if not (v == want or v.startswith(want + "-")):
-        [(_, deb)] = verified(ctx, "imex")
         dpkg.install_debs(
-            ctx, [deb], force=["depends"], code=Code.IMEX_INSTALL_FAILED, names=[_package(ctx)]
+            ctx,
+            verified(ctx, "imex"),
+            force=["depends"],
+            code=Code.IMEX_INSTALL_FAILED,
+            names=[_package(ctx)],
         )
     IMEX.mask(ctx)

@@ -28,7 +28,7 @@ from bootfsm.fetch.artifacts import sha256_of
 from bootfsm.host.archive import check_member
 from bootfsm.host.host import Host
 from bootfsm.sim import artifacts as art
-from bootfsm.sim.world import DRIVER_VERSION, World
+from bootfsm.sim.world import DRIVER_VERSION, TOOLKIT_VERSION, World
 from tests.conftest import MakeWorld
 
 REPO = Path(__file__).resolve().parents[1]
@@ -487,6 +487,46 @@ def _ok() -> Any:
     from werkzeug import Response
 
     return Response("{}", status=200, content_type="application/json")
+
+
+# -- what dpkg installs is what was hashed ------------------------------------------------
+def test_a_deb_swapped_in_the_cache_after_its_hash_is_refused(
+    make_world: MakeWorld, tmp_path: Path
+) -> None:
+    """Fetch hashed the toolkit debs; then, as the driver state asks `dpkg --audit` just
+    before installing them, another root process swaps a cached .deb for a payload
+    package of the same name. What dpkg gets is a private copy hashed as it is copied:
+    the swap is refused (CHECKSUM_MISMATCH) and the payload never reaches dpkg."""
+    w = make_world("h100-pcie")
+    payload = art.build_deb(
+        tmp_path / "payload",
+        package="nvidia-container-toolkit",
+        version=TOOLKIT_VERSION,
+        arch="amd64",
+        files={"/usr/bin/payload-ran": b"#!/bin/sh\necho owned\n"},
+    )
+    real = w.bin_dir / "dpkg"
+    cache = w.root / "var/cache/bootfsm"
+    attacker = tmp_path / "attacker"
+    attacker.mkdir()
+    (attacker / "dpkg").write_text(
+        f"#!{sys.executable}\n"
+        "import glob, os, shutil, sys\n"
+        "if '--audit' in sys.argv:\n"
+        f"    for cached in glob.glob({str(cache)!r} + '/*/nvidia-container-toolkit_*.deb'):\n"
+        f"        shutil.copyfile({str(payload)!r}, cached + '.swap')\n"
+        "        os.replace(cached + '.swap', cached)\n"
+        f"os.execv({str(real)!r}, [{str(real)!r}, *sys.argv[1:]])\n"
+    )
+    (attacker / "dpkg").chmod(0o755)
+    env = w.env()
+    env["PATH"] = f"{attacker}{os.pathsep}{env['PATH']}"
+    run = cli(w, env=env)
+    assert run.returncode == Code.CHECKSUM_MISMATCH, run.stdout + run.stderr
+    assert "changed while it was copied" in run.stdout + run.stderr
+    assert any(c["argv"] == ["--audit"] for c in w.calls() if c["cmd"] == "dpkg")
+    assert not (w.root / "usr/bin/payload-ran").exists()
+    assert [c for c in w.calls() if c["cmd"] == "dpkg" and "-i" in c["argv"]] == []
 
 
 # -- bad input is a clear error ----------------------------------------------------------

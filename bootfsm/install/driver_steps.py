@@ -111,7 +111,7 @@ def install_toolkit(ctx: Context) -> bool:
     debs = sorted(verified(ctx, "toolkit"), key=lambda ap: order.get(ap[0].name, 99))
     dpkg.install_debs(
         ctx,
-        [p for _, p in debs],
+        debs,
         force=["overwrite"],
         code=Code.TOOLKIT_INSTALL_FAILED,
         names=[a.name for a, _ in debs],
