@@ -19,7 +19,7 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
 
 
-_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://(?:[^\s'\"<>]|<redacted>)+")  # idempotent
 _SECRET_PARAM = re.compile(
     r"(?i)\b(sig|signature|sv|se|sp|token|access_token|password|passwd|secret|key|"
     r"x-amz-signature|x-amz-credential|x-goog-signature)=[^&\s'\"]+"
