@@ -360,7 +360,30 @@ class Http(Segmented):
         from ``expect_size`` is refused before any byte is written (CHECKSUM_MISMATCH),
         as is one larger than the free space (INSUFFICIENT_SPACE). ``fsync`` makes the
         bytes durable before returning (the caller re-verifies on every use either way).
+
+        A resume answered with a ``206`` that does not continue the bytes on disk (its
+        Content-Range starts elsewhere, or its total is not the known size, or another
+        entity) is never appended: the part is discarded and the file fetched whole,
+        once, in the same call.
         """
+        args = (timeout, deadline, progress, cancel, expect_size, allow_http_hosts, fsync)
+        try:
+            return self._stream_once(url, part, *args)
+        except pf.BadResume:
+            return self._stream_once(url, part, *args)  # the part is gone: the whole file
+
+    def _stream_once(
+        self,
+        url: str,
+        part: Path,
+        timeout: float | None,
+        deadline: float | None,
+        progress: Progress | None,
+        cancel: threading.Event | None,
+        expect_size: int | None,
+        allow_http_hosts: Sequence[str] | None,
+        fsync: bool,
+    ) -> StreamResult:
         import requests  # noqa: TID251
 
         meta_path = pf.meta_path(part)
@@ -391,6 +414,13 @@ class Http(Segmented):
                         return pf.whole_or_discard(part, have, meta, r.headers, url)
                     self._check_status(r.status_code, r.headers, url)
                     resumed, total = pf.accept(r.status_code, r.headers, part, have, meta, url)
+                    if resumed and expect_size is not None and total != expect_size:
+                        pf.discard(part)
+                        raise pf.BadResume(
+                            Code.DOWNLOAD_RETRIES_EXHAUSTED,
+                            f"cannot resume {redact_url(url)}: its 206 says {total} B, the "
+                            f"index {expect_size} B; partial file discarded",
+                        )
                     if expect_size is not None and total is not None and total != expect_size:
                         raise BootError(
                             Code.CHECKSUM_MISMATCH,
