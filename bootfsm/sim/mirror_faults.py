@@ -65,7 +65,10 @@ class DropMidBody:
 
 @dataclass(frozen=True)
 class Corrupt:
-    """Serve the content with the byte at offset size//2 flipped (same length, same ETag)."""
+    """Serve the content with the byte at offset size//2 flipped (same length, same ETag),
+    ``times`` times (None = always: the mirror's file itself is bad)."""
+
+    times: int | None = None
 
 
 @dataclass(frozen=True)
