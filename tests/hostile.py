@@ -3,10 +3,11 @@
 Each connection is answered on its own thread: the request head is read, then the
 status line and headers (``phase="headers"``: an endless header, one byte every
 ``every`` seconds) or the whole head and then the body one byte every ``every`` seconds
-(``phase="body"``). The peer ignores the client's FIN: it keeps writing until a write
-fails (the kernel's reset after the client closed), as a hostile server does. It notes
-when it first saw the client hang up (a FIN or a reset, seen by peeking at the socket
-without reading) and when its writes failed, so a test measures how long the client
+(``phase="body"``), or, as the server side of a TLS handshake, a record of 16 KiB one
+byte at a time (``phase="handshake"``). The peer ignores the client's FIN: it keeps
+writing until a write fails (the kernel's reset after the client closed), as a hostile
+server does. It notes when it first saw the client hang up (a FIN or a reset, seen by
+poll's POLLRDHUP without reading) and when its writes failed, so a test measures how long the client
 kept the request alive from the peer's side. ``every = 0`` makes it an honest server
 (the rest of the body at once, ``Connection: close``).
 
@@ -64,7 +65,7 @@ class Trickler:
         tls: ssl.SSLContext | None = None,
         cap_s: float = 120.0,
     ) -> None:
-        assert phase in ("body", "headers")
+        assert phase in ("body", "headers", "handshake")
         self.content = content
         self.phase = phase
         self.every = every
@@ -118,6 +119,9 @@ class Trickler:
         conn: socket.socket = raw
         try:
             raw.settimeout(10)
+            if self.phase == "handshake":  # a TLS record header, then its body forever
+                self._trickle(raw, raw, peer, b"\x16\x03\x03\x40\x00" + b"\x02" * 16384)
+                return
             if self.tls is not None:
                 conn = raw = self.tls.wrap_socket(raw, server_side=True)  # raw is detached
             head = b""

@@ -331,3 +331,25 @@ def test_a_state_limit_and_the_deadline_bound_a_request_with_a_longer_limit(
         assert took <= 3 + 1, took
     else:
         assert r.outcome.code is Code.OK, r.outcome
+
+
+@pytest.mark.parametrize("kind", ["index", "download"])
+def test_a_trickled_tls_handshake_ends_within_a_second_of_the_limit(
+    peer: MakePeer, ca_file: str, tmp_path: Path, kind: str
+) -> None:
+    """The peer answers the ClientHello with a 16 KiB TLS record, one byte a second:
+    the handshake never completes and no read waits as long as the read timeout. The
+    request's limit holds during the handshake too (one call under the connect timeout,
+    capped at the request's limit)."""
+    t = peer(tls=True, phase="handshake")
+    http = _client(True, ca_file, read_timeout=30)
+    t0 = time.monotonic()
+    with pytest.raises(TransientError) as err:
+        if kind == "index":
+            http.get(t.url(), timeout=2, allow_http_hosts=["127.0.0.1"])
+        else:
+            http.stream_to(t.url(), tmp_path / "a.part", deadline=t0 + 2)
+    took = time.monotonic() - t0
+    assert err.value.code is Code.DOWNLOAD_TIMEOUT, err.value.message
+    assert 2 <= took <= 3, took
+    _gone(t, 2)

@@ -76,9 +76,9 @@ class Watch:
     watch keeps each connection's socket, not only the connection: ``http.client``
     drops ``conn.sock`` as soon as a response says ``Connection: close`` (the response
     then reads from the socket alone), and a socket reached only through the connection
-    would be out of the watch's reach for the whole body. The kernel socket of a TLS
-    connection registers as soon as it exists, before the handshake, so a handshake the
-    peer trickles is bounded too.
+    would be out of the watch's reach for the whole body. A TLS handshake is one call
+    under the connect timeout (CPython's ``do_handshake`` holds the socket's timeout as
+    one deadline for all of it), which ``Http`` caps at the request's limit.
     """
 
     def __init__(self, seconds: float | None) -> None:
@@ -173,26 +173,16 @@ def session_class() -> Any:
     from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
     class WatchedHTTP(HTTPConnection):
-        def _new_conn(self) -> socket.socket:
-            sock: socket.socket = super()._new_conn()
-            _register(sock)  # before a TLS handshake reads anything from it
-            return sock
-
         def connect(self) -> None:
             _register(self)
             super().connect()
-            _register(self)  # the (TLS) socket the response is read from
+            _register(self)  # the socket the response is read from (TLS: once wrapped)
 
         def request(self, *args: Any, **kwargs: Any) -> None:
             _register(self)
             super().request(*args, **kwargs)
 
     class WatchedHTTPS(HTTPSConnection):
-        def _new_conn(self) -> socket.socket:
-            sock: socket.socket = super()._new_conn()
-            _register(sock)
-            return sock
-
         def connect(self) -> None:
             _register(self)
             super().connect()
