@@ -14,7 +14,6 @@ the ``.part`` bookkeeping.
 
 from __future__ import annotations
 
-import email.utils
 import http.client
 import os
 import threading
@@ -29,6 +28,7 @@ from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError, TransientError
 from bootfsm.core.redact import redact_url
 from bootfsm.host import partfile as pf
+from bootfsm.host.http_errors import check_status, classify
 from bootfsm.host.http_local import get_direct
 from bootfsm.host.http_wire import (
     SYSTEM_CA_BUNDLES,
@@ -40,7 +40,6 @@ from bootfsm.host.http_wire import (
     check_url,
     receive,
     session_class,
-    short,
     too_slow,
 )
 from bootfsm.host.partfile import CHUNK, StreamResult, partial_source, url_id
@@ -62,8 +61,6 @@ __all__ = [
     "url_id",
 ]
 
-_TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-
 
 @dataclass(frozen=True)
 class HttpResult:
@@ -72,22 +69,6 @@ class HttpResult:
     status: int
     headers: Mapping[str, str]
     body: bytes
-
-
-def _retry_after(headers: Mapping[str, str]) -> float | None:
-    """Retry-After in seconds: delta-seconds or an HTTP-date; None when absent or bad."""
-    value = headers.get("Retry-After")
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
 
 
 class Http(Segmented):
@@ -188,39 +169,10 @@ class Http(Segmented):
     def _classify(
         self, exc: BaseException, url: str, watch: Watch | None = None
     ) -> TransientError | BootError:
-        if watch is not None and watch.fired:
-            return too_slow(url, watch)
-        text = str(exc)
-        if "TLS CA certificate bundle" in text:  # requests: the CA file does not exist
-            return BootError(
-                Code.TLS_VERIFY_FAILED,
-                f"cannot verify {redact_url(url)}: CA file {self._verify} does not exist",
-            )
-        if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
-            why = short(exc)
-            clock = " (the clock may not be synced yet)" if "not yet valid" in text else ""
-            return BootError(
-                Code.TLS_VERIFY_FAILED,
-                f"TLS certificate of {redact_url(url)} did not verify{clock}: {why}; "
-                f"trust store: {self._verify if isinstance(self._verify, str) else 'certifi'}",
-            )
-        return TransientError(
-            Code.DOWNLOAD_RETRIES_EXHAUSTED,
-            f"{type(exc).__name__} fetching {redact_url(url)}: {short(exc)}",
-        )
+        return classify(exc, url, self._verify, watch)
 
     def _check_status(self, status: int, headers: Mapping[str, str], url: str) -> None:
-        if status < 400:
-            return
-        if status in _TRANSIENT_STATUS:
-            raise TransientError(
-                Code.DOWNLOAD_RETRIES_EXHAUSTED,
-                f"HTTP {status} from {redact_url(url)}",
-                retry_after=_retry_after(headers),
-            )
-        raise BootError(
-            Code.ARTIFACT_NOT_FOUND, f"HTTP {status} from {redact_url(url)}", status=status
-        )
+        check_status(status, headers, url)
 
     def get(
         self,

@@ -88,6 +88,7 @@ class Watch:
         self._socks: list[socket.socket] = []
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
+        self._end: float | None = None
 
     def add(self, conn: Any) -> None:
         """Watch ``conn`` (a connection whose ``sock`` may come and go, or a socket)."""
@@ -105,6 +106,11 @@ class Watch:
             self.fired = True
             self._shut_all()
 
+    def spent(self) -> bool:
+        """The request's time is up: the watch fired, or is due (a read timeout capped
+        at the same limit can end the read a hair before the timer does)."""
+        return self.fired or (self._end is not None and time.monotonic() >= self._end - 0.01)
+
     def _shut_all(self) -> None:
         socks = list(self._socks)
         for conn in self._conns:
@@ -117,6 +123,7 @@ class Watch:
     def __enter__(self) -> Watch:
         _local.watch = self
         if self.seconds is not None:
+            self._end = time.monotonic() + max(self.seconds, 0.0)
             self._timer = threading.Timer(max(self.seconds, 0.0), self._fire)
             self._timer.daemon = True
             self._timer.start()

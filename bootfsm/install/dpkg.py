@@ -205,7 +205,7 @@ def install_debs(
         raise
     finally:
         for copy in copies:
-            copy.unlink(missing_ok=True)
+            ctx.host.remove(f"{extract}/{copy.name}")
     ours = {e["name"] for e in records.load(ctx.host, ctx.config) if e["kind"] == "package"}
     after = installed_versions(ctx, names) if names else {}
     records.add_many(  # new here, or bootfsm's own upgraded: the record follows the version
