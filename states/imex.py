@@ -39,8 +39,11 @@ def run(ctx: Context) -> None:
     want = ctx.config.driver.version
     if not (v == want or v.startswith(want + "-")):
         ensure_nvidia_modprobe(ctx, Code.IMEX_INSTALL_FAILED)
-        [(_, deb)] = verified(ctx, "imex")
         dpkg.install_debs(
-            ctx, [deb], force=[], code=Code.IMEX_INSTALL_FAILED, names=[_package(ctx)]
+            ctx,
+            dpkg.debs_of(ctx, verified(ctx, "imex")),
+            force=[],
+            code=Code.IMEX_INSTALL_FAILED,
+            names=[_package(ctx)],
         )
     IMEX.mask(ctx)

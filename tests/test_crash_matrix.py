@@ -393,7 +393,8 @@ def check_after_kill(w: World, point: Point, probe: Probe) -> None:
 
 def check_nothing_used_unverified(w: World) -> None:
     """Every artifact any run executed or installed came from the cache and verifies now
-    (the runfile runs from its private copy in <state_dir>/extract: that copy too)."""
+    (the runfile runs from its private copy in <state_dir>/extract: that copy too; dpkg
+    installs private copies of the debs there, hashed as copied, removed after dpkg)."""
     shas = check_cache_verified(w.root)
     cache = str(w.root / CACHE_DIR) + "/"
     copies = str(w.root / "var/lib/bootfsm/extract") + "/"
@@ -404,9 +405,12 @@ def check_nothing_used_unverified(w: World) -> None:
             if ev["event"] != "command":
                 continue
             for arg in ev["argv"]:
+                path = Path(arg)
                 if arg.startswith(cache) or (arg.startswith(copies) and arg.endswith(".run")):
-                    path = Path(arg)
                     assert sha256_of(path) == shas[path.name], f"{arg} does not verify"
+                    used += 1
+                elif arg.startswith(copies) and arg.endswith(".deb"):
+                    assert path.name in shas, f"{arg}: not a cached deb"
                     used += 1
     assert used >= 5  # the runfile and the toolkit debs at least
 

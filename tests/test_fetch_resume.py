@@ -15,6 +15,7 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -24,7 +25,8 @@ from werkzeug import Request, Response
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError, TransientError
 from bootfsm.host.http import Http, partial_source, url_id
-from bootfsm.sim.mirror import DropMidBody, Mirror, Stall, Status, Throttle
+from bootfsm.host.segment_meta import bytes_on_disk
+from bootfsm.sim.mirror import BadRange, DropMidBody, Mirror, Stall, Status, Throttle
 
 SIZE = 4 << 20
 BODY = os.urandom(SIZE)
@@ -112,19 +114,25 @@ def test_changed_artifact_restarts_instead_of_splicing(mirror: Mirror, tmp_path:
 
 
 def test_206_for_another_entity_is_never_spliced(httpserver: HTTPServer, tmp_path: Path) -> None:
+    """A server that ignores If-Range answers the resume with the range of a NEW entity:
+    the part is discarded and the new entity fetched whole (never v1's prefix + v2)."""
+    v2 = bytes(reversed(BODY))
+
     def handler(request: Request) -> Response:
-        # a server that ignores If-Range: answers the range of a NEW entity
+        if "Range" not in request.headers:
+            return Response(v2, 200, headers={"ETag": '"v2"'})
         start = int(request.headers["Range"].split("=")[1].rstrip("-"))
         rng = f"bytes {start}-{SIZE - 1}/{SIZE}"
-        return Response(BODY[start:], 206, headers={"ETag": '"v2"', "Content-Range": rng})
+        return Response(v2[start:], 206, headers={"ETag": '"v2"', "Content-Range": rng})
 
     httpserver.expect_request("/f").respond_with_handler(handler)
     part = _part(tmp_path)
     part.write_bytes(BODY[:1000])
     part.with_name(part.name + ".meta").write_text(json.dumps({"etag": '"v1"'}))
-    with pytest.raises(TransientError, match="validator changed"):
-        Http().stream_to(httpserver.url_for("/f"), part)
-    assert not part.exists()
+    res = Http().stream_to(httpserver.url_for("/f"), part)
+    assert res.resumed_bytes == 0 and part.read_bytes() == v2
+    assert res.sha256 == hashlib.sha256(v2).hexdigest()
+    assert [r.headers.get("Range") for r, _ in httpserver.log] == ["bytes=1000-", None]
 
 
 def test_stalled_server_hits_the_read_timeout(mirror: Mirror, tmp_path: Path) -> None:
@@ -262,3 +270,35 @@ def test_a_redirect_to_a_plain_http_host_is_refused(mirror: Mirror, tmp_path: Pa
             Http().stream_to(server.url_for("/f.bin"), part, allow_http_hosts=["127.0.0.1"])
     assert info.value.code is Code.INSECURE_URL_REFUSED and "SECRET" not in info.value.message
     assert not part.exists()
+
+
+@pytest.mark.parametrize(
+    "bad", [BadRange(shift=1000), BadRange(extra=1000)], ids=["first-byte", "total"]
+)
+@pytest.mark.parametrize("how", ["one-connection", "segmented"])
+def test_a_resume_answered_with_other_bytes_is_discarded_and_fetched_whole(
+    mirror: Mirror, tmp_path: Path, bad: BadRange, how: str
+) -> None:
+    """The first transfer drops halfway; the resume gets a well-formed 206 whose range
+    starts 1000 bytes early, or whose total is 1000 bytes too many. Appended, either
+    would corrupt the file (or, sized by its index, fail the boot with 31): the part is
+    discarded and the file fetched whole from byte 0 in the same call, and verifies."""
+    mirror.add_fault("f.bin", DropMidBody(times=1, fraction=0.5))
+    mirror.add_fault("f.bin", bad)
+    part, http, url = tmp_path / "f.part", Http(env={}), mirror.url + "/f.bin"
+
+    def fetch() -> Any:
+        if how == "segmented":
+            return http.stream_segmented(url, part, size=SIZE, segments=1)  # a runfile's way
+        return http.stream_to(url, part, expect_size=SIZE)
+
+    with pytest.raises(TransientError):
+        fetch()
+    have = bytes_on_disk(part)  # what the next call resumes from
+    assert have > 0
+    res = fetch()
+    assert res.sha256 == SHA and res.resumed_bytes == 0 and part.read_bytes() == BODY
+    _, resume, *whole = mirror.log  # the file again from byte 0 (in pieces, when segmented)
+    assert resume.status == 206 and (resume.range_header or "").startswith(f"bytes={have}-")
+    assert (whole[0].range_header or "bytes=0-").startswith("bytes=0-")
+    assert sum(e.bytes_sent for e in whole) == SIZE

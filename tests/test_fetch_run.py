@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 from bootfsm.core.codes import Code
 from bootfsm.core.config_files import load_config
 from bootfsm.run.runner import RunOptions, execute
-from bootfsm.sim.mirror import Mirror, Status, Throttle
+from bootfsm.sim.mirror import Corrupt, Mirror, Status, Throttle
 from tests.conftest import MakeWorld, run_in_process
 from tests.test_fetch_cache import CACHE, _events, _point_sources_at, bulk_up_deb
 from tests.test_fetch_resume import _Proxy, _ProxyHandler
@@ -160,3 +160,61 @@ def test_index_durations_are_their_transfers_alone(make_world: MakeWorld) -> Non
         assert release["t"] <= cmd["t"] - cmd["duration_s"] + eps
         checked += 1
     assert checked >= 1
+
+
+# -- a checksum mismatch: once more from scratch, then permanent ---------------------------
+def _runfile_gets(m: Mirror) -> int:
+    return len([e for e in m.log if e.path.endswith(".run")])
+
+
+def test_one_corrupted_transfer_is_fetched_once_more_and_the_boot_goes_on(
+    make_world: MakeWorld,
+) -> None:
+    """A single mirror whose runfile transfer arrives corrupted once (a flipped byte on
+    the way): fetched once more from scratch, it verifies and the node provisions."""
+    w = make_world("h100-pcie")
+    w.mirror.add_fault(".run", Corrupt(times=1))
+    r = run_in_process(w)
+    assert r.outcome.ok, r.outcome.message
+    assert _runfile_gets(w.mirror) == 2
+    [warn] = [e for e in _events(r, "warning") if "once more from scratch" in e["message"]]
+    assert "sha256" in warn["message"] and "runfile" in warn["message"]
+    assert not [e for e in _events(r, "state.retry") if e["state"] == "fetch"]
+
+
+def test_the_same_wrong_bytes_twice_are_permanent(make_world: MakeWorld) -> None:
+    """The mirror's file itself is bad (every transfer the same wrong bytes): one fetch
+    more, then CHECKSUM_MISMATCH, permanent, naming why; no third download."""
+    w = make_world("h100-pcie")
+    w.mirror.add_fault(".run", Corrupt())
+    r = run_in_process(w)
+    assert (r.outcome.state, r.outcome.code) == ("fetch", Code.CHECKSUM_MISMATCH)
+    assert "same wrong bytes twice" in r.outcome.message
+    assert _runfile_gets(w.mirror) == 2
+
+
+def test_a_corrupt_mirror_is_followed_by_the_next_one(make_world: MakeWorld) -> None:
+    """Two mirrors: the first serves wrong bytes, the once-more fetch is the next
+    mirror's, which verifies. When both serve the same wrong bytes, each is tried once
+    and the boot fails 31."""
+    w = make_world("h100-pcie")
+    with Mirror(w.docroot) as bad:
+        bad.add_fault(".run", Corrupt())
+        u = w.mirror.url
+        w.config_overrides = {
+            "sources": {"runfile_base": f"{bad.url}/tesla", "runfile_mirrors": [f"{u}/tesla"]}
+        }
+        w.write_config()
+        r = run_in_process(w)
+        assert r.outcome.ok, r.outcome.message
+        assert (_runfile_gets(bad), _runfile_gets(w.mirror)) == (1, 1)
+        fetched = {e["artifact"]: e for e in _events(r, "artifact.fetched")}
+        assert fetched["runfile"]["mirror_index"] == 1
+        w.mirror.add_fault(".run", Corrupt())
+        for p in w.root.rglob("*.run"):
+            p.unlink()  # a fresh node's cache
+        for p in w.root.rglob("*.run.sha256"):
+            p.unlink()
+        r = run_in_process(w)
+        assert (r.outcome.state, r.outcome.code) == ("fetch", Code.CHECKSUM_MISMATCH)
+        assert (_runfile_gets(bad), _runfile_gets(w.mirror)) == (2, 2)

@@ -40,7 +40,7 @@ from bootfsm.parsers.driver_info import (
     parse_module_version,
     parse_proc_driver_version,
 )
-from bootfsm.parsers.nvidia_smi import classify_smi_failure, parse_smi_query
+from bootfsm.parsers.nvidia_smi import SmiFailure, classify_smi_failure, parse_smi_query
 from bootfsm.parsers.osrelease import parse_os_release
 from bootfsm.parsers.pci import parse_sysfs_hex, vpd_has_sw_mng
 from bootfsm.parsers.redistrib import parse_redistrib
@@ -180,13 +180,29 @@ def test_fuzz_nvidia_smi_query(name: str, data: st.DataObject) -> None:
     report = parses_or_parse_error(parse_smi_query, text)
     if report is not None:
         assert report.attached_gpus >= 0 and all(isinstance(g.bus_id, str) for g in report.gpus)
-    classify_smi_failure(text)  # never raises
+    # a healthy report, however mangled, is never read as a driver failure
+    assert classify_smi_failure(text) is None
+
+
+MISMATCH_LINE = "Failed to initialize NVML: Driver/library version mismatch"
+INFOROM_LINE = "infoROM is corrupted"
 
 
 @given(st.deferred(lambda: mutated(sample(NVML))))
 def test_fuzz_nvml_failure_classifier(text: str) -> None:
-    """The failure classifier reads anything (it sees whatever nvidia-smi printed)."""
-    classify_smi_failure(text)
+    """Real NVML failure outputs (the excerpts file: mismatch lines under shell prompts
+    and kernel log lines, infoROM warnings after a table), lines mangled: nvidia-smi's
+    mismatch line, wherever it survives, makes a mismatch, even beside an infoROM
+    warning (the driver is unusable, the infoROM only warned); an infoROM warning
+    alone makes INFOROM_CORRUPTED; with neither line intact there is no verdict (the
+    file holds no other failure nvidia-smi prints)."""
+    if MISMATCH_LINE in text:
+        want: SmiFailure | None = SmiFailure.DRIVER_LIBRARY_MISMATCH
+    elif INFOROM_LINE in text:
+        want = SmiFailure.INFOROM_CORRUPTED
+    else:
+        want = None
+    assert classify_smi_failure(text) is want
 
 
 @given(st.deferred(lambda: mutated(sample(PACKAGES))))
@@ -247,11 +263,18 @@ def _vpd() -> bytes:
     st.integers(0, 1 << 16),
 )
 def test_fuzz_vpd_bytes(flips: list[tuple[int, int]], cut: int) -> None:
-    """Binary PCI VPD with bytes changed and cut anywhere: a bool, never an exception."""
-    data = bytearray(_vpd())
+    """Binary PCI VPD (a ConnectX-7's, SW_MNG keyword set) with bytes changed and cut
+    anywhere: NVLink5 management is seen exactly while the keyword's six bytes are
+    read whole and unchanged; a VPD read short of it, or with a byte of it flipped,
+    never claims it."""
+    genuine = _vpd()
+    at_kw = genuine.index(b"SW_MNG")
+    data = bytearray(genuine)
     for at, value in flips:
         data[at % len(data)] = value
-    assert vpd_has_sw_mng(bytes(data[: cut % (len(data) + 1)])) in (True, False)
+    read = bytes(data[: cut % (len(data) + 1)])
+    intact = read[at_kw : at_kw + 6] == b"SW_MNG"
+    assert vpd_has_sw_mng(read) is intact or b"SW_MNG" in read.replace(b"SW_MNG", b"", 1)
 
 
 @given(st.sampled_from([UBUNTU_2204, AZURE_LINUX_3, ROCKY_9]).flatmap(mutated))

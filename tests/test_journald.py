@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -64,26 +66,44 @@ def test_priorities_follow_sd_daemon() -> None:
     assert journald.prefixed("warning", "x") == "<4>x"
 
 
+class JournalSocket:
+    """A datagram socket where journald's would be, read as journald reads it: all the
+    time, on its own thread (the kernel queues only net.unix.max_dgram_qlen datagrams,
+    10 by default, for a reader that waits; journald never lets them pile up)."""
+
+    def __init__(self, path: Path) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.settimeout(0.05)
+        self.got: list[bytes] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.got.append(self.sock.recv(1 << 17))
+            except TimeoutError:
+                continue
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.sock.close()
+
+
 @pytest.fixture
-def journal_socket(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[socket.socket]:
-    """A datagram socket where journald's would be."""
-    path = tmp_path / "journal.sock"
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(str(path))
-    sock.setblocking(False)
-    monkeypatch.setattr(journald, "JOURNAL_SOCKET", str(path))
-    yield sock
-    sock.close()
+def journal_socket(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[JournalSocket]:
+    js = JournalSocket(tmp_path / "journal.sock")
+    monkeypatch.setattr(journald, "JOURNAL_SOCKET", str(tmp_path / "journal.sock"))
+    yield js
+    js.close()
 
 
-def _received(sock: socket.socket) -> list[dict[str, str]]:
-    out = []
-    while True:
-        try:
-            data = sock.recv(1 << 17)
-        except BlockingIOError:
-            return out
-        out.append({k: v.decode() for k, v in journald.decode(data).items()})
+def _received(js: JournalSocket) -> list[dict[str, str]]:
+    time.sleep(0.2)  # what is in flight reaches the reader
+    return [{k: v.decode() for k, v in journald.decode(data).items()} for data in js.got]
 
 
 def _stream_env(fh: object) -> dict[str, str]:
@@ -92,7 +112,7 @@ def _stream_env(fh: object) -> dict[str, str]:
 
 
 def test_failed_run_sends_structured_entries(
-    make_world: MakeWorld, tmp_path: Path, journal_socket: socket.socket
+    make_world: MakeWorld, tmp_path: Path, journal_socket: JournalSocket
 ) -> None:
     """A checksum failure (31) under journald: entries with PRIORITY from the level and
     RUN_ID/STATE/CODE/CODE_NAME; nothing of it doubled on the stream."""
@@ -127,7 +147,7 @@ def test_without_the_socket_lines_carry_priority_prefixes(
     assert any(line.startswith("<6>state.enter") for line in lines)
 
 
-def test_other_streams_are_left_alone(tmp_path: Path, journal_socket: socket.socket) -> None:
+def test_other_streams_are_left_alone(tmp_path: Path, journal_socket: JournalSocket) -> None:
     """JOURNAL_STREAM naming another file (a child's inherited stream): plain lines."""
     with (tmp_path / "other").open("w") as other, (tmp_path / "console").open("w") as console:
         j = Journal(None, run_id="r1", console=console, env=_stream_env(other))

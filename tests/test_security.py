@@ -28,7 +28,7 @@ from bootfsm.fetch.artifacts import sha256_of
 from bootfsm.host.archive import check_member
 from bootfsm.host.host import Host
 from bootfsm.sim import artifacts as art
-from bootfsm.sim.world import DRIVER_VERSION, World
+from bootfsm.sim.world import DRIVER_VERSION, TOOLKIT_VERSION, World
 from tests.conftest import MakeWorld
 
 REPO = Path(__file__).resolve().parents[1]
@@ -372,8 +372,10 @@ def test_state_cache_and_journal_modes(make_world: MakeWorld) -> None:
 SECRETS = ("SeCrEtSiG1", "SeCrEtSiG2", "SeCrEtSiG3", "SeCrEtPaSs")
 
 
-def _sign(w: World, *, dead_primary: bool) -> None:
-    """Point every source at signed URLs; optionally a dead primary with its own token."""
+def _sign(w: World, scenario: str) -> None:
+    """Point every source at signed URLs; a scenario adds where a signed URL fails: a
+    dead primary with its own token, a URL template with a typo next to its token
+    (CONFIG_INVALID), a kubelet /healthz URL with a signature that never answers ok."""
     u = w.mirror.url
     host = u.split("//", 1)[1]
     src: dict[str, Any] = {
@@ -381,10 +383,15 @@ def _sign(w: World, *, dead_primary: bool) -> None:
         "redist_base": f"http://nobody:{SECRETS[3]}@{host}/redist?sig={SECRETS[1]}",
         "toolkit_repo": f"{u}/toolkit/{{debian_arch}}?se=2030&sig={SECRETS[2]}",
     }
-    if dead_primary:
+    over: dict[str, dict[str, Any]] = {"sources": src, "run": {"cse_events_dir": "/var/log/cse"}}
+    if scenario == "dead-primary":
         src["runfile_mirrors"] = [src["runfile_base"]]
         src["runfile_base"] = f"http://127.0.0.1:9/tesla?sig={SECRETS[0]}"
-    w.config_overrides = {"sources": src}
+    if scenario == "template-typo":
+        src["toolkit_repo"] = f"{u}/toolkit/{{debian_archh}}?se=2030&sig={SECRETS[2]}"
+    if scenario == "kubelet-signature":
+        over["join"] = {"kubelet_healthz_url": f"{u}/healthz?sig={SECRETS[1]}"}
+    w.config_overrides = over
     w.write_config()
 
 
@@ -392,24 +399,45 @@ def _leaks(text: str) -> list[str]:
     return [s for s in SECRETS if s in text]
 
 
-@pytest.mark.parametrize("fault", ["", "checksum-mismatch"])
-def test_url_tokens_never_printed(make_world: MakeWorld, fault: str) -> None:
-    """Signed mirror URLs (query and user:password) never reach the journal, console,
-    trace, status, checkpoint, metrics or events; only root's config and resolved.json."""
+SCENARIOS = [  # (scenario, simulated fault, exit code)
+    ("dead-primary", "", Code.OK),
+    ("checksum-mismatch", "checksum-mismatch", Code.CHECKSUM_MISMATCH),
+    ("template-typo", "", Code.CONFIG_INVALID),
+    ("kubelet-signature", "kubelet-unhealthy", Code.KUBELET_NOT_HEALTHY),
+]
+
+
+@pytest.mark.parametrize(("scenario", "fault", "code"), SCENARIOS, ids=[s[0] for s in SCENARIOS])
+def test_url_tokens_never_printed(
+    make_world: MakeWorld, httpserver: Any, scenario: str, fault: str, code: Code
+) -> None:
+    """Signed URLs (query and user:password) never reach anything a run leaves: its
+    output, the journal, trace (text, JSON, HTML, history), status, plan, the checkpoint,
+    the metrics textfile, the CSE events and the OTLP export it sends; only root's
+    config and resolved.json hold them. Also when a signed URL is what fails."""
+    exported: list[bytes] = []
+    httpserver.expect_request("/v1/traces", method="POST").respond_with_handler(
+        lambda request: exported.append(request.get_data()) or _ok()
+    )
     w = make_world("h100-hgx", faults=(fault,) if fault else ())
-    _sign(w, dead_primary=not fault)
-    run = cli(w)
-    assert run.returncode == (Code.CHECKSUM_MISMATCH if fault else 0), run.stdout + run.stderr
+    _sign(w, scenario)
+    env = {**w.env(), "OTEL_EXPORTER_OTLP_ENDPOINT": httpserver.url_for("/").rstrip("/")}
+    run = cli(w, env=env)
+    assert run.returncode == code, run.stdout + run.stderr
+    assert exported, "the run sent no OTLP export"
     outputs = {"run": run.stdout + run.stderr}
+    outputs |= {f"otlp {i}": body.decode("utf-8", "replace") for i, body in enumerate(exported)}
     for name, args in {
         "trace": ("trace",),
         "trace --json": ("trace", "--json"),
         "trace --history": ("trace", "--history"),
         "status": ("status",),
         "status --json": ("status", "--json"),
+        "plan": ("plan",),
         "plan --json": ("plan", "--json"),
     }.items():
         r = cli(w, *args)
+        assert "Traceback" not in r.stderr, f"{name}: {r.stderr}"
         outputs[name] = r.stdout + r.stderr
     html = w.base / "trace.html"
     assert cli(w, "trace", "--html", str(html)).returncode == 0
@@ -417,13 +445,88 @@ def test_url_tokens_never_printed(make_world: MakeWorld, fault: str) -> None:
     for name, text in outputs.items():
         assert not _leaks(text), f"{name} shows {_leaks(text)}"
     allowed = {w.config_path, w.root / STATE_DIR / "resolved.json"}
+    scanned = set()
     for f in w.root.rglob("*"):
         if f.is_file() and not f.is_symlink() and f not in allowed:
             found = _leaks(f.read_bytes().decode("utf-8", "replace"))
             assert not found, f"{f.relative_to(w.root)} holds {found}"
+            scanned.add(f.relative_to(w.root).parts[:3])
+    for kind in (("var", "log", "bootfsm"), ("var", "log", "cse"), ("var", "lib", "bootfsm")):
+        assert kind in scanned, f"nothing under {'/'.join(kind)} was scanned"
+    assert list(w.root.glob("var/lib/node_exporter/textfile_collector/*.prom"))
     resolved = w.root / STATE_DIR / "resolved.json"
     if resolved.exists():
         assert _mode(resolved) == 0o600
+
+
+def test_the_journal_redacts_every_field_it_writes(tmp_path: Path) -> None:
+    """Not only error messages: any field of any event (a command's argv and output, a
+    reason, a list, a nested map) reaches the file and the console with its URLs'
+    queries and credentials and any sig=-like parameter redacted."""
+    from bootfsm.observe.journal import Journal
+
+    console = io.StringIO()
+    j = Journal(tmp_path / "run.jsonl", run_id="t", console=console, color=False)
+    j.event(
+        "warning",
+        argv=["fetch", f"https://m.example/x.run?sv=1&sig={SECRETS[0]}"],
+        output=f"GET https://nobody:{SECRETS[3]}@m.example/y failed",
+        detail={"query": [f"token={SECRETS[1]}"]},
+        message=f"retrying with se=2030&sig={SECRETS[2]}",
+    )
+    j.close()
+    text = (tmp_path / "run.jsonl").read_text()
+    assert not _leaks(text) and not _leaks(console.getvalue())
+    [e] = [json.loads(line) for line in text.splitlines()]
+    assert e["argv"] == ["fetch", "https://m.example/x.run?<redacted>"]
+    assert e["output"] == "GET https://m.example/y failed"
+    assert e["detail"] == {"query": ["token=<redacted>"]}
+
+
+def _ok() -> Any:
+    from werkzeug import Response
+
+    return Response("{}", status=200, content_type="application/json")
+
+
+# -- what dpkg installs is what was hashed ------------------------------------------------
+def test_a_deb_swapped_in_the_cache_after_its_hash_is_refused(
+    make_world: MakeWorld, tmp_path: Path
+) -> None:
+    """Fetch hashed the toolkit debs; then, as the driver state asks `dpkg --audit` just
+    before installing them, another root process swaps a cached .deb for a payload
+    package of the same name. What dpkg gets is a private copy hashed as it is copied:
+    the swap is refused (CHECKSUM_MISMATCH) and the payload never reaches dpkg."""
+    w = make_world("h100-pcie")
+    payload = art.build_deb(
+        tmp_path / "payload",
+        package="nvidia-container-toolkit",
+        version=TOOLKIT_VERSION,
+        arch="amd64",
+        files={"/usr/bin/payload-ran": b"#!/bin/sh\necho owned\n"},
+    )
+    real = w.bin_dir / "dpkg"
+    cache = w.root / "var/cache/bootfsm"
+    attacker = tmp_path / "attacker"
+    attacker.mkdir()
+    (attacker / "dpkg").write_text(
+        f"#!{sys.executable}\n"
+        "import glob, os, shutil, sys\n"
+        "if '--audit' in sys.argv:\n"
+        f"    for cached in glob.glob({str(cache)!r} + '/*/nvidia-container-toolkit_*.deb'):\n"
+        f"        shutil.copyfile({str(payload)!r}, cached + '.swap')\n"
+        "        os.replace(cached + '.swap', cached)\n"
+        f"os.execv({str(real)!r}, [{str(real)!r}, *sys.argv[1:]])\n"
+    )
+    (attacker / "dpkg").chmod(0o755)
+    env = w.env()
+    env["PATH"] = f"{attacker}{os.pathsep}{env['PATH']}"
+    run = cli(w, env=env)
+    assert run.returncode == Code.CHECKSUM_MISMATCH, run.stdout + run.stderr
+    assert "changed while it was copied" in run.stdout + run.stderr
+    assert any(c["argv"] == ["--audit"] for c in w.calls() if c["cmd"] == "dpkg")
+    assert not (w.root / "usr/bin/payload-ran").exists()
+    assert [c for c in w.calls() if c["cmd"] == "dpkg" and "-i" in c["argv"]] == []
 
 
 # -- bad input is a clear error ----------------------------------------------------------

@@ -81,11 +81,11 @@ def make_plan(ctx: Context, offline: bool) -> dict[str, Any]:
         ctx.state = name
         done = name != "detect" and REGISTRY[name].satisfied(ctx)
         plan["states"].append({"state": name, "would_run": not done})
-    urls = index_urls(ctx.config, facts)
-    plan["indexes"] = {k: redact_url(v) for k, v in urls.items()}
-    if offline:
-        return plan
     try:
+        urls = index_urls(ctx.config, facts)  # a URL template that does not expand: 10
+        plan["indexes"] = {k: redact_url(v) for k, v in urls.items()}
+        if offline:
+            return plan
         texts = {}
         for key, url in urls.items():
             check_url(url, ctx.config.fetch.allow_http_hosts)

@@ -1,6 +1,9 @@
 """The three kinds of failure: transient (retry), permanent (fail with a code), command.
 
-States raise these; the engine decides. A ``TransientError`` is retried under the
+States raise these; the engine decides. A message is redacted when the error is made
+(``redact_text``: every URL's credentials and query, any ``sig=``-like parameter), so
+no message that quotes a config value or a URL carries a token to the console, the
+journal, the checkpoint or any view made from them. A ``TransientError`` is retried under the
 state's policy and becomes its ``exhausted`` code when the policy gives up; a
 ``BootError`` ends the run with its code at once.
 """
@@ -10,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from bootfsm.core.codes import Code
+from bootfsm.core.redact import redact_text
 
 __all__ = ["BootError", "CommandError", "TransientError"]
 
@@ -18,6 +22,7 @@ class BootError(Exception):
     """A permanent failure: the run ends with ``code``."""
 
     def __init__(self, code: Code, message: str, **detail: object) -> None:
+        message = redact_text(message)
         super().__init__(message)
         self.code = code
         self.message = message
@@ -28,6 +33,7 @@ class TransientError(Exception):
     """A failure that may succeed on retry; ``code`` applies when retries run out."""
 
     def __init__(self, code: Code, message: str, *, retry_after: float | None = None) -> None:
+        message = redact_text(message)
         super().__init__(message)
         self.code = code
         self.message = message

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from urllib.parse import urlsplit, urlunsplit
 
-__all__ = ["redact_text", "redact_url"]
+__all__ = ["redact_text", "redact_url", "redact_urls"]
 
 
 def redact_url(url: str) -> str:
@@ -19,15 +19,21 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
 
 
-_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://(?:[^\s'\"<>]|<redacted>)+")  # idempotent
 _SECRET_PARAM = re.compile(
     r"(?i)\b(sig|signature|sv|se|sp|token|access_token|password|passwd|secret|key|"
     r"x-amz-signature|x-amz-credential|x-goog-signature)=[^&\s'\"]+"
 )
 
 
+def redact_urls(text: str) -> str:
+    """Every URL in ``text`` redacted (``redact_url``); a URL already redacted stays as
+    it is (its ``?<redacted>`` is part of the match, not where it ends)."""
+    return _URL.sub(lambda m: redact_url(m.group(0)), text) if "://" in text else text
+
+
 def redact_text(text: str) -> str:
     """Every URL in ``text`` redacted (``redact_url``), and any stray ``sig=...``-like
     query parameter outside a URL too: for messages that may echo config values."""
-    text = _URL.sub(lambda m: redact_url(m.group(0)), text)
+    text = redact_urls(text)
     return _SECRET_PARAM.sub(lambda m: f"{m.group(1)}=<redacted>", text)

@@ -178,7 +178,10 @@ class Fetcher:
         started = self.clock()
         deadline = started + min(self.artifact_timeout, self.remaining())
         failures: list[tuple[str, BootError | TransientError]] = []
-        for i, url in _ordered(a.urls, partial_source(job.part)):
+        tries = _ordered(a.urls, partial_source(job.part))
+        wrong = _Wrong()
+        while tries:
+            i, url = tries.pop(0)
             if self._cancel.is_set():
                 raise Cancelled(a.name)
             self.attempts[a.name] = self.attempts.get(a.name, 0) + 1
@@ -187,6 +190,15 @@ class Fetcher:
             try:
                 res = self._stream(a, job.part, url, deadline, track)
                 _verify(job, res, url)
+            except _Mismatch as exc:
+                failures.append((url, exc.error))
+                self._failed(a, i, url, exc.error)
+                again = wrong.again(i, url, exc, left=len(tries))
+                if again is not None:
+                    tries.insert(0, again)
+                    self._events.put(("warning", {"level": "warning", "message": exc.retry}))
+                elif wrong.repeated or not tries:
+                    raise _give_up(a, failures, wrong.why()) from exc
             except TransientError as exc:
                 failures.append((url, exc))
                 self._failed(a, i, url, exc)
@@ -209,7 +221,7 @@ class Fetcher:
                 return Fetched(job, url, i, res, took, self.attempts[a.name])
             finally:
                 track.active = False
-        raise _give_up(a, failures)
+        raise _give_up(a, failures, wrong.why())
 
     def _stream(
         self, a: Artifact, part: Path, url: str, deadline: float, track: Track
@@ -272,6 +284,49 @@ def _ordered(urls: Sequence[str], first_id: str | None) -> list[tuple[int, str]]
     return pairs
 
 
+class _Mismatch(Exception):
+    """Downloaded bytes that do not hash to the artifact's sha256 (the part is gone)."""
+
+    def __init__(self, error: BootError, sha256: str, resumed: bool, retry: str) -> None:
+        super().__init__(error.message)
+        self.error, self.sha256, self.resumed, self.retry = error, sha256, resumed, retry
+
+
+class _Wrong:
+    """What the bytes that did not verify say about the next try.
+
+    A transfer can be corrupted on its way (a bad NIC, a proxy, a CDN edge serving a
+    torn copy): one mismatch is fetched once more from scratch, from the next mirror
+    when there is one, else from the same. A resumed download that does not verify is
+    fetched from scratch from the same mirror (its older bytes may be the bad ones).
+    The same wrong bytes twice, or wrong bytes from every mirror with the one more
+    fetch spent, are the file itself or its pinned sha256: permanent."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+        self.fresh = 0  # fetches from byte 0 that did not verify
+        self.repeated = False
+        self.restarted: set[int] = set()
+
+    def again(self, i: int, url: str, exc: _Mismatch, *, left: int) -> tuple[int, str] | None:
+        """The try to make next, ``(i, url)`` itself or None: with ``left`` mirrors not
+        tried yet, None goes on to them; with none left, None is permanent."""
+        if exc.resumed and i not in self.restarted:
+            self.restarted.add(i)
+            return (i, url)
+        if exc.sha256 in self.seen:
+            self.repeated = True
+            return None
+        self.seen.add(exc.sha256)
+        self.fresh += 1
+        return (i, url) if left == 0 and self.fresh == 1 else None
+
+    def why(self) -> str:
+        if self.repeated:
+            return "the same wrong bytes twice: the file or its sha256 is wrong, not the transfer"
+        return ""
+
+
 def _verify(job: Job, res: StreamResult, url: str) -> None:
     a = job.artifact
     if not a.sha256 or res.sha256 == a.sha256:
@@ -279,20 +334,24 @@ def _verify(job: Job, res: StreamResult, url: str) -> None:
     job.part.unlink(missing_ok=True)
     job.part.with_name(job.part.name + ".meta").unlink(missing_ok=True)
     if res.resumed_bytes:
-        # the bytes on disk were not what they seemed (a crash, another file): start over
-        raise TransientError(
-            Code.DOWNLOAD_RETRIES_EXHAUSTED,
-            f"{a.name}: resumed download from {redact_url(url)} does not verify; "
-            "restarting from zero",
-        )
-    raise BootError(
-        Code.CHECKSUM_MISMATCH,
-        f"{a.name} from {redact_url(url)}: sha256 {res.sha256} != expected {a.sha256}",
+        what = f"{a.name}: resumed download from {redact_url(url)} does not verify"
+        retry = f"{what}; fetching it again from zero"
+    else:
+        what = f"{a.name} from {redact_url(url)}: sha256 {res.sha256} != expected {a.sha256}"
+        retry = f"{what}; fetching it once more from scratch"
+    raise _Mismatch(
+        BootError(Code.CHECKSUM_MISMATCH, what), res.sha256, bool(res.resumed_bytes), retry
     )
 
 
-def _give_up(a: Artifact, failures: list[tuple[str, BootError | TransientError]]) -> Exception:
-    """One error for an artifact every mirror failed: transient if any was transient."""
+def _give_up(
+    a: Artifact, failures: list[tuple[str, BootError | TransientError]], why: str = ""
+) -> Exception:
+    """One error for an artifact every mirror failed: transient if any was transient
+    (a checksum mismatch that stays is permanent: ``why`` says so)."""
+    if why:
+        last = failures[-1][1]
+        return BootError(Code.CHECKSUM_MISMATCH, f"{last.message} ({why})")
     if len(failures) == 1:
         return failures[0][1]
     what = "; ".join(f"{redact_url(u)}: {e.message}" for u, e in failures)

@@ -14,12 +14,11 @@ the ``.part`` bookkeeping.
 
 from __future__ import annotations
 
-import email.utils
 import http.client
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +28,7 @@ from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError, TransientError
 from bootfsm.core.redact import redact_url
 from bootfsm.host import partfile as pf
+from bootfsm.host.http_errors import check_status, classify
 from bootfsm.host.http_local import get_direct
 from bootfsm.host.http_wire import (
     SYSTEM_CA_BUNDLES,
@@ -40,7 +40,6 @@ from bootfsm.host.http_wire import (
     check_url,
     receive,
     session_class,
-    short,
     too_slow,
 )
 from bootfsm.host.partfile import CHUNK, StreamResult, partial_source, url_id
@@ -62,8 +61,6 @@ __all__ = [
     "url_id",
 ]
 
-_TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-
 
 @dataclass(frozen=True)
 class HttpResult:
@@ -74,24 +71,14 @@ class HttpResult:
     body: bytes
 
 
-def _retry_after(headers: Mapping[str, str]) -> float | None:
-    """Retry-After in seconds: delta-seconds or an HTTP-date; None when absent or bad."""
-    value = headers.get("Retry-After")
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
-
-
 class Http(Segmented):
-    """HTTP with bounded timeouts; proxies from ``env`` except for link-local/loopback."""
+    """HTTP with bounded timeouts; proxies from ``env`` except for link-local/loopback.
+
+    ``budget`` (seconds, asked at each request) caps every request's total time on top
+    of its own limit: the run gives what remains of the state's limit, the global
+    deadline and the wait the request is part of (``Context.request_budget``), so no
+    request outlives a bound of its caller, whatever limit the caller passed.
+    """
 
     def __init__(
         self,
@@ -100,10 +87,12 @@ class Http(Segmented):
         read_timeout: float = 30.0,
         env: Mapping[str, str] | None = None,
         ca_file: str = "",
+        budget: Callable[[], float] | None = None,
     ) -> None:
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.ca_file = ca_file
+        self.budget = budget
         self._env = dict(os.environ if env is None else env)
         self._proxies = env_proxies(self._env)
         # REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE (what requests and curl honour) win, then
@@ -123,6 +112,7 @@ class Http(Segmented):
             read_timeout=self.read_timeout,
             env=self._env,
             ca_file=self.ca_file,
+            budget=self.budget,
         )
 
     def close(self) -> None:
@@ -153,6 +143,18 @@ class Http(Segmented):
             return None
         return self._proxies.get(parts.scheme) or self._proxies.get("all")
 
+    def _within(self, url: str, seconds: float | None) -> float | None:
+        """``seconds`` (None: no limit of its own) capped by the budget; a request whose
+        budget is spent before it starts is DOWNLOAD_TIMEOUT."""
+        if self.budget is None:
+            return seconds
+        left = self.budget()
+        if left <= 0:
+            raise TransientError(
+                Code.DOWNLOAD_TIMEOUT, f"no time left to request {redact_url(url)}"
+            )
+        return left if seconds is None else min(seconds, left)
+
     def _kwargs(self, url: str, timeout: float | None) -> dict[str, Any]:
         read = self.read_timeout if timeout is None else min(self.read_timeout, timeout)
         conn = self.connect_timeout if timeout is None else min(self.connect_timeout, timeout)
@@ -167,39 +169,10 @@ class Http(Segmented):
     def _classify(
         self, exc: BaseException, url: str, watch: Watch | None = None
     ) -> TransientError | BootError:
-        if watch is not None and watch.fired:
-            return too_slow(url, watch)
-        text = str(exc)
-        if "TLS CA certificate bundle" in text:  # requests: the CA file does not exist
-            return BootError(
-                Code.TLS_VERIFY_FAILED,
-                f"cannot verify {redact_url(url)}: CA file {self._verify} does not exist",
-            )
-        if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
-            why = short(exc)
-            clock = " (the clock may not be synced yet)" if "not yet valid" in text else ""
-            return BootError(
-                Code.TLS_VERIFY_FAILED,
-                f"TLS certificate of {redact_url(url)} did not verify{clock}: {why}; "
-                f"trust store: {self._verify if isinstance(self._verify, str) else 'certifi'}",
-            )
-        return TransientError(
-            Code.DOWNLOAD_RETRIES_EXHAUSTED,
-            f"{type(exc).__name__} fetching {redact_url(url)}: {short(exc)}",
-        )
+        return classify(exc, url, self._verify, watch)
 
     def _check_status(self, status: int, headers: Mapping[str, str], url: str) -> None:
-        if status < 400:
-            return
-        if status in _TRANSIENT_STATUS:
-            raise TransientError(
-                Code.DOWNLOAD_RETRIES_EXHAUSTED,
-                f"HTTP {status} from {redact_url(url)}",
-                retry_after=_retry_after(headers),
-            )
-        raise BootError(
-            Code.ARTIFACT_NOT_FOUND, f"HTTP {status} from {redact_url(url)}", status=status
-        )
+        check_status(status, headers, url)
 
     def get(
         self,
@@ -217,7 +190,10 @@ class Http(Segmented):
         A plain-HTTP link-local or loopback URL (IMDS, kubelet) is read without requests
         (``bootfsm.host.http_local``).
         """
-        total = timeout if timeout is not None else self.connect_timeout + self.read_timeout
+        own = self.connect_timeout + self.read_timeout if timeout is None else timeout
+        total = self._within(url, own)
+        assert total is not None
+        timeout = None if timeout is None else total
         if allow_http_hosts is None and url.startswith("http://") and never_proxied(url):
             return self._get_local(url, headers or {}, timeout, total, max_bytes, check)
         import requests  # noqa: TID251
@@ -288,7 +264,10 @@ class Http(Segmented):
         """
         import requests  # noqa: TID251
 
-        total = timeout if timeout is not None else self.connect_timeout + self.read_timeout
+        own = self.connect_timeout + self.read_timeout if timeout is None else timeout
+        total = self._within(url, own)
+        assert total is not None
+        timeout = None if timeout is None else total
         with Watch(total) as watch:
             try:
                 with self._sess().post(
@@ -333,7 +312,30 @@ class Http(Segmented):
         from ``expect_size`` is refused before any byte is written (CHECKSUM_MISMATCH),
         as is one larger than the free space (INSUFFICIENT_SPACE). ``fsync`` makes the
         bytes durable before returning (the caller re-verifies on every use either way).
+
+        A resume answered with a ``206`` that does not continue the bytes on disk (its
+        Content-Range starts elsewhere, or its total is not the known size, or another
+        entity) is never appended: the part is discarded and the file fetched whole,
+        once, in the same call.
         """
+        args = (timeout, deadline, progress, cancel, expect_size, allow_http_hosts, fsync)
+        try:
+            return self._stream_once(url, part, *args)
+        except pf.BadResume:
+            return self._stream_once(url, part, *args)  # the part is gone: the whole file
+
+    def _stream_once(
+        self,
+        url: str,
+        part: Path,
+        timeout: float | None,
+        deadline: float | None,
+        progress: Progress | None,
+        cancel: threading.Event | None,
+        expect_size: int | None,
+        allow_http_hosts: Sequence[str] | None,
+        fsync: bool,
+    ) -> StreamResult:
         import requests  # noqa: TID251
 
         meta_path = pf.meta_path(part)
@@ -352,6 +354,7 @@ class Http(Segmented):
             )
         if timeout is not None:
             left = timeout if left is None else min(left, timeout)
+        left = self._within(url, left)
         session = self._sess()
         session.allow_http_hosts = allow_http_hosts  # type: ignore[attr-defined]
         with Watch(left) as watch:
@@ -363,6 +366,13 @@ class Http(Segmented):
                         return pf.whole_or_discard(part, have, meta, r.headers, url)
                     self._check_status(r.status_code, r.headers, url)
                     resumed, total = pf.accept(r.status_code, r.headers, part, have, meta, url)
+                    if resumed and expect_size is not None and total != expect_size:
+                        pf.discard(part)
+                        raise pf.BadResume(
+                            Code.DOWNLOAD_RETRIES_EXHAUSTED,
+                            f"cannot resume {redact_url(url)}: its 206 says {total} B, the "
+                            f"index {expect_size} B; partial file discarded",
+                        )
                     if expect_size is not None and total is not None and total != expect_size:
                         raise BootError(
                             Code.CHECKSUM_MISMATCH,

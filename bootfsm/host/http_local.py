@@ -45,6 +45,7 @@ def get_direct(
     if parts.query:
         path += "?" + parts.query
     conn: http.client.HTTPConnection | None = None
+    r: http.client.HTTPResponse | None = None
     try:
         conn = http.client.HTTPConnection(
             parts.hostname or "", parts.port or 80, timeout=max(connect_timeout, 0.05)
@@ -69,5 +70,7 @@ def get_direct(
             )
         return r.status, dict(r.getheaders()), body
     finally:
+        if r is not None:
+            r.close()  # with "Connection: close" the response alone holds the socket
         if conn is not None:
             conn.close()

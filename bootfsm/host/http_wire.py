@@ -72,31 +72,58 @@ class Watch:
     """Shuts down the sockets of one request when its total time is up.
 
     Connections register themselves (on connect and on every request, so a pooled
-    keep-alive connection counts too) with the watch of the thread that uses them.
+    keep-alive connection counts too) with the watch of the thread that uses them. The
+    watch keeps each connection's socket, not only the connection: ``http.client``
+    drops ``conn.sock`` as soon as a response says ``Connection: close`` (the response
+    then reads from the socket alone), and a socket reached only through the connection
+    would be out of the watch's reach for the whole body. A TLS handshake is one call
+    under the connect timeout (CPython's ``do_handshake`` holds the socket's timeout as
+    one deadline for all of it), which ``Http`` caps at the request's limit.
     """
 
     def __init__(self, seconds: float | None) -> None:
         self.seconds = seconds
         self.fired = False
         self._conns: list[Any] = []
+        self._socks: list[socket.socket] = []
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
+        self._end: float | None = None
 
     def add(self, conn: Any) -> None:
+        """Watch ``conn`` (a connection whose ``sock`` may come and go, or a socket)."""
+        sock = conn if isinstance(conn, socket.socket) else getattr(conn, "sock", None)
         with self._lock:
-            self._conns.append(conn)
+            if not isinstance(conn, socket.socket):
+                self._conns.append(conn)
+            if isinstance(sock, socket.socket) and all(sock is not s for s in self._socks):
+                self._socks.append(sock)
             if self.fired:
-                _shut(conn)
+                self._shut_all()
 
     def _fire(self) -> None:
         with self._lock:
             self.fired = True
-            for conn in self._conns:
-                _shut(conn)
+            self._shut_all()
+
+    def spent(self) -> bool:
+        """The request's time is up: the watch fired, or is due (a read timeout capped
+        at the same limit can end the read a hair before the timer does)."""
+        return self.fired or (self._end is not None and time.monotonic() >= self._end - 0.01)
+
+    def _shut_all(self) -> None:
+        socks = list(self._socks)
+        for conn in self._conns:
+            sock = getattr(conn, "sock", None)
+            if isinstance(sock, socket.socket) and all(sock is not s for s in socks):
+                socks.append(sock)
+        for sock in socks:
+            _shut(sock)
 
     def __enter__(self) -> Watch:
         _local.watch = self
         if self.seconds is not None:
+            self._end = time.monotonic() + max(self.seconds, 0.0)
             self._timer = threading.Timer(max(self.seconds, 0.0), self._fire)
             self._timer.daemon = True
             self._timer.start()
@@ -108,24 +135,28 @@ class Watch:
         _local.watch = None
 
 
-def _shut(conn: Any) -> None:
-    """Wake a read blocked on ``conn``: it returns what it has, then end of file.
+def _shut(sock: socket.socket) -> None:
+    """Wake a read blocked on ``sock``: it returns what it has, then end of file.
 
     The read side only. After a FIN of ours, Linux answers the peer's next segment with
     a reset (RFC 1122; tcp_rcv_state_process in FIN_WAIT1/2), and a reset fails the read
     that was under way, dropping the bytes it had received: a download whose deadline
     fell while its reader was off the CPU kept nothing for the resume. The request was
     sent whole before any read, so no write is left to wake; the connection is closed
-    when the error unwinds.
+    when the error unwinds. A read-shut socket still takes what the peer sends later,
+    but a read that finds nothing queued returns end of file at once instead of waiting,
+    and every reader stops at its first end of file (and ours check the watch between
+    reads), so a peer that keeps trickling keeps nothing alive.
 
     On the kernel socket, under TLS: ``ssl.SSLSocket.shutdown`` drops the TLS state
     first, and a read that came after it returned the still-queued records as they are,
-    ciphertext appended to the part file as body.
+    ciphertext appended to the part file as body. A socket closed meanwhile has no
+    descriptor left to shut (its number may already be another file's): skipped.
     """
-    sock = getattr(conn, "sock", None)
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            socket.socket.shutdown(sock, socket.SHUT_RD)
+    if sock.fileno() < 0:
+        return
+    with contextlib.suppress(OSError):
+        socket.socket.shutdown(sock, socket.SHUT_RD)
 
 
 def _register(conn: Any) -> None:
@@ -152,6 +183,7 @@ def session_class() -> Any:
         def connect(self) -> None:
             _register(self)
             super().connect()
+            _register(self)  # the socket the response is read from (TLS: once wrapped)
 
         def request(self, *args: Any, **kwargs: Any) -> None:
             _register(self)
@@ -161,6 +193,7 @@ def session_class() -> Any:
         def connect(self) -> None:
             _register(self)
             super().connect()
+            _register(self)
 
         def request(self, *args: Any, **kwargs: Any) -> None:
             _register(self)
@@ -234,7 +267,8 @@ class Bounds:
 def too_slow(url: str, watch: Watch) -> TransientError:
     return TransientError(
         Code.DOWNLOAD_TIMEOUT,
-        f"{redact_url(url)} did not finish within its total time limit ({watch.seconds or 0:g} s)",
+        f"{redact_url(url)} did not finish within its total time limit "
+        f"({round(watch.seconds or 0, 1):g} s)",
     )
 
 

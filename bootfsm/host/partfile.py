@@ -27,6 +27,7 @@ from bootfsm.core.redact import redact_url
 
 __all__ = [
     "CHUNK",
+    "BadResume",
     "PartWriter",
     "StreamResult",
     "accept",
@@ -137,6 +138,10 @@ def same_entity(meta: Mapping[str, Any], headers: Mapping[str, str]) -> bool:
     return False
 
 
+class BadResume(TransientError):
+    """A resume answered with bytes that do not continue the file: the part is gone."""
+
+
 def accept(
     status: int,
     headers: Mapping[str, str],
@@ -159,7 +164,7 @@ def accept(
         why = f"the size changed ({meta.get('size')} -> {total} B)"
     if why:
         discard(part)
-        raise TransientError(
+        raise (BadResume if have else TransientError)(
             Code.DOWNLOAD_RETRIES_EXHAUSTED,
             f"cannot resume {redact_url(url)}: {why}; partial file discarded",
         )

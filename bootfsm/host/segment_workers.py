@@ -203,7 +203,7 @@ class Segs:
         )
         if validator:
             headers["If-Range"] = validator
-        left = left_s(url, plan.deadline)
+        left = client._within(url, left_s(url, plan.deadline))
         session = client._sess()
         session.allow_http_hosts = plan.allow_http_hosts
         with Watch(left) as watch:

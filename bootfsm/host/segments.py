@@ -61,6 +61,7 @@ class Segmented:
         def close(self) -> None: ...
         def _sess(self) -> Any: ...
         def _kwargs(self, url: str, timeout: float | None) -> dict[str, Any]: ...
+        def _within(self, url: str, seconds: float | None) -> float | None: ...
         def _classify(self, exc: BaseException, url: str, watch: Any = None) -> Any: ...
         def _check_status(self, status: int, headers: Mapping[str, str], url: str) -> None: ...
 
@@ -103,7 +104,7 @@ class Segmented:
         resume takes the size its sidecar recorded. A 206 that gives no total is read
         as ``stream_to`` reads an unsized file.
         """
-        for _ in range(2):  # a resume whose entity changed starts over once
+        for _ in range(2):  # a resume answered with other bytes or entity starts over once
             try:
                 res = self._segmented_once(
                     url,
@@ -164,7 +165,7 @@ class Segmented:
                 return self._segments(None, part, segs, [], size, url, plan)
             start, end, done = segs[first]
             headers = {"Accept-Encoding": "identity", "Range": f"bytes={start + done}-{end - 1}"}
-        left = left_s(url, deadline)
+        left = self._within(url, left_s(url, deadline))
         if validator:
             headers["If-Range"] = validator
         session = self._sess()
@@ -189,8 +190,8 @@ class Segmented:
                         segs = sm.segment_plan(size, count) if size >= min_size else [[0, size, 0]]
                         start, end, done = segs[0]
                     elif total != size:
-                        if indexed is None:  # not the size the sidecar recorded: start over
-                            pf.discard(part)
+                        if indexed is None or validator:  # a resume that does not continue
+                            pf.discard(part)  # the bytes on disk: start over, from byte 0
                             return None
                         raise BootError(
                             Code.CHECKSUM_MISMATCH,
@@ -199,6 +200,8 @@ class Segmented:
                         )
                     if got != start + done or (validator and not pf.same_entity(meta, r.headers)):
                         pf.discard(part)
+                        if validator:  # a resume answered with other bytes: start over
+                            return None
                         raise TransientError(
                             Code.DOWNLOAD_RETRIES_EXHAUSTED,
                             f"cannot resume {redact_url(url)} in segments: the server "

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError, CommandError, TransientError
+from bootfsm.fetch.artifacts import Artifact, cache_node_path
 from bootfsm.fetch.store import resolved
 from bootfsm.install import records
 from bootfsm.machine.context import Context
@@ -166,24 +167,41 @@ def parse_query(output: str, packages: Sequence[str]) -> dict[str, str | None]:
     return found
 
 
+def debs_of(ctx: Context, verified: Sequence[tuple[Artifact, Path]]) -> list[tuple[str, str]]:
+    """(node path in the cache, sha256) of verified artifacts, for ``install_debs``."""
+    return [(cache_node_path(ctx.config, a), a.sha256) for a, _ in verified]
+
+
 def install_debs(
     ctx: Context,
-    debs: Sequence[Path],
+    debs: Sequence[tuple[str, str]],
     *,
     force: Sequence[str],
     code: Code,
     names: Sequence[str] = (),
 ) -> None:
-    """`dpkg -i` the given verified files once both locks are free and any interrupted
-    dpkg is repaired; a lock race is transient. Of the packages ``names`` (those the
+    """`dpkg -i` the given debs ((node path, sha256) pairs) once both locks are free and
+    any interrupted dpkg is repaired; a lock race is transient. Of the packages ``names`` (those the
     debs hold), the ones not installed before are recorded (bootfsm/install/records.py),
     and so is the new version of one bootfsm installed earlier: `bootfsm uninstall`
-    purges those and never one that was on the node before."""
+    purges those and never one that was on the node before.
+
+    What dpkg reads is what was verified: right before it runs, each cached deb is
+    copied into ``<state_dir>/extract`` (bootfsm's own 0700 directory) and hashed as it
+    is copied, as the runfile is (``Host.private_copy``); a deb whose bytes changed in
+    the cache since fetch hashed them is refused (CHECKSUM_MISMATCH), and dpkg installs
+    the copies, which no one else can write, then they are removed. ``debs_of`` gives
+    the pairs of verified cached artifacts."""
     wait_for_lock(ctx)
     repair(ctx)
     before = installed_versions(ctx, names) if names else {}
-    argv = ["dpkg", "-i", *(f"--force-{f}" for f in force), *(str(d) for d in debs)]
+    extract = f"{ctx.config.run.state_dir}/extract"
+    ctx.host.own_dir(ctx.config.run.state_dir)
+    copies: list[Path] = []
     try:
+        for node_path, sha256 in debs:
+            copies.append(ctx.host.private_copy(node_path, extract, sha256))
+        argv = ["dpkg", "-i", *(f"--force-{f}" for f in force), *(str(d) for d in copies)]
         ctx.require(argv, code=code, timeout=300, what="dpkg -i failed")
     except CommandError as exc:
         if "lock" in exc.output_tail and exc.returncode == 2:
@@ -191,6 +209,9 @@ def install_debs(
                 Code.DPKG_LOCK_TIMEOUT, "dpkg lock taken by another process"
             ) from exc
         raise
+    finally:
+        for copy in copies:
+            ctx.host.remove(f"{extract}/{copy.name}")
     ours = {e["name"] for e in records.load(ctx.host, ctx.config) if e["kind"] == "package"}
     after = installed_versions(ctx, names) if names else {}
     records.add_many(  # new here, or bootfsm's own upgraded: the record follows the version

@@ -121,7 +121,7 @@ def install_toolkit(ctx: Context) -> bool:
     debs = sorted(verified(ctx, "toolkit"), key=lambda ap: order.get(ap[0].name, 99))
     dpkg.install_debs(
         ctx,
-        [p for _, p in debs],
+        dpkg.debs_of(ctx, debs),
         force=["overwrite"],
         code=Code.TOOLKIT_INSTALL_FAILED,
         names=[a.name for a, _ in debs],

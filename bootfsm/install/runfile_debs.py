@@ -17,7 +17,6 @@ node whose driver left no /usr/bin/nvidia-modprobe gets nothing claimed for it.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError
@@ -68,7 +67,8 @@ def ensure_nvidia_modprobe(ctx: Context, code: Code) -> None:
     deb = f"{work}/{PACKAGE}_{found[1]}-1+runfile_{arch}.deb"
     argv = ["dpkg-deb", "--root-owner-group", "--build", str(ctx.host.path(build))]
     ctx.require([*argv, str(ctx.host.path(deb))], code=code, timeout=60, what="dpkg-deb failed")
-    dpkg.install_debs(ctx, [Path(ctx.host.path(deb))], force=[], code=code, names=[PACKAGE])
+    sha = ctx.host.sha256(deb) or ""  # dpkg installs a private copy of exactly these bytes
+    dpkg.install_debs(ctx, [(deb, sha)], force=[], code=code, names=[PACKAGE])
     ctx.host.rmtree(build)
     ctx.host.remove(deb)
     ctx.event("dpkg.recorded", package=PACKAGE, version=f"{found[1]}-1+runfile", reason=BIN)

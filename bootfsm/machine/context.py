@@ -46,6 +46,8 @@ class Context:
     answers: dict[tuple[str, ...], CommandResult] = field(default_factory=dict)
     """Probes' results by argv, as postconditions asked them (``asking``)."""
     asking_: bool = False
+    wait_end: float | None = None
+    """The monotonic end of the ``wait_until`` running now: its probes' requests end by it."""
 
     @classmethod
     def create(
@@ -59,7 +61,9 @@ class Context:
             ca_file=trust_store(config, host),
         )
         seconds = config.run.deadline if deadline_s is None else deadline_s
-        return cls(config, host, http, journal, Deadline(seconds, host.monotonic))
+        ctx = cls(config, host, http, journal, Deadline(seconds, host.monotonic))
+        http.budget = ctx.request_budget
+        return ctx
 
     # -- facts -------------------------------------------------------------------------
     @property
@@ -75,6 +79,14 @@ class Context:
         left = self.deadline.remaining()
         if self.state_deadline is not None:
             left = min(left, self.state_deadline.remaining())
+        return left
+
+    def request_budget(self) -> float:
+        """Seconds an HTTP request may take now (``Http.budget``): what remains of the
+        state's limit and the global deadline, and of the ``wait_until`` it probes for."""
+        left = self.remaining()
+        if self.wait_end is not None:
+            left = min(left, self.wait_end - self.host.monotonic())
         return left
 
     def time_error(self) -> BootError:
@@ -115,16 +127,21 @@ class Context:
     ) -> T:
         """Poll ``probe`` until it returns a value, bounded by ``timeout`` and the deadlines."""
         end = self.host.monotonic() + timeout
-        while True:
-            value = probe()
-            if value is not None:
-                return value
-            left = end - self.host.monotonic()
-            if left <= 0:
-                raise on_timeout()
-            if self.remaining() <= 0:
-                raise self.time_error()
-            self.sleep(min(interval, left))
+        outer = self.wait_end
+        self.wait_end = end if outer is None else min(end, outer)
+        try:
+            while True:
+                value = probe()
+                if value is not None:
+                    return value
+                left = end - self.host.monotonic()
+                if left <= 0:
+                    raise on_timeout()
+                if self.remaining() <= 0:
+                    raise self.time_error()
+                self.sleep(min(interval, left))
+        finally:
+            self.wait_end = outer
 
     # -- commands ----------------------------------------------------------------------
     def asking(self) -> _Asking:

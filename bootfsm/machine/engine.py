@@ -16,6 +16,7 @@ from typing import Any
 from bootfsm.core.codes import Code, info
 from bootfsm.core.deadline import Deadline
 from bootfsm.core.errors import BootError, TransientError
+from bootfsm.core.redact import redact_text
 from bootfsm.machine.context import Context
 from bootfsm.machine.table import (
     INITIAL,
@@ -61,6 +62,10 @@ class Outcome:
     code: Code
     state: str
     message: str
+
+    def __post_init__(self) -> None:
+        # the summary line, checkpoint, events and exports all say this message
+        object.__setattr__(self, "message", redact_text(self.message))
 
     @property
     def ok(self) -> bool:

@@ -25,6 +25,7 @@ from typing import IO, Any
 
 import structlog
 
+from bootfsm.core.redact import redact_text
 from bootfsm.host import journald
 
 __all__ = ["CONSOLE_EVENTS", "Journal", "new_run_id"]
@@ -102,7 +103,21 @@ class _ConsoleSink:
 
 
 def _drop_private(_: Any, __: str, event: MutableMapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in event.items() if not k.startswith("_")}
+    return {k: _redacted(v) for k, v in event.items() if not k.startswith("_")}
+
+
+def _redacted(value: Any) -> Any:
+    """``value`` with every URL's credentials and query, and any ``sig=``-like parameter,
+    redacted in each string it holds: whatever an event carries (a message quoting a
+    config value, a command's argv or output, a traceback) never writes a token to the
+    journal or the console."""
+    if isinstance(value, str):
+        return redact_text(value) if ("=" in value or "://" in value) else value
+    if isinstance(value, list | tuple):
+        return [_redacted(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _redacted(v) for k, v in value.items()}
+    return value
 
 
 class Journal:

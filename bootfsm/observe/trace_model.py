@@ -6,11 +6,10 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from bootfsm.core.redact import redact_url
+from bootfsm.core.redact import redact_urls
 
 __all__ = ["JOURNAL_SCHEMA", "TAIL_CHARS", "TRACE_SCHEMA", "Span", "TraceReport", "scrub"]
 
@@ -20,12 +19,11 @@ TRACE_SCHEMA = 1
 JOURNAL_SCHEMA = 1
 #: Characters of command output kept in a report.
 TAIL_CHARS = 1500
-_URL = re.compile(r"https?://[^\s'\"<>]+")
 
 
 def scrub(text: str) -> str:
     """Text with every URL's credentials and query string redacted."""
-    return _URL.sub(lambda m: redact_url(m.group(0)), text) if "://" in text else text
+    return redact_urls(text)
 
 
 @dataclass

@@ -21,6 +21,7 @@ from urllib.parse import unquote
 
 from bootfsm.sim.mirror_faults import (
     BODY_FAULTS,
+    BadRange,
     Corrupt,
     DropMidBody,
     Fault,
@@ -35,6 +36,7 @@ from bootfsm.sim.mirror_faults import (
 from bootfsm.sim.mirror_http import MirrorHandler, MirrorServer, MirrorServer6
 
 __all__ = [
+    "BadRange",
     "Corrupt",
     "DropMidBody",
     "Fault",
@@ -213,13 +215,16 @@ class Mirror:
             else:
                 self._conns.discard(conn)
 
-    def _take_fault(self, path: str, method: str) -> Fault | None:
+    def _take_fault(self, path: str, method: str, *, resume: bool = False) -> Fault | None:
+        """The fault for this request (``resume``: a GET for a range from byte 1 on)."""
         with self._lock:
             for rule in self._rules:
                 if not path.endswith(rule.pattern) or rule.remaining == 0:
                     continue
                 if method == "HEAD" and isinstance(rule.fault, BODY_FAULTS):
                     continue  # body faults neither apply to nor are used up by HEAD
+                if isinstance(rule.fault, BadRange) and not resume:
+                    continue  # only a resume can be answered with the wrong range
                 if rule.remaining is not None:
                     rule.remaining -= 1
                 return rule.fault

@@ -3,7 +3,8 @@
 Each fault makes a path fail the way real mirrors do: 404s (:class:`NotFound`), 5xx
 bursts with Retry-After (:class:`Status`), a connection dropped mid-body
 (:class:`DropMidBody`), corrupted bytes (:class:`Corrupt`), a stall (:class:`Stall`),
-a slow link (:class:`Throttle`). :mod:`mirror` re-exports these names.
+a slow link (:class:`Throttle`), a resume answered with other bytes (:class:`BadRange`).
+:mod:`mirror` re-exports these names.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import NamedTuple
 
 __all__ = [
     "BODY_FAULTS",
+    "BadRange",
     "Corrupt",
     "DropMidBody",
     "Fault",
@@ -63,7 +65,10 @@ class DropMidBody:
 
 @dataclass(frozen=True)
 class Corrupt:
-    """Serve the content with the byte at offset size//2 flipped (same length, same ETag)."""
+    """Serve the content with the byte at offset size//2 flipped (same length, same ETag),
+    ``times`` times (None = always: the mirror's file itself is bad)."""
+
+    times: int | None = None
 
 
 @dataclass(frozen=True)
@@ -85,9 +90,28 @@ class Throttle:
             raise ValueError("Throttle needs bytes_per_second >= 1")
 
 
-Fault = NotFound | Status | DropMidBody | Corrupt | Stall | Throttle
+@dataclass(frozen=True)
+class BadRange:
+    """Answer a ranged GET (``bytes=N-`` or ``bytes=N-M``, N > 0) with a well-formed
+    ``206`` for other bytes: its range starts ``shift`` bytes before N (at 0 at the
+    least), and its total claims ``extra`` bytes more than the file has. The body is
+    exactly what its ``Content-Range`` names and ``Content-Length`` counts, with the
+    file's own ETag: a CDN edge that lost track of the range, honest about HTTP but
+    not about the bytes. A request without a range, or from byte 0, is served as usual
+    and does not use the fault up (``times``; None = always)."""
+
+    shift: int = 0
+    extra: int = 0
+    times: int | None = 1
+
+    def __post_init__(self) -> None:
+        if self.shift < 0 or self.extra < 0 or not (self.shift or self.extra):
+            raise ValueError("BadRange needs shift >= 0, extra >= 0, one of them > 0")
+
+
+Fault = NotFound | Status | DropMidBody | Corrupt | Stall | Throttle | BadRange
 RouteHandler = Callable[[], tuple[int, dict[str, str], bytes]]
-BODY_FAULTS = (DropMidBody, Corrupt, Stall, Throttle)
+BODY_FAULTS = (DropMidBody, Corrupt, Stall, Throttle, BadRange)
 
 
 class LogEntry(NamedTuple):

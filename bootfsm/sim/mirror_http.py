@@ -24,6 +24,7 @@ from typing import BinaryIO, Protocol
 from urllib.parse import urlsplit
 
 from bootfsm.sim.mirror_faults import (
+    BadRange,
     Corrupt,
     DropMidBody,
     Fault,
@@ -51,7 +52,7 @@ class MirrorSide(Protocol):
     def _end(self, entry: LogEntry, slot: int) -> None: ...
     def _count_bytes(self, n: int) -> None: ...
     def _track(self, conn: socket.socket, *, add: bool) -> None: ...
-    def _take_fault(self, path: str, method: str) -> Fault | None: ...
+    def _take_fault(self, path: str, method: str, *, resume: bool = False) -> Fault | None: ...
     def _resolve(self, url_path: str) -> Path | None: ...
 
 
@@ -127,7 +128,9 @@ class MirrorHandler(BaseHTTPRequestHandler):
             mirror._end(entry, slot)
 
     def _respond(self, mirror: MirrorSide, path: str) -> tuple[int, int]:
-        fault = mirror._take_fault(path, self.command)
+        m = _RANGE_RE.fullmatch((self.headers.get("Range") or "").strip())
+        resume = m is not None and m.group(1) not in ("", "0")
+        fault = mirror._take_fault(path, self.command, resume=resume)
         if isinstance(fault, NotFound):
             return self._plain(404, {}), 0
         if isinstance(fault, Status):
@@ -174,6 +177,10 @@ class MirrorHandler(BaseHTTPRequestHandler):
         if wanted is not None:
             start, end, code = wanted[0], wanted[1], 206
             headers["Content-Range"] = f"bytes {start}-{end}/{size}"
+            if isinstance(fault, BadRange):  # other bytes, framed honestly
+                start = max(0, start - fault.shift)
+                headers["Content-Range"] = f"bytes {start}-{end}/{size + fault.extra}"
+                fault = None
         length = end - start + 1
         self._head(code, {**headers, "Content-Length": str(length)})
         return code, self._body(fh, start, length, size, fault)

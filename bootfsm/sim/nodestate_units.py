@@ -115,7 +115,8 @@ class NodeUnits(NodeDriver):
         """Why the unit's ConditionPathExists= checks fail, as systemd names it, or None
         (systemd.unit(5); only this condition is modelled): every plain one must hold
         ("!" negates) and, when there are triggering ones ("|" prefix), at least one."""
-        plain, triggers = [], []
+        plain: list[tuple[str, bool]] = []
+        triggers: list[tuple[str, bool]] = []
         for value in self._section(unit, "Unit").get("ConditionPathExists", []):
             check = value.removeprefix("|")
             path, negate = check.removeprefix("!"), check.startswith("!")

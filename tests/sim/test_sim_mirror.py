@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from bootfsm.sim.mirror import (
+    BadRange,
     Corrupt,
     DropMidBody,
     LogEntry,
@@ -132,6 +133,26 @@ def test_range_gives_206_with_content_range(mirror: Mirror) -> None:
         assert reply.headers["content-range"] == f"bytes {start}-{end}/{size}"
         assert reply.headers["content-length"] == str(end - start + 1)
     assert mirror.log[0].range_header == "bytes=100-199"
+
+
+def test_bad_range_answers_a_resume_with_other_bytes_framed_honestly(mirror: Mirror) -> None:
+    """A resume (``bytes=N-``, N > 0) gets a 206 whose range starts ``shift`` early or
+    whose total claims ``extra`` bytes; the body is exactly the bytes its Content-Range
+    names, counted by Content-Length. A request from byte 0 or without a range is
+    served as usual and leaves the fault for the resume."""
+    size = len(PAYLOAD)
+    mirror.add_fault(PATH, BadRange(shift=100))
+    mirror.add_fault(PATH, BadRange(extra=7))
+    assert fetch(mirror, PATH).body == PAYLOAD
+    assert fetch(mirror, PATH, headers={"Range": "bytes=0-"}).status == 206
+    early = fetch(mirror, PATH, headers={"Range": "bytes=1000-"})
+    assert early.status == 206 and early.headers["content-range"] == f"bytes 900-{size - 1}/{size}"
+    assert early.body == PAYLOAD[900:] and early.headers["content-length"] == str(size - 900)
+    longer = fetch(mirror, PATH, headers={"Range": "bytes=1000-"})
+    assert longer.headers["content-range"] == f"bytes 1000-{size - 1}/{size + 7}"
+    assert longer.body == PAYLOAD[1000:]
+    honest = fetch(mirror, PATH, headers={"Range": "bytes=1000-"})
+    assert honest.headers["content-range"] == f"bytes 1000-{size - 1}/{size}"
 
 
 def test_unsatisfiable_range_is_416(mirror: Mirror) -> None:
