@@ -173,6 +173,10 @@ def setup() -> int:
         shutil.move("/usr/local/bin/kubelet", "/opt/kube/kubelet")
         Path("/etc/default/kubelet").unlink()
     node = Node(Path("/"))
+    for address, _device in node.gpus():  # a GPU reset (this boot) makes a pending MIG
+        current, pending = node.mig_mode(address)  # mode current, as Node.boot does
+        if current != pending:
+            node.set_mig_mode(address, pending, pending)
     if node.built_module() is not None:  # a reboot: the kernel loads the DKMS module
         err = node.load_module()
         print(f"booted-sim: nvidia module loaded at boot{': ' + err if err else ''}")
