@@ -83,6 +83,7 @@ OTHER_TOOLS = (
     "tests/test_systemd_unit.py::test_exposure_score_of_the_shipped_unit",
     "tests/test_systemd_unit.py::test_install_into_image_root_enables_and_verifies",
     "tests/test_systemd_unit.py::test_packaged_unit_files_install_without_the_checkout",
+    "tests/test_systemd_unit.py::test_after_hook_waits_for_the_hooks_first_run_and_goes_away",
 )
 BOOT_TIMEOUT = 240  # seconds per boot, all scenarios (the longest settles in ~40 s)
 VENV = "/opt/bootfsm"
