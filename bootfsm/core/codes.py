@@ -274,7 +274,7 @@ CODES: dict[Code, CodeInfo] = {
         ),
         _row(
             Code.GRID_NOT_LICENSED,
-            "GRID: nvidia-smi -q shows no vGPU licence acquired within verify.license_timeout",
+            "GRID: nvidia-smi -q -x shows no vGPU licence acquired within verify.license_timeout",
             "check nvidia-gridd (unit, /etc/nvidia/gridd.conf) and the licence server",
             cse=84,
         ),
