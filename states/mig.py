@@ -85,10 +85,12 @@ def _plan(ctx: Context, gpus: tuple[SmiGpu, ...]) -> list[list[int]]:
 
 
 def _reboot_requested(ctx: Context, gpus: tuple[SmiGpu, ...]) -> bool:
-    """mig.on_pending = reboot (the provisioning hook): the mode change waits for the
-    caller's reboot, asked for in this boot (REBOOT_REQUEST, under /run)."""
+    """A pending mode change waits for the caller's reboot once a run of this boot asked
+    for it (REBOOT_REQUEST, under /run: the hook's, with mig.on_pending = reboot). Any
+    run of the same boot waits for it too: bootfsm.service, which kubelet's Requires=
+    starts when the caller starts kubelet before its reboot, must not fail 26."""
     pending = any(g.mig_current != "Enabled" and g.mig_pending == "Enabled" for g in gpus)
-    return pending and ctx.config.mig.on_pending == "reboot" and ctx.host.exists(REBOOT_REQUEST)
+    return pending and ctx.host.exists(REBOOT_REQUEST)
 
 
 def satisfied(ctx: Context) -> bool:

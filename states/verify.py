@@ -12,7 +12,7 @@ Success is final, and a Completed/Success GPU whose Health Summary is Unhealthy 
 ready. Clique id and cluster UUID are journaled per GPU.
 
 On a GRID driver verify also waits (bounded by verify.license_timeout) for
-`nvidia-smi -q` to show every vGPU licence acquired (bootfsm/install/grid_license.py):
+`nvidia-smi -q -x` to show every vGPU licence acquired (bootfsm/install/grid_license.py):
 GRID_NOT_LICENSED else.
 
 Satisfied when one query shows all of that at once (and fabric manager active where
@@ -117,7 +117,7 @@ def satisfied(ctx: Context) -> bool:
         report = _query(ctx)
     except (BootError, TransientError):
         return False
-    if grid_license.wanted(ctx) and grid_license.problems(ctx):
+    if grid_license.wanted(ctx) and grid_license.problems(report):
         return False
     return judge_fabric(report).ok
 
@@ -185,4 +185,4 @@ def run(ctx: Context) -> None:
     if needs_fabric_manager(ctx.facts):
         FABRIC_MANAGER.require_running(ctx)
     if grid_license.wanted(ctx):
-        grid_license.wait_licensed(ctx)
+        grid_license.wait_licensed(ctx, report)

@@ -5,7 +5,8 @@ node runs a pasted block, so this is not product code)."""
 from __future__ import annotations
 
 from bootfsm.parsers import ParseError
-from bootfsm.parsers.nvidia_smi import SmiGpu, _GpuBuilder, _split
+from bootfsm.parsers.nvidia_smi import SmiGpu
+from tests.smi_text import _GpuBuilder, _split
 
 __all__ = ["parse_fabric_block"]
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from bootfsm.cli import main
-from bootfsm.core.codes import CODES, Code
+from bootfsm.core.codes import CODES, Code, failure_line, info
 
 
 def test_codes_avoid_reserved_ranges() -> None:
@@ -54,3 +54,21 @@ def test_explain_by_number_or_name(arg: str, capsys: pytest.CaptureFixture[str])
 def test_explain_unknown_code(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["explain", "199"]) == 2
     assert "unknown exit code" in capsys.readouterr().err
+
+
+def test_every_command_ends_a_failure_with_the_same_line() -> None:
+    """``bootfsm: [command ]FAILED code=N NAME[ state=S]: first line | hint: ...``: the
+    message's first line only (a command's output follows it), the code's own hint."""
+    msg = "sha256 mismatch for NVIDIA-Linux-x86_64.run\nexpected abc\ngot def"
+    hint = info(Code.CHECKSUM_MISMATCH).hint
+    assert failure_line(Code.CHECKSUM_MISMATCH, msg, state="fetch") == (
+        "bootfsm: FAILED code=31 CHECKSUM_MISMATCH state=fetch: sha256 mismatch for "
+        f"NVIDIA-Linux-x86_64.run | hint: {hint}"
+    )
+    assert failure_line(Code.CHECKSUM_MISMATCH, msg, command="prefetch") == (
+        "bootfsm: prefetch FAILED code=31 CHECKSUM_MISMATCH: sha256 mismatch for "
+        f"NVIDIA-Linux-x86_64.run | hint: {hint}"
+    )
+    assert failure_line(Code.INTERRUPTED, "", state="").startswith(
+        "bootfsm: INTERRUPTED code=12 INTERRUPTED state=-:  | hint: "
+    )

@@ -3,7 +3,7 @@
 MIG mode on with no MIG instances leaves the spec's devices empty and nvidia-ctk exits 1
 ("invalid device, empty device edits"; Azure/AgentBaker PR #8736 and #9150 tolerate it
 on MIG nodes). The same message with MIG off hides GPUs from pods
-(kaito-project/kaito#2326): 92. MIG modes are read from real `nvidia-smi -q` captures.
+(kaito-project/kaito#2326): 92. MIG modes are read from real `nvidia-smi -q -x` captures.
 """
 
 from __future__ import annotations
@@ -27,20 +27,23 @@ CTK_EMPTY = (
     'time="2026-09-07T10:00:00Z" level=error msg="failed to generate CDI spec: '
     'invalid device, empty device edits"'
 )
-A100 = "nvidia-smi/thamada/A100SXMx4_gls_q.txt"
+XML = "nvidia-smi/k8s-test-infra_hardware_xml"
+A100 = f"{XML}/qx-a100.xml"
 
 
 def test_mig_modes_from_real_captures() -> None:
-    # read by hand: 4 GPUs, "MIG Mode / Current : Disabled" each; the A10 says N/A
-    assert mig_modes(sample(A100)) == ["Disabled"] * 4
-    assert mig_modes(sample("nvidia-smi/q_8xH100-HBM3_hgx_535.183.01_gpud.txt")) == ["Disabled"] * 8
-    assert mig_modes(sample("nvidia-smi/q_1xA10_535.129.03_gpud.txt")) == ["N/A"]
+    # read by hand: <mig_mode><current_mig>Disabled on each GPU; the L40S and T4 say N/A
+    assert mig_modes(sample(A100)) == ["Disabled"]
+    assert mig_modes(sample(f"{XML}/qx-h100.xml")) == ["Disabled"] * 8
+    assert mig_modes(sample(f"{XML}/qx-gb300.xml")) == ["Disabled"] * 4
+    assert mig_modes(sample(f"{XML}/qx-l40s.xml")) == ["N/A"]
+    assert mig_modes(sample(f"{XML}/qx-t4.xml")) == ["N/A"]
     assert mig_modes("") == []
 
 
 def test_only_mig_on_without_instances_is_tolerated() -> None:
     on = sample(A100).replace(
-        "Current                           : Disabled", "Current : Enabled", 1
+        "<current_mig>Disabled</current_mig>", "<current_mig>Enabled</current_mig>", 1
     )
     assert mig_modes(on)[0] == "Enabled"
     assert tolerated_case(CTK_EMPTY, mig_modes(on)) == MIG_NO_INSTANCES
@@ -51,7 +54,8 @@ def test_only_mig_on_without_instances_is_tolerated() -> None:
 
 
 def _shims(w: World, mig: str) -> dict[str, str]:
-    """nvidia-ctk whose `cdi generate` fails as above; nvidia-smi -q adding a MIG block."""
+    """nvidia-ctk whose `cdi generate` fails as above; nvidia-smi -q -x showing the first
+    GPU's current MIG mode as ``mig``."""
     shim = w.base / "shim-cdi"
     shim.mkdir(exist_ok=True)
     real_ctk, real_smi = w.bin_dir / "nvidia-ctk", w.bin_dir / "nvidia-smi"
@@ -63,10 +67,14 @@ def _shims(w: World, mig: str) -> dict[str, str]:
             f"os.execv({str(real_ctk)!r}, [{str(real_ctk)!r}, *sys.argv[1:]])\n"
         ),
         "nvidia-smi": (
-            "import subprocess, sys\n"
-            f"r = subprocess.run([{str(real_smi)!r}, *sys.argv[1:]])\n"
-            "if '-q' in sys.argv[1:] and '-x' not in sys.argv[1:] and r.returncode == 0:\n"
-            f"    print('    MIG Mode\\n        Current                           : {mig}')\n"
+            "import re, subprocess, sys\n"
+            f"r = subprocess.run([{str(real_smi)!r}, *sys.argv[1:]],\n"
+            "                   capture_output=True, text=True)\n"
+            "out = r.stdout\n"
+            "if sys.argv[1:] == ['-q', '-x'] and r.returncode == 0:\n"
+            "    out = re.sub('<current_mig>[^<]*</current_mig>',\n"
+            f"                 '<current_mig>{mig}</current_mig>', out, count=1)\n"
+            "sys.stdout.write(out); sys.stderr.write(r.stderr)\n"
             "sys.exit(r.returncode)\n"
         ),
     }

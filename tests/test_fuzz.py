@@ -40,7 +40,7 @@ from bootfsm.parsers.driver_info import (
     parse_module_version,
     parse_proc_driver_version,
 )
-from bootfsm.parsers.nvidia_smi import SmiFailure, classify_smi_failure, parse_smi_query
+from bootfsm.parsers.nvidia_smi import SmiFailure, classify_smi_failure
 from bootfsm.parsers.osrelease import parse_os_release
 from bootfsm.parsers.pci import parse_sysfs_hex, vpd_has_sw_mng
 from bootfsm.parsers.redistrib import parse_redistrib
@@ -48,6 +48,7 @@ from bootfsm.parsers.vmsize import parse_imds_vm_size
 from tests.lspci import parse_lspci_nn
 from tests.parsers.test_parse_osrelease import AZURE_LINUX_3, ROCKY_9, UBUNTU_2204
 from tests.samples import sample
+from tests.smi_text import parse_smi_query
 
 COUNT: dict[str, int] = {}  # inputs tried per property in `make fuzz`
 

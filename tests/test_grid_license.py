@@ -1,12 +1,14 @@
 """GRID (vGPU) licences (issue 31 item 8).
 
 AKS's GRID nodes came up "Unlicensed", CUDA reporting the device busy (Azure/AKS 4870,
-4880; Azure/aks-gpu#90). On a GRID driver verify waits, bounded, for `nvidia-smi -q` to
-show each GPU's licence acquired and ends 57 GRID_NOT_LICENSED when it is not.
+4880; Azure/aks-gpu#90). On a GRID driver verify waits, bounded, for `nvidia-smi -q -x`
+to show each GPU's licence acquired and ends 57 GRID_NOT_LICENSED when it is not.
 
-The block's real wording: NVIDIA/gpu-operator #220 (a vGPU guest's `nvidia-smi -q`,
-quoted by the reporter) for an unlicensed guest, and NVIDIA's vGPU licensing guides
-("when licensed, an expiration date appears in the license status") for a licensed one.
+The element's real form: NVML's own nvidia_smi.py (pynvml) writes
+``<vgpu_software_licensed_product>`` after ``<gpu_virtualization_mode>`` with
+``<licensed_product_name>`` and ``<license_status>``; a public 580.105.08 L40S-2Q
+guest's `-q -x` shows ``Licensed (Expiry: 2026-7-7 16:1:44 GMT)``. ``Unlicensed`` is
+the status NVIDIA/gpu-operator #220 quotes from a guest without a licence.
 """
 
 from __future__ import annotations
@@ -14,48 +16,48 @@ from __future__ import annotations
 import pytest
 
 from bootfsm.core.codes import Code
-from bootfsm.parsers.nvidia_smi import licensed, parse_smi_query
+from bootfsm.install.grid_license import problems
+from bootfsm.parsers.nvidia_smi import licensed
+from bootfsm.parsers.nvidia_smi_xml import parse_smi_xml
 from tests.conftest import MakeWorld, run_in_process
 from tests.samples import sample
 from tests.test_kernel_patch import _events
 
-# NVIDIA/gpu-operator #220 (snelis, 2021-07-06), verbatim
-UNLICENSED_220 = """\
-    vGPU Software Licensed Product
-        Product Name                      : NVIDIA Virtual Compute Server
-        License Status                    : Unlicensed
+L40S = "nvidia-smi/k8s-test-infra_hardware_xml/qx-l40s.xml"
+BLOCK = """\
+\t\t<vgpu_software_licensed_product>
+\t\t\t<licensed_product_name>NVIDIA RTX Virtual Workstation</licensed_product_name>
+\t\t\t<license_status>{}</license_status>
+\t\t</vgpu_software_licensed_product>
 """
-# the licensed form in public vGPU guides (e.g. a GPU Operator vGPU guide's V100D-8C guest)
-LICENSED = """\
-    vGPU Software Licensed Product
-        Product Name                      : NVIDIA Virtual Compute Server
-        License Status                    : Licensed (Expiry: 2025-3-19 7:29:4 GMT)
-"""
-A10_Q = "nvidia-smi/q_1xA10_535.129.03_gpud.txt"
 
 
-def _with_block(block: str) -> str:
-    """The real A10 `-q` with a vGPU guest's licence block where guests print it: after
-    the GPU Virtualization Mode section (before GPU Reset Status)."""
-    text = sample(A10_Q)
-    assert text.count("    GPU Reset Status\n") == 1
-    return text.replace("    GPU Reset Status\n", block + "    GPU Reset Status\n")
+def _with_block(status: str) -> str:
+    """The real L40S `-q -x` with a vGPU guest's licence element where NVML writes it:
+    right after </gpu_virtualization_mode>."""
+    text = sample(L40S)
+    end = "\t\t</gpu_virtualization_mode>\n"
+    assert text.count(end) == 1
+    return text.replace(end, end + BLOCK.format(status))
 
 
 @pytest.mark.parametrize(
-    ("block", "status", "ok"),
-    [(UNLICENSED_220, "Unlicensed", False), (LICENSED, "Licensed (Expiry: 2025-3-19 7:29:4 GMT)",
-                                               True)],
-)  # fmt: skip
-def test_the_licence_block_is_read_from_a_real_report(block: str, status: str, ok: bool) -> None:
-    [gpu] = parse_smi_query(_with_block(block)).gpus
+    ("status", "ok"),
+    [("Unlicensed", False), ("Licensed (Expiry: 2026-7-7 16:1:44 GMT)", True)],
+)
+def test_the_licence_element_is_read_from_a_real_report(status: str, ok: bool) -> None:
+    report = parse_smi_xml(_with_block(status))
+    [gpu] = report.gpus
     assert gpu.license_status == status
     assert licensed(gpu.license_status) is ok
+    assert problems(report) == ([] if ok else [f"{gpu.bus_id}: {status}"])
 
 
-def test_a_report_without_the_block_has_no_licence() -> None:
-    [gpu] = parse_smi_query(sample(A10_Q)).gpus  # a CUDA driver, passthrough: no block
+def test_a_report_without_the_element_has_no_licence() -> None:
+    report = parse_smi_xml(sample(L40S))  # a CUDA driver, passthrough: no element
+    [gpu] = report.gpus
     assert gpu.license_status == "" and not licensed("")
+    assert problems(report) == [f"{gpu.bus_id}: no vgpu_software_licensed_product element"]
 
 
 @pytest.mark.parametrize(
@@ -94,7 +96,9 @@ def test_a_licence_never_acquired_ends_57_in_verify(make_world: MakeWorld) -> No
     assert "Unlicensed (Unrestricted)" in result.outcome.message
 
 
-def test_a_cuda_node_asks_no_licence(make_world: MakeWorld) -> None:
+def test_a_cuda_node_waits_for_no_licence(make_world: MakeWorld) -> None:
     w = make_world("h100-pcie")
-    assert run_in_process(w).outcome.ok
-    assert [c for c in w.calls() if c["cmd"] == "nvidia-smi" and c["argv"] == ["-q"]] == []
+    result = run_in_process(w)
+    assert result.outcome.ok
+    assert _events(result.journal, "grid.license_waiting") == []
+    assert _events(result.journal, "grid.licensed") == []

@@ -18,10 +18,11 @@ from bootfsm.core.hardware import model_for
 from bootfsm.node.fabric import FabricVerdict, judge_fabric
 from bootfsm.node.facts import NodeFacts, PciGpu
 from bootfsm.node.guards import GUARDS
-from bootfsm.parsers.nvidia_smi import SmiReport, parse_smi_query
+from bootfsm.parsers.nvidia_smi import SmiReport
 from bootfsm.parsers.nvidia_smi_xml import parse_smi_xml
 from tests.samples import sample
 from tests.smi_excerpts import parse_fabric_block
+from tests.smi_text import parse_smi_query
 
 SMI = "nvidia-smi/"
 XML = SMI + "k8s-test-infra_hardware_xml/"

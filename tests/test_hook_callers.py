@@ -410,6 +410,11 @@ def test_a_pending_mig_mode_is_success_and_a_reboot_request(make_world: MakeWorl
     assert [e["event"] for e in run if e["event"] == "mig.reboot_requested"]
     assert [e["source"] for e in run if e["event"] == "transition"][-1] == "join"  # went on
     assert (w.root / DROPIN.lstrip("/")).is_file()
+    # ensureKubelet then starts kubelet, whose Requires= starts bootfsm.service in this
+    # same boot (its --after-hook condition is met now): it waits for the same reboot
+    unit = bootfsm(w, "run", "--no-start-kubelet")
+    assert unit.returncode == 0, unit.stdout + unit.stderr
+    assert "node provisioned; reboot required: MIG mode pending on 8 GPU(s)" in unit.stderr
     # the caller reboots; bootfsm.service runs at boot with the persisted MIG layout
     simulate_reboot(w.root)
     assert not (w.root / REBOOT_REQUEST).exists()

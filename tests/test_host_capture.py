@@ -12,9 +12,9 @@ from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError
 from bootfsm.host import process as host_mod
 from bootfsm.host.host import OUTPUT_LIMIT_BYTES, OUTPUT_TAIL_BYTES, CommandResult, Host
-from bootfsm.parsers.nvidia_smi import parse_smi_query
 from bootfsm.parsers.nvidia_smi_xml import parse_smi_xml
 from tests.samples import SAMPLES, sample_bytes
+from tests.smi_text import parse_smi_query
 
 H100_Q = "nvidia-smi/q_8xH100-HBM3_hgx_535.183.01_gpud.txt"
 H100_Q_565 = "nvidia-smi/thamada/H100SXMx8_nvidia-smi-repo_q.txt"

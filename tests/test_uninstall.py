@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from bootfsm.core.codes import Code
+from bootfsm.core.codes import Code, info
 from bootfsm.core.config import parse_config
 from bootfsm.host.host import Host
 from bootfsm.install.records import parse_records
@@ -328,7 +328,9 @@ def test_unreadable_records_are_108_with_a_message(make_world: MakeWorld) -> Non
         env=w.env(), capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert out.returncode == 108
-    assert "UNINSTALL_FAILED" in out.stderr and "unknown kind 'bogus'" in out.stderr
+    line = next(ln for ln in out.stderr.splitlines() if " FAILED " in ln)
+    assert line.startswith("bootfsm: uninstall FAILED code=108 UNINSTALL_FAILED: ")
+    assert "unknown kind 'bogus'" in line and line.endswith(f" | hint: {info(108).hint}")
     assert "Traceback" not in out.stderr
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import IO
 
 from bootfsm.commands.common import load_or_exit
-from bootfsm.core.codes import Code, info
+from bootfsm.core.codes import Code, failure_line
 from bootfsm.core.config import Config
 from bootfsm.machine.context import Context
 from bootfsm.machine.engine import Outcome
@@ -97,11 +97,7 @@ def summary_line(result: FetchResult, prefetch: bool) -> str:
     what = "prefetch" if prefetch else "fetch"
     if result.code is Code.OK:
         return f"bootfsm: {what} OK: {result.message}"
-    first = result.message.splitlines()[0] if result.message else ""
-    return (
-        f"bootfsm: {what} FAILED code={int(result.code)} {result.code.name}: {first}"
-        f" | hint: {info(result.code).hint}"
-    )
+    return failure_line(result.code, result.message, command=what)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from bootfsm.commands.common import config_path
 from bootfsm.core import caller
-from bootfsm.core.codes import Code, info
+from bootfsm.core.codes import Code, failure_line
 from bootfsm.core.config import ConfigError
 from bootfsm.core.config_files import load_config_sources
 from bootfsm.core.cse import CSE_NAMES, cse_exit
@@ -30,16 +30,11 @@ def summary_line(result: RunResult, seconds: float, exit_codes: str = "bootfsm")
     run = f" | run {result.run_id}" if result.run_id else ""
     if o.ok:
         return f"bootfsm: OK code=0 OK state=done: {o.message} in {seconds:.1f} s{run}"
-    verdict = "INTERRUPTED" if o.code is Code.INTERRUPTED else "FAILED"
     cse = ""
     if exit_codes == "cse":
         number = exit_code(o, exit_codes)
         cse = f" | cse exit {number} {CSE_NAMES.get(number, '')}".rstrip()
-    return (
-        f"bootfsm: {verdict} code={int(o.code)} {o.code.name} state={o.state or '-'}: "
-        f"{o.message.splitlines()[0] if o.message else ''} | hint: {info(o.code).hint}"
-        f"{cse}{run}"
-    )
+    return failure_line(o.code, o.message, state=o.state) + cse + run
 
 
 def exit_code(outcome: Outcome, exit_codes: str = "bootfsm") -> int:

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from bootfsm.commands.common import load_or_exit
-from bootfsm.core.codes import Code, info
+from bootfsm.core.codes import Code, failure_line
 from bootfsm.core.config import Config
 from bootfsm.core.errors import BootError, TransientError
 from bootfsm.host.host import Host
@@ -66,11 +66,7 @@ def _failed(args: argparse.Namespace, code: Code, message: str) -> int:
             "message": message,
         }
         print(json.dumps(doc, indent=2))
-    print(
-        f"bootfsm: uninstall FAILED code={int(code)} {code.name}: {message.splitlines()[0]}"
-        f" | hint: {info(code).hint}",
-        file=sys.stderr,
-    )
+    print(failure_line(code, message, command="uninstall"), file=sys.stderr)
     for line in message.splitlines()[1:]:  # the failed command's output
         print(f"  {line}", file=sys.stderr)
     return int(code)

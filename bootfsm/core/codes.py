@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from bootfsm.core.code_names import Code, CodeInfo, _row
 
-__all__ = ["CODES", "Code", "CodeInfo", "info"]
+__all__ = ["CODES", "Code", "CodeInfo", "failure_line", "info"]
 
 
 CODES: dict[Code, CodeInfo] = {
@@ -274,7 +274,7 @@ CODES: dict[Code, CodeInfo] = {
         ),
         _row(
             Code.GRID_NOT_LICENSED,
-            "GRID: nvidia-smi -q shows no vGPU licence acquired within verify.license_timeout",
+            "GRID: nvidia-smi -q -x shows no vGPU licence acquired within verify.license_timeout",
             "check nvidia-gridd (unit, /etc/nvidia/gridd.conf) and the licence server",
             cse=84,
         ),
@@ -427,3 +427,14 @@ CODES: dict[Code, CodeInfo] = {
 def info(code: int) -> CodeInfo:
     """Return the table row for ``code``; raise KeyError for an unknown code."""
     return CODES[Code(code)]
+
+
+def failure_line(code: Code, message: str, *, command: str = "", state: str | None = None) -> str:
+    """The one line every command ends a failure with: ``bootfsm: [command ]FAILED
+    code=N NAME[ state=S]: <the message's first line> | hint: <the code's hint>``
+    (INTERRUPTED for an interrupted run)."""
+    verdict = "INTERRUPTED" if code is Code.INTERRUPTED else "FAILED"
+    where = "" if state is None else f" state={state or '-'}"
+    first = message.splitlines()[0] if message else ""
+    head = f"bootfsm: {command} {verdict}" if command else f"bootfsm: {verdict}"
+    return f"{head} code={int(code)} {code.name}{where}: {first} | hint: {info(code).hint}"

@@ -26,7 +26,7 @@ from bootfsm.install import records
 from bootfsm.install.units import reset_failed
 from bootfsm.machine.context import Context
 from bootfsm.parsers import ParseError
-from bootfsm.parsers.nvidia_smi import parse_smi_query
+from bootfsm.parsers.nvidia_smi_xml import parse_smi_xml
 
 __all__ = ["CDI_SPEC", "CDI_TOLERATED", "CDI_UNIT", "CDI_UNIT_DIRS", "EMPTY_DEVICE_EDITS",
            "MIG_NO_INSTANCES", "mig_modes", "refresh_cdi", "tolerated_case",
@@ -40,12 +40,12 @@ CDI_UNIT = "nvidia-cdi-refresh.service"
 CDI_UNIT_DIRS = ("/etc/systemd/system", "/lib/systemd/system", "/usr/lib/systemd/system")
 
 
-def mig_modes(query_text: str) -> list[str]:
-    """Each GPU's current MIG mode ("Enabled", "Disabled", "N/A") from `nvidia-smi -q`
-    text, read by bootfsm.parsers.nvidia_smi, in order; empty when the text is not a
-    whole report (then the failed `cdi generate` is not the tolerated case)."""
+def mig_modes(report_xml: str) -> list[str]:
+    """Each GPU's current MIG mode ("Enabled", "Disabled", "N/A") from `nvidia-smi -q -x`,
+    in order; empty when it is not a whole report (then the failed `cdi generate` is not
+    the tolerated case)."""
     try:
-        return [g.mig_current for g in parse_smi_query(query_text).gpus]
+        return [g.mig_current for g in parse_smi_xml(report_xml).gpus]
     except ParseError:
         return []
 
@@ -100,7 +100,7 @@ def _judge(ctx: Context, argv: list[str], rc: int, timed_out: bool, output: str,
     """A failed refresh: the tolerated case is journaled (``cdi.tolerated``) and marked
     for this boot; anything else is CDI_REFRESH_FAILED (or the state's time code)."""
     smi = (
-        ctx.run(["nvidia-smi", "-q"], timeout=120, die_with_bootfsm=False)
+        ctx.run(["nvidia-smi", "-q", "-x"], timeout=120, die_with_bootfsm=False)
         if EMPTY_DEVICE_EDITS in output and not timed_out
         else None
     )

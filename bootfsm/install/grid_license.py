@@ -4,11 +4,13 @@ A vGPU guest starts unlicensed; nvidia-gridd acquires the licence from the licen
 server. Until it does the vGPU is throttled after a grace period and CUDA reports the
 device busy: AKS's GRID nodes came up "Unlicensed" (Azure/AKS issues 4870 and 4880;
 Azure/aks-gpu#90 went back to 535 because 550 installed no nvidia-gridd unit).
-`nvidia-smi -q` says it per GPU, in the block its guest guides quote::
+`nvidia-smi -q -x` says it per GPU (the `-q` block its guest guides quote, "vGPU
+Software Licensed Product / License Status"), as XML::
 
-    vGPU Software Licensed Product
-        Product Name                      : NVIDIA Virtual Compute Server
-        License Status                    : Licensed (Expiry: 2025-3-19 7:29:4 GMT)
+    <vgpu_software_licensed_product>
+        <licensed_product_name>NVIDIA RTX Virtual Workstation</licensed_product_name>
+        <license_status>Licensed (Expiry: 2026-7-7 16:1:44 GMT)</license_status>
+    </vgpu_software_licensed_product>
 
 (``Unlicensed`` as gpu-operator #220 shows it; ``Unlicensed (Unrestricted)`` /
 ``(Restricted)`` in the grace period and after it). verify waits, bounded by
@@ -21,7 +23,8 @@ from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError
 from bootfsm.machine.context import Context
 from bootfsm.parsers import ParseError
-from bootfsm.parsers.nvidia_smi import licensed, parse_smi_query
+from bootfsm.parsers.nvidia_smi import SmiReport, licensed
+from bootfsm.parsers.nvidia_smi_xml import parse_smi_xml
 
 __all__ = ["problems", "wait_licensed", "wanted"]
 
@@ -31,34 +34,41 @@ def wanted(ctx: Context) -> bool:
     return ctx.config.driver.kind == "grid"
 
 
-def problems(ctx: Context) -> list[str]:
-    """One `nvidia-smi -q`: ``<bus id>: <License Status>`` of each GPU not licensed (every
-    GPU when the report cannot be read); empty when all are."""
-    r = ctx.run(["nvidia-smi", "-q"], timeout=120, die_with_bootfsm=False)  # only reads
-    try:
-        gpus = parse_smi_query(r.output).gpus if r.ok else ()
-    except ParseError:
-        gpus = ()
-    if not gpus:
-        return [f"nvidia-smi -q exit {r.returncode}: {r.output.strip()[-200:] or 'no report'}"]
+def problems(report: SmiReport) -> list[str]:
+    """``<bus id>: <License Status>`` of each GPU of a `nvidia-smi -q -x` report that is
+    not licensed (pure); empty when all are."""
     return [
-        f"{g.bus_id}: {g.license_status or 'no vGPU Software Licensed Product block'}"
-        for g in gpus
+        f"{g.bus_id}: {g.license_status or 'no vgpu_software_licensed_product element'}"
+        for g in report.gpus
         if not licensed(g.license_status)
     ]
 
 
-def wait_licensed(ctx: Context) -> None:
-    """Wait until every GPU is licensed (bounded); GRID_NOT_LICENSED with what
-    nvidia-smi said last when the wait runs out."""
+def _asked(ctx: Context) -> list[str]:
+    """``problems`` of a new `nvidia-smi -q -x` (every GPU's, as one line, when the report
+    cannot be read)."""
+    r = ctx.run(["nvidia-smi", "-q", "-x"], timeout=120, die_with_bootfsm=False)  # only reads
+    try:
+        report = parse_smi_xml(r.output) if r.ok else None
+    except ParseError:
+        report = None
+    if report is None or not report.gpus:
+        tail = r.output.strip()[-200:] or "no report"
+        return [f"nvidia-smi -q -x exit {r.returncode}: {tail}"]
+    return problems(report)
+
+
+def wait_licensed(ctx: Context, report: SmiReport) -> None:
+    """Wait until every GPU is licensed, from ``report`` on, asking again (bounded);
+    GRID_NOT_LICENSED with what nvidia-smi said last when the wait runs out."""
     cfg = ctx.config.verify
-    last = problems(ctx)
+    last = problems(report)
     if not last:
         return
     ctx.event("grid.license_waiting", gpus=last, timeout_s=cfg.license_timeout)
 
     def probe() -> bool | None:
-        last[:] = problems(ctx)
+        last[:] = _asked(ctx)
         return True if not last else None
 
     ctx.wait_until(

@@ -13,6 +13,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_any,
+)
+from tenacity.stop import stop_base
+from tenacity.wait import wait_base
+
 from bootfsm.core.codes import Code, info
 from bootfsm.core.deadline import Deadline
 from bootfsm.core.errors import BootError, TransientError
@@ -132,17 +142,17 @@ def build_machine(
     )
 
 
-class _StopOnBudget:
+class _StopOnBudget(stop_base):
     """tenacity stop strategy: stop when the next sleep would not fit in what remains."""
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
 
-    def __call__(self, retry_state: Any) -> bool:
+    def __call__(self, retry_state: RetryCallState) -> bool:
         return bool(retry_state.upcoming_sleep >= self.ctx.remaining())
 
 
-class _Backoff:
+class _Backoff(wait_base):
     """tenacity wait strategy: Retry-After when the server gave one, else jittered backoff."""
 
     def __init__(self, policy: RetryPolicy, scale: float, rng: random.Random) -> None:
@@ -150,7 +160,7 @@ class _Backoff:
         self.scale = scale
         self.rng = rng
 
-    def __call__(self, retry_state: Any) -> float:
+    def __call__(self, retry_state: RetryCallState) -> float:
         exc: BaseException | None = retry_state.outcome.exception() if retry_state.outcome else None
         if isinstance(exc, TransientError) and exc.retry_after is not None:
             # the server's word wins; _StopOnBudget stops when it does not fit the deadline
@@ -161,40 +171,18 @@ class _Backoff:
 
 
 def attempt(ctx: Context, srow: StateRow, action: Callable[[], None]) -> int:
-    """Run ``action`` under the row's retry policy; return the number of attempts.
-
-    The first attempt runs on its own, so a boot where nothing fails never imports
-    tenacity; a transient failure is handed to tenacity as its attempt 1, and the stop,
-    wait and events from there on are the policy's, as if tenacity had run it.
-    """
-    ctx.event("state.attempt", attempt=1)
-    try:
-        action()
-    except TransientError as exc:
-        return _retry(ctx, srow, action, exc)
-    return 1
-
-
-def _retry(ctx: Context, srow: StateRow, action: Callable[[], None], failed: TransientError) -> int:
-    """Attempts 2.. of ``attempt`` under tenacity; attempt 1 replays ``failed``."""
-    from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, stop_any
-
+    """Run ``action`` under the row's retry policy (tenacity: at most
+    ``srow.retry.attempts`` attempts, a wait that fits the deadline, transient errors
+    only); return the number of attempts. Giving up is BootError with the last code."""
     attempts = 0
-    first: list[TransientError] = [failed]
 
-    def replay() -> None:
-        if first:
-            raise first.pop()
-        action()
-
-    def before(rs: Any) -> None:
+    def before(rs: RetryCallState) -> None:
         nonlocal attempts
         attempts = rs.attempt_number
-        if rs.attempt_number > 1:  # attempt 1's event came before it ran
-            ctx.event("state.attempt", attempt=rs.attempt_number)
+        ctx.event("state.attempt", attempt=rs.attempt_number)
 
-    def before_sleep(rs: Any) -> None:
-        exc = rs.outcome.exception()
+    def before_sleep(rs: RetryCallState) -> None:
+        exc = rs.outcome.exception() if rs.outcome else None
         ctx.journal.event(
             "state.retry",
             level="warning",
@@ -206,7 +194,7 @@ def _retry(ctx: Context, srow: StateRow, action: Callable[[], None], failed: Tra
         )
 
     retrying = Retrying(
-        stop=stop_any(stop_after_attempt(srow.retry.attempts), _StopOnBudget(ctx)),  # type: ignore[arg-type]
+        stop=stop_any(stop_after_attempt(srow.retry.attempts), _StopOnBudget(ctx)),
         wait=_Backoff(srow.retry, ctx.config.run.backoff_scale, random.Random()),  # noqa: S311 - jitter, not crypto
         retry=retry_if_exception_type(TransientError),
         sleep=ctx.sleep,
@@ -215,7 +203,7 @@ def _retry(ctx: Context, srow: StateRow, action: Callable[[], None], failed: Tra
         reraise=True,
     )
     try:
-        retrying(replay)
+        retrying(action)
     except TransientError as exc:
         raise BootError(
             exc.code, f"{exc.message} (gave up after {attempts} attempt(s))", attempts=attempts

@@ -207,9 +207,9 @@ def _export_trace(jpath: Path, env: Mapping[str, str]) -> list[str]:
 
 
 def _registry() -> Mapping[str, Any]:
-    from bootfsm.states import ahead
+    from bootfsm.states import REGISTRY
 
-    return ahead()
+    return REGISTRY
 
 
 def _callbacks() -> Mapping[str, Callable[[Context], None]]:

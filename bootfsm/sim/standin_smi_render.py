@@ -232,30 +232,12 @@ _TEXT_LINES = _lines(TEXT_GPU)
 _XML_LINES = _lines(XML_GPU)
 
 
-def _text_gpu(values: Mapping[str, str]) -> str:
-    """One `-q` GPU block (the [vgpu] sections only on a vGPU guest)."""
-    lines = [f"GPU {values['bus_id']}"]
-    skip_below: int | None = None
-    for depth, key, value in _TEXT_LINES:
-        if skip_below is not None and depth > skip_below:
-            continue
-        skip_below = None
-        if key.startswith("[vgpu] "):
-            if not values["license_status"]:
-                skip_below = depth
-                continue
-            key = key.removeprefix("[vgpu] ")
-        indent = " " * (4 * depth + 4)
-        if value is None:
-            lines.append(indent + (key[:-1] + " " if key.endswith("|") else key))
-        else:
-            lines.append(f"{indent}{key}".ljust(_KEY_COLUMN) + ": " + value.format_map(values))
-    return "\n".join(lines) + "\n"
-
-
-def _for_branch(template: list[_Line], branch: int) -> list[_Line]:
-    """The template lines a driver branch prints: [580] lines from 580 on, [570] lines
-    before it; a section left out takes its children with it."""
+def _select(template: list[_Line], values: Mapping[str, str]) -> list[_Line]:
+    """The template lines this driver and guest print: [580] lines from 580 on, [570]
+    lines before it, [vgpu] lines on a vGPU guest only; a section left out takes its
+    children with it."""
+    branch = _branch(values["driver_version"])
+    keep = {"[580": branch >= 580, "[570": branch < 580, "[vgpu": bool(values["license_status"])}
     out: list[_Line] = []
     skip_below: int | None = None
     for depth, key, value in template:
@@ -264,13 +246,24 @@ def _for_branch(template: list[_Line], branch: int) -> list[_Line]:
         skip_below = None
         tag, _, rest = key.partition("] ")
         if key.startswith("[") and rest:
-            wanted = branch >= 580 if tag == "[580" else branch < 580
-            if not wanted:
+            if not keep[tag]:
                 skip_below = depth
                 continue
             key = rest
         out.append((depth, key, value))
     return out
+
+
+def _text_gpu(values: Mapping[str, str]) -> str:
+    """One `-q` GPU block (the [vgpu] sections only on a vGPU guest)."""
+    lines = [f"GPU {values['bus_id']}"]
+    for depth, key, value in _select(_TEXT_LINES, values):
+        indent = " " * (4 * depth + 4)
+        if value is None:
+            lines.append(indent + (key[:-1] + " " if key.endswith("|") else key))
+        else:
+            lines.append(f"{indent}{key}".ljust(_KEY_COLUMN) + ": " + value.format_map(values))
+    return "\n".join(lines) + "\n"
 
 
 def _branch(version: str) -> int:
@@ -282,7 +275,7 @@ def _xml_gpu(values: Mapping[str, str], clocks: list[int]) -> str:
     """One `-q -x` <gpu> element."""
     lines = [f'\t<gpu id="{values["bus_id"]}">']
     stack: list[str] = []
-    for depth, key, value in _for_branch(_XML_LINES, _branch(values["driver_version"])):
+    for depth, key, value in _select(_XML_LINES, values):
         while len(stack) > depth:
             lines.append("\t" * (len(stack) + 1) + f"</{stack.pop()}>")
         tabs = "\t" * (depth + 2)
@@ -335,6 +328,7 @@ def render_query(node: Node, version: str, gpus: list[tuple[int, str, int]], xml
             f"\t<attached_gpus>{len(gpus)}</attached_gpus>\n"
         )
         body = "".join(_xml_gpu(v, _clocks(b)) for v, b in per_gpu)
+        count_license_query(node)
         return head + body + "</nvidia_smi_log>\n"
     count_license_query(node)
     head = "\n".join(

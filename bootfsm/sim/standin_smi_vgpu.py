@@ -1,11 +1,11 @@
-"""A GRID (vGPU) guest's `nvidia-smi -q` values: virtualization mode and licence.
+"""A GRID (vGPU) guest's `nvidia-smi -q` and `-q -x` values: virtualization mode and licence.
 
 A node whose GRID runfile installed /usr/bin/nvidia-gridd is a vGPU guest: "GPU
 Virtualization Mode / Virtualization Mode : VGPU" and a "vGPU Software Licensed Product"
 block (the layout of a real 535.216.01 `-q` of a GRID V100D-8C guest quoted in a public
 GPU Operator vGPU guide; ``License Status`` words from NVIDIA's vGPU licensing guides,
 ``Licensed (Expiry: ...)``, and NVIDIA/gpu-operator #220, ``Unlicensed``). nvidia-gridd
-takes a moment: the licence is acquired after the second `-q` (text) this boot, never
+takes a moment: the licence is acquired after the second report (`-q` or `-q -x`) this boot, never
 under the grid-unlicensed fault ("Unlicensed (Unrestricted)", the grace period's state).
 """
 
@@ -25,7 +25,7 @@ def _seen(node: Node) -> int:
 
 
 def count_license_query(node: Node) -> None:
-    """One more `-q` (text) report that nvidia-gridd had time for (a vGPU guest only)."""
+    """One more report (`-q` or `-q -x`) nvidia-gridd had time for (a vGPU guest only)."""
     if node.p(_GRIDD).exists():
         node.write(_QUERIES, str(_seen(node) + 1))
 

@@ -5,13 +5,16 @@ k8s-test-infra_hardware_xml/qx-gb300.xml and qx-gb200.xml for 580 and later driv
 the 570.148.08 layout of qx-a100.xml before (``nvsmi_device_v13.dtd`` / ``v12``
 DOCTYPE, one tab a level, ``<fabric>`` with ``cliqueId``/``clusterUuid``/``<health>``, a
 ``<supported_clocks>`` list of every graphics clock, which is most of its 29-44 KB per
-GPU).
+GPU). A vGPU guest's ``[vgpu] vgpu_software_licensed_product`` element follows
+``gpu_virtualization_mode``, as NVML's own nvidia_smi.py (pynvml) writes it, with the
+element names and ``Licensed (Expiry: ...)`` value of a public 580.105.08 L40S-2Q guest's
+`-q -x`.
 
 Notation: that of :mod:`standin_smi_text` (two spaces a level, ``key: value``, ``key``
 a section), plus ``tag!`` an empty element printed open and closed on two lines,
 ``tag: value  #NL`` a value on its own line, ``@supported_graphics_clocks`` the clock
 list, and a ``[580]`` / ``[570]`` prefix a line only 580-and-later / earlier drivers
-print.
+print (``[vgpu]``: only a vGPU guest).
 """
 
 from __future__ import annotations
@@ -74,6 +77,9 @@ gpu_virtualization_mode
   virtualization_mode: {virtualization_mode}
   host_vgpu_mode: N/A
   vgpu_heterogeneous_mode: N/A
+[vgpu] vgpu_software_licensed_product
+  licensed_product_name: {licensed_product}
+  license_status: {license_status}
 [570] gpu_reset_status
   reset_required: Requested functionality has been deprecated
   drain_and_reset_recommended: Requested functionality has been deprecated

@@ -790,10 +790,18 @@ def cse_env(mig: str = "") -> str:
 
 
 def check_mig_pending(b: Boot, systemd: str) -> Checks:
-    """The hook on the provisioned node of a MIG pool whose GPU stays MIG-pending (a
-    client holds it): CSE succeeds and asks for its reboot; the unit's run kept going."""
+    """The first boot of a MIG pool's VM from an AKS image (install-unit --after-hook, a
+    fresh VHD) whose GPU stays MIG-pending (a client holds it): CSE succeeds and asks for
+    its reboot; bootfsm.service, which kubelet's Requires= starts after the hook, waits
+    for the same reboot (0) and kubelet runs until it."""
     c = Checks()
     base_checks(c, b, systemd)
+    bf = b.show("bootfsm")
+    c.eq("bootfsm.service ExecMainStatus", bf.get("ExecMainStatus"), "0")
+    c.true(
+        f"bootfsm.service StatusText {bf.get('StatusText')!r}",
+        "reboot required: MIG mode pending on 1 GPU" in bf.get("StatusText", ""),
+    )
     cse = b.text("cse.txt")
     c.true(f"CSE did not end 0: {cse[-300:]!r}", "rc=0" in cse.splitlines()[-1:])
     c.true(
@@ -903,8 +911,9 @@ SCENARIOS = (
         "10-mig-hook",
         "10 a MIG pool's hook while the GPU stays MIG-pending: CSE 0 and its reboot asked",
         lambda b, img, _: check_mig_pending(b, img.systemd),
-        scenario={"node_faults": ["mig-gpu-in-use"]},
+        scenario={"node_faults": ["mig-gpu-in-use"], "fresh_cse": True},
         files={"cse.env": cse_env(mig="MIG1g")},
+        ro_binds={AFTER_HOOK_PATH: AFTER_HOOK_TEXT},
         node="kept",
     ),
     Scenario(

@@ -9,15 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bootfsm.parsers import ParseError
-from bootfsm.parsers.nvidia_smi import (
-    SmiFailure,
-    SmiGpu,
-    classify_smi_failure,
-    device_id_of,
-    parse_smi_query,
-)
+from bootfsm.parsers.nvidia_smi import SmiFailure, SmiGpu, classify_smi_failure, device_id_of
 from tests.samples import sample
 from tests.smi_excerpts import parse_fabric_block
+from tests.smi_text import parse_smi_query
 
 H100 = "nvidia-smi/q_8xH100-HBM3_hgx_535.161.08_gpud.txt"
 A10 = "nvidia-smi/q_1xA10_535.129.03_gpud.txt"

@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 
 from bootfsm.core.migspec import MigItem, parse_mig_layout
 from bootfsm.parsers import ParseError
-from bootfsm.parsers.nvidia_smi import parse_smi_query
 from bootfsm.parsers.nvidia_smi_mig import (
     ComputeInstance,
     GiProfile,
@@ -27,6 +26,7 @@ from bootfsm.parsers.nvidia_smi_mig import (
 )
 from bootfsm.parsers.nvidia_smi_xml import parse_smi_xml
 from tests.samples import sample
+from tests.smi_text import parse_smi_query
 
 XML = "nvidia-smi/k8s-test-infra_hardware_xml/"
 D, NA = ("Disabled", "Disabled"), ("N/A", "N/A")

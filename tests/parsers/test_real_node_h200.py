@@ -11,9 +11,10 @@ from pathlib import Path
 from bootfsm.host.host import Host
 from bootfsm.node.facts import gather_facts
 from bootfsm.parsers.driver_info import parse_proc_driver_version
-from bootfsm.parsers.nvidia_smi import classify_smi_failure, parse_smi_query
+from bootfsm.parsers.nvidia_smi import classify_smi_failure
 from bootfsm.parsers.nvidia_smi_mig import parse_lgip
 from bootfsm.parsers.nvidia_smi_xml import parse_smi_xml
+from tests.smi_text import parse_smi_query
 
 CAPTURE = Path(__file__).resolve().parents[1] / "captures" / "h200_580.159.04"
 

@@ -69,11 +69,11 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from bootfsm.parsers.nvidia_smi import classify_smi_failure, parse_smi_query
+from bootfsm.parsers.nvidia_smi import classify_smi_failure
 from bootfsm.parsers.nvidia_smi_xml import parse_smi_xml
 
 out = Path(sys.argv[1])
-for name, parse in (("smi-qx.xml", parse_smi_xml), ("smi-q.txt", parse_smi_query)):
+for name, parse in (("smi-qx.xml", parse_smi_xml),):  # bootfsm reads only -q -x
     try:
         print(f"{name}: {asdict(parse((out / name).read_text(errors='replace')))}")
     except Exception as exc:  # a parser refusing the real output is what this looks for

@@ -13,7 +13,6 @@ from types import ModuleType
 
 import pytest
 
-from bootfsm.parsers.nvidia_smi import parse_smi_query
 from bootfsm.parsers.nvidia_smi_xml import parse_smi_xml
 from bootfsm.sim import (
     standin_smi,
@@ -26,6 +25,7 @@ from bootfsm.sim import (
 from bootfsm.sim.node import SKUS, build_node, standin_script
 from bootfsm.sim.nodestate import Node
 from tests.samples import sample
+from tests.smi_text import parse_smi_query
 
 VERSION = "570.211.01"
 TEXT_570 = "nvidia-smi/thamada/RTX5090x1_gls_q.txt"

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bootfsm.parsers.nvidia_smi import parse_smi_query
 from bootfsm.sim.node import SKUS, DpkgLockHolder, build_node, calls, standin_script
+from tests.smi_text import parse_smi_query
 
 VERSION = "580.159.04"
 FM_UNIT = """\

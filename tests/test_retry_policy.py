@@ -1,13 +1,12 @@
-"""The retry library is loaded only when a state must retry: a boot where every first
-attempt succeeds never imports it (it is part of the engine's start-up cost on every
-node), and a transient failure still gets the policy's retries, waits and events."""
+"""Retries follow each state's policy: a boot where every first attempt succeeds retries
+nothing, a transient failure gets the policy's retries, waits and events, and a state
+that stays transient stops after exactly its attempts."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,38 +21,26 @@ from bootfsm.observe.journal import Journal
 from bootfsm.sim.mirror import Status
 from tests.conftest import MakeWorld, run_in_process
 
-PROBE = (
-    "import sys; from bootfsm.cli import main; rc = main(sys.argv[1:]); "
-    "print('TENACITY', 'tenacity' in sys.modules); sys.exit(rc)"
-)
+
+def _events(journal: object) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in Path(str(journal)).read_text().splitlines() if x.strip()]
 
 
-def _boot(w: object, *extra: str) -> tuple[int, bool, list[dict[str, object]]]:
-    argv = [sys.executable, "-c", PROBE, *w.argv(*extra)[3:]]  # type: ignore[attr-defined]
-    p = subprocess.run(argv, env=w.env(), capture_output=True, text=True, timeout=180)  # type: ignore[attr-defined]
-    line = [ln for ln in p.stdout.splitlines() if ln.startswith("TENACITY ")]
-    assert line, p.stdout + p.stderr
-    logs = sorted((w.root / "var/log/bootfsm").glob("run-*.jsonl"))  # type: ignore[attr-defined]
-    events = [json.loads(x) for x in logs[-1].read_text().splitlines() if x.strip()]
-    return p.returncode, line[-1].split()[1] == "True", events
-
-
-def test_a_boot_without_failures_never_loads_the_retry_library(make_world: MakeWorld) -> None:
+def test_a_boot_without_failures_retries_nothing(make_world: MakeWorld) -> None:
     w = make_world("h100-hgx")
-    rc, loaded, events = _boot(w)
-    assert rc == 0 and not loaded
-    assert not [e for e in events if e["event"] == "state.retry"]
-    attempts = [e for e in events if e["event"] == "state.attempt"]
-    assert attempts and all(e["attempt"] == 1 for e in attempts)
-    rc, loaded, _ = _boot(w)  # the rerun: every state satisfied
-    assert rc == 0 and not loaded
+    for _ in range(2):  # the first boot, then the rerun where every state is satisfied
+        r = run_in_process(w)
+        assert r.outcome.code is Code.OK
+        events = _events(r.journal)
+        assert not [e for e in events if e["event"] == "state.retry"]
+        assert all(e["attempt"] == 1 for e in events if e["event"] == "state.attempt")
 
 
-def test_a_transient_failure_loads_it_and_retries_by_the_policy(make_world: MakeWorld) -> None:
+def test_a_transient_failure_retries_by_the_policy(make_world: MakeWorld) -> None:
     w = make_world("h100-pcie", faults=("http-503x3",))
-    rc, loaded, events = _boot(w)  # the sim's backoff is scaled down
-    assert rc == 0 and loaded
-    fetch = [e for e in events if e.get("state") == "fetch"]
+    r = run_in_process(w)  # the sim's backoff is scaled down
+    assert r.outcome.code is Code.OK
+    fetch = [e for e in _events(r.journal) if e.get("state") == "fetch"]
     tries = [e["attempt"] for e in fetch if e["event"] == "state.attempt"]
     retries = [e for e in fetch if e["event"] == "state.retry"]
     assert tries == list(range(1, len(tries) + 1)) and len(tries) >= 2  # 1, 2, ... in order
@@ -93,7 +80,7 @@ def test_a_mirror_that_stays_unavailable_gets_five_fetch_attempts(make_world: Ma
     assert (r.outcome.state, r.outcome.code) == ("fetch", Code.DOWNLOAD_RETRIES_EXHAUSTED)
     assert "gave up after 5 attempt(s)" in r.outcome.message
     assert len([e for e in w.mirror.log if e.path.endswith(".run")]) == 5
-    events = [json.loads(x) for x in Path(r.journal).read_text().splitlines()]  # type: ignore[arg-type]
+    events = _events(r.journal)
     tries = [
         e["attempt"] for e in events if e["event"] == "state.attempt" and e["state"] == "fetch"
     ]
