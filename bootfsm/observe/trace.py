@@ -2,8 +2,9 @@
 
 ``parse_events`` is pure and forgiving: a torn last line (crash), garbage lines, an
 empty journal, events of an older version (missing ``t``, ``attempt``, ``duration_s``)
-or unknown events give warnings, never a traceback. ``Folder`` is the same fold fed
-with already-decoded events (the fleet view feeds it only the events it needs).
+or unknown events give warnings, never a traceback; it is the one reader of journals
+(the fleet view and the OTLP export are views of the report it folds; the fleet reads
+only the event kinds it needs).
 ``render`` makes the one-screen text, ``to_json`` the stable machine form (schema in
 docs/trace.md), ``bootfsm.observe.trace_html`` the picture.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,10 @@ __all__ = [
 ]
 
 
+_KEY = '"event": "'
+_DECODE = json.JSONDecoder().raw_decode
+
+
 def _num(value: Any, default: float) -> float:
     """A finite float, else ``default`` (JSON allows Infinity and NaN; times do not)."""
     try:
@@ -63,9 +68,8 @@ def _iso(ts: Any) -> float | None:
 class Folder:
     """Folds decoded events, in journal order, into a ``TraceReport``."""
 
-    def __init__(self, source: str = "journal", *, keep_commands: bool = True) -> None:
+    def __init__(self, source: str = "journal") -> None:
         self.report = TraceReport(source=source)
-        self.keep_commands = keep_commands
         self._t0_wall: float | None = None
         self._no_time = 0
 
@@ -218,8 +222,7 @@ class Folder:
             "timed_out": bool(ev.get("timed_out")),
             "probe": probe,
         }
-        if self.keep_commands:
-            r.commands.append(cmd)
+        r.commands.append(cmd)
         last = {**cmd, "output": scrub(str(ev.get("output", "") or ""))[-TAIL_CHARS:]}
         r.last_command = last
         r.state_last_command[state] = last
@@ -315,32 +318,68 @@ _HANDLERS = {
 }
 
 
-def parse_events(lines: Iterable[str], source: str = "journal") -> TraceReport:
-    """Fold journal lines into a report; bad lines become warnings, never exceptions."""
+def _decode(line: str) -> dict[str, Any]:
+    """One event object (raw_decode skips json.loads' layers; leading blanks fall back)."""
+    try:
+        ev, end = _DECODE(line)
+    except ValueError:
+        ev, end = json.loads(line), len(line)
+    if not isinstance(ev, dict) or "event" not in ev or line[end:].strip():
+        raise ValueError("not an event object")
+    return ev
+
+
+def _other_kind(line: str, kinds: Collection[str]) -> bool:
+    """The line names an event kind outside ``kinds`` (found without decoding it)."""
+    i = line.rfind(_KEY)
+    j = line.find('"', i + len(_KEY)) if i >= 0 else -1
+    return j > 0 and line[i + len(_KEY) : j] not in kinds
+
+
+def parse_events(
+    lines: Iterable[str], source: str = "journal", kinds: Collection[str] | None = None
+) -> TraceReport:
+    """Fold journal lines into a report; bad lines become warnings, never exceptions.
+
+    With ``kinds`` (the fleet view's lean read) only those event kinds are decoded and
+    folded, a line of another kind is only counted, and the bad lines are summed up in
+    one warning instead of one each.
+    """
     folder = Folder(source)
+    r = folder.report
     bad: list[int] = []
     n = 0
     for n, line in enumerate(lines, 1):
-        text = line.strip()
-        if not text:
+        if kinds is not None and _other_kind(line, kinds):
+            r.events += 1
+            continue
+        if not line.strip():
             continue
         try:
-            ev = json.loads(text)
-            if not isinstance(ev, dict) or "event" not in ev:
-                raise ValueError("not an event object")
+            ev = _decode(line)
         except ValueError:
-            bad.append(n)
+            r.bad_lines += 1
+            if kinds is None:
+                bad.append(n)
+            continue
+        if kinds is not None and not (isinstance(ev["event"], str) and ev["event"] in kinds):
+            r.events += 1
             continue
         try:
             folder.add(ev)
         except (TypeError, ValueError, AttributeError, OverflowError) as exc:
-            folder.report.warnings.append(
-                f"{source}:{n}: event {ev.get('event')!r} unreadable ({exc}); skipped"
-            )
+            r.bad_lines += 1
+            if kinds is None:
+                r.warnings.append(
+                    f"{source}:{n}: event {ev.get('event')!r} unreadable ({exc}); skipped"
+                )
     for b in bad:
         what = "torn last line (crash or power loss?)" if b == n else "not a JSON event"
-        folder.report.warnings.append(f"{source}:{b}: {what}; skipped")
-    return folder.finish()
+        r.warnings.append(f"{source}:{b}: {what}; skipped")
+    folder.finish()
+    if kinds is not None and r.bad_lines:
+        r.warnings.append(f"{source}: {r.bad_lines} unreadable line(s) skipped")
+    return r
 
 
 def load_run(path: Path) -> TraceReport:

@@ -89,6 +89,7 @@ class TraceReport:
     notes: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     events: int = 0
+    bad_lines: int = 0  # lines that are not a readable event
     last_t: float = 0.0
 
     def span(self, state: str) -> Span | None:
