@@ -20,8 +20,10 @@ from typing import Any
 
 from bootfsm.observe.trace_model import (
     JOURNAL_SCHEMA,
+    MARK_SKIP,
     TAIL_CHARS,
     TRACE_SCHEMA,
+    Mark,
     Span,
     TraceReport,
     scrub,
@@ -31,6 +33,7 @@ __all__ = [
     "JOURNAL_SCHEMA",
     "TRACE_SCHEMA",
     "Folder",
+    "Mark",
     "Span",
     "TraceReport",
     "journals",
@@ -113,12 +116,28 @@ class Folder:
         t = self._time(ev)
         r.last_t = max(r.last_t, t)
         kind = ev.get("event")
-        handler = _HANDLERS.get(kind if isinstance(kind, str) else "")
+        kind = kind if isinstance(kind, str) else ""
+        handler = _HANDLERS.get(kind)
         if handler is not None:
             handler(self, ev, t)
+        self._mark(ev, kind, t)
+
+    def _mark(self, ev: dict[str, Any], kind: str, t: float) -> None:
+        """Keep the event, tied to the span it happened in: a state event to its state's,
+        another to the state entered and running (a postcondition check's to the run)."""
+        spans = self.report.spans
+        last = len(spans) - 1 if spans else None
+        if last is not None and kind not in ("run.start", "run.end"):
+            s = spans[last]
+            in_span = kind.startswith("state.") or (s.entered and s.outcome == "running")
+        else:
+            in_span = False
+        fields = {k: v for k, v in ev.items() if k not in MARK_SKIP}
+        self.report.marks.append(Mark(t, kind, last if in_span else None, fields))
 
     def _run_start(self, ev: dict[str, Any], t: float) -> None:
         r = self.report
+        r.start_t = t
         r.run_id = str(ev.get("run_id", ""))
         r.run_kind = str(ev.get("kind") or "run")
         r.started = str(ev.get("ts", ""))
@@ -260,6 +279,7 @@ class Folder:
         r = self.report
         r.outcome = str(ev.get("outcome", "unknown"))
         r.ended = str(ev.get("ts", ""))
+        r.end_t = r.end_t if r.end_t is not None else r.last_t
         code = ev.get("code")
         r.code = code if isinstance(code, int) else r.code
         r.code_name = str(ev.get("code_name", r.code_name))
