@@ -30,12 +30,12 @@ import json
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 from urllib.parse import unquote
 
 from bootfsm import __version__
 from bootfsm.observe.trace import Mark, TraceReport, parse_events
+from bootfsm.observe.trace import _iso as _unix
 
 __all__ = [
     "OtlpTarget",
@@ -49,8 +49,12 @@ __all__ = [
 _KIND_INTERNAL, _KIND_CLIENT = 1, 3
 _STATUS_OK, _STATUS_ERROR = 1, 2
 _ARCH = {"x86_64": "amd64", "aarch64": "arm64", "arm64": "arm64", "amd64": "amd64"}
-#: Span event names for the journal events that are steps of a state.
 _OPEN = ("running", "interrupted")  # a state span's outcomes while run.end closes it
+#: A download span's attributes and the journal fields they come from.
+_FETCH = [("url.full", "url"), ("server.address", "mirror"), ("bootfsm.artifact", "artifact")]
+_FETCH += [("bootfsm.size_bytes", "size")]
+_FETCH += [(f"bootfsm.{k}", k) for k in ("rate_mb_s", "mirror_index", "attempts", "resumed_bytes")]
+#: Span event names for the journal events that are steps of a state.
 _EVENT_NAMES = {"state.attempt": "attempt", "state.retry": "retry", "state.skip": "skip"}
 
 
@@ -84,13 +88,6 @@ def _fields(fields: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def _nanos(unix_s: float) -> str:
     return str(round(unix_s * 1e9))
-
-
-def _unix(ts: Any) -> float | None:
-    try:
-        return datetime.fromisoformat(str(ts).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 @dataclass
@@ -171,10 +168,8 @@ class _Builder:
             )
             if failed:
                 span.status = {"code": _STATUS_ERROR, "message": str(f.get("message") or "failed")}
-        elif name == "command":
-            self._command(span, f, m.t)
-        elif "artifact" in f and "duration_s" in f and "size" in f:
-            self._artifact(span, f, m.t)
+        elif name == "command" or {"artifact", "duration_s", "size"} <= f.keys():
+            self._child(span, f, m.t, fetch=name != "command")
         else:
             span.events.append(
                 {
@@ -196,38 +191,19 @@ class _Builder:
             if message and i in self.states and self.r.spans[i].outcome in _OPEN:
                 self.states[i].status = {"code": _STATUS_ERROR, "message": message}
 
-    def _child(self, parent: _Span, name: str, t: float, duration: float, kind: int) -> _Span:
-        return self._new(parent.span_id, name, t - duration, t, kind)
-
-    def _command(self, parent: _Span, f: Mapping[str, Any], t: float) -> None:
+    def _child(self, parent: _Span, f: Mapping[str, Any], t: float, fetch: bool) -> None:
+        """A command's span, or a download's (``_FETCH`` names its attributes)."""
+        start = t - float(f.get("duration_s") or 0.0)
+        if fetch:
+            span = self._new(parent.span_id, f"fetch {f['artifact']}", start, t, _KIND_CLIENT)
+            span.attributes = _attrs((key, f.get(name)) for key, name in _FETCH)
+            return
         argv = [str(a) for a in f.get("argv") or []]
-        duration = float(f.get("duration_s") or 0.0)
-        span = self._child(parent, os.path.basename(argv[0]) if argv else "command", t, duration, 1)
-        span.attributes = _attrs(
-            [
-                ("process.command_args", argv),
-                ("process.exit_code", f.get("rc")),
-                ("bootfsm.timed_out", f.get("timed_out")),
-            ]
-        )
+        span = self._new(parent.span_id, os.path.basename(argv[0]) if argv else "command", start, t)
+        command = [("process.command_args", argv), ("process.exit_code", f.get("rc"))]
+        span.attributes = _attrs([*command, ("bootfsm.timed_out", f.get("timed_out"))])
         if f.get("timed_out"):
             span.status = {"code": _STATUS_ERROR, "message": "timed out"}
-
-    def _artifact(self, parent: _Span, f: Mapping[str, Any], t: float) -> None:
-        duration = float(f.get("duration_s") or 0.0)
-        span = self._child(parent, f"fetch {f.get('artifact')}", t, duration, _KIND_CLIENT)
-        span.attributes = _attrs(
-            [
-                ("url.full", f.get("url")),
-                ("server.address", f.get("mirror")),
-                ("bootfsm.artifact", f.get("artifact")),
-                ("bootfsm.size_bytes", f.get("size")),
-                ("bootfsm.rate_mb_s", f.get("rate_mb_s")),
-                ("bootfsm.mirror_index", f.get("mirror_index")),
-                ("bootfsm.attempts", f.get("attempts")),
-                ("bootfsm.resumed_bytes", f.get("resumed_bytes")),
-            ]
-        )
 
 
 def _resource(r: TraceReport, env: Mapping[str, str]) -> list[dict[str, Any]]:
@@ -261,7 +237,7 @@ def trace_request(report: TraceReport, env: Mapping[str, str] | None = None) -> 
 
     Raises ``ValueError`` when the journal holds no ``run.start`` with a timestamp.
     """
-    start_unix = _unix(report.started) if report.started else None
+    start_unix = _unix(report.started)
     if start_unix is None:
         raise ValueError("the journal has no run.start event with a timestamp")
     seed = f"bootfsm/{report.run_id}/{report.started}"
