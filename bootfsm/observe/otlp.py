@@ -34,8 +34,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from bootfsm import __version__
-from bootfsm.observe.trace import Mark, TraceReport, parse_events
-from bootfsm.observe.trace import _iso as _unix
+from bootfsm.observe.trace import Mark, TraceReport, parse_events, unix_time
 
 __all__ = [
     "OtlpTarget",
@@ -237,7 +236,7 @@ def trace_request(report: TraceReport, env: Mapping[str, str] | None = None) -> 
 
     Raises ``ValueError`` when the journal holds no ``run.start`` with a timestamp.
     """
-    start_unix = _unix(report.started)
+    start_unix = unix_time(report.started)
     if start_unix is None:
         raise ValueError("the journal has no run.start event with a timestamp")
     seed = f"bootfsm/{report.run_id}/{report.started}"

@@ -43,6 +43,7 @@ __all__ = [
     "render",
     "scrub",
     "to_json",
+    "unix_time",
 ]
 
 
@@ -59,7 +60,8 @@ def _num(value: Any, default: float) -> float:
     return v if math.isfinite(v) else default
 
 
-def _iso(ts: Any) -> float | None:
+def unix_time(ts: Any) -> float | None:
+    """Seconds since the epoch of an ISO 8601 timestamp (None when it is not one)."""
     if not isinstance(ts, str) or not ts:
         return None
     try:
@@ -82,7 +84,7 @@ class Folder:
         t = ev.get("t")
         if t is not None:
             return _num(t, self.report.last_t)
-        wall = _iso(ev.get("ts"))
+        wall = unix_time(ev.get("ts"))
         if wall is not None:
             if self._t0_wall is None:
                 self._t0_wall = wall
