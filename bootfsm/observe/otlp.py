@@ -139,7 +139,9 @@ class _Builder:
             self.states[i] = span
         return self.states[i]
 
-    def _new(self, parent: str, name: str, t: float, end: float, kind: int = 1) -> _Span:
+    def _new(
+        self, parent: str, name: str, t: float, end: float, kind: int = _KIND_INTERNAL
+    ) -> _Span:
         digest = hashlib.sha256(f"{self.trace_id}/{len(self.spans)}".encode()).hexdigest()
         span = _Span(digest[:16], parent, name, self.base + t, self.base + end, kind)
         self.spans.append(span)
