@@ -57,9 +57,8 @@ _FETCH += [(f"bootfsm.{k}", k) for k in ("rate_mb_s", "mirror_index", "attempts"
 _EVENT_NAMES = {"state.attempt": "attempt", "state.retry": "retry", "state.skip": "skip"}
 
 
-def events_from_lines(lines: Iterable[str]) -> TraceReport:
-    """The report of journal lines (trace's one reader), what ``trace_request`` views."""
-    return parse_events(lines)
+#: The report of journal lines (trace's one reader), what ``trace_request`` views.
+events_from_lines = parse_events
 
 
 def _value(v: Any) -> dict[str, Any]:

@@ -158,8 +158,7 @@ class Folder:
             )
 
     def _facts(self, ev: dict[str, Any], t: float) -> None:
-        skip = ("event", "t", "ts", "run_id", "level", "state")
-        self.report.facts = {k: v for k, v in ev.items() if k not in skip}
+        self.report.facts = {k: v for k, v in ev.items() if k not in MARK_SKIP}
 
     def _enter(self, ev: dict[str, Any], t: float) -> None:
         s = self._open(self._state(ev), t)
