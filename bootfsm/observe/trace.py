@@ -49,6 +49,9 @@ __all__ = [
 
 _KEY = '"event": "'
 _DECODE = json.JSONDecoder().raw_decode
+#: A command's mark leaves its output out (up to 2000 characters each; the report keeps
+#: the last command's, and each state's, in ``last_command``/``state_last_command``).
+_COMMAND_SKIP = MARK_SKIP | {"output"}
 
 
 def _num(value: Any, default: float) -> float:
@@ -134,7 +137,8 @@ class Folder:
             in_span = kind.startswith("state.") or (s.entered and s.outcome == "running")
         else:
             in_span = False
-        fields = {k: v for k, v in ev.items() if k not in MARK_SKIP}
+        skip = _COMMAND_SKIP if kind == "command" else MARK_SKIP
+        fields = {k: v for k, v in ev.items() if k not in skip}
         self.report.marks.append(Mark(t, kind, last if in_span else None, fields))
 
     def _run_start(self, ev: dict[str, Any], t: float) -> None:
