@@ -57,8 +57,9 @@ _FETCH += [(f"bootfsm.{k}", k) for k in ("rate_mb_s", "mirror_index", "attempts"
 _EVENT_NAMES = {"state.attempt": "attempt", "state.retry": "retry", "state.skip": "skip"}
 
 
-#: The report of journal lines (trace's one reader), what ``trace_request`` views.
-events_from_lines = parse_events
+def events_from_lines(lines: Iterable[str]) -> TraceReport:
+    """The report of journal lines with their marks (trace's one reader and fold)."""
+    return parse_events(lines, marks=True)
 
 
 def _value(v: Any) -> dict[str, Any]:

@@ -76,8 +76,9 @@ def unix_time(ts: Any) -> float | None:
 class Folder:
     """Folds decoded events, in journal order, into a ``TraceReport``."""
 
-    def __init__(self, source: str = "journal") -> None:
+    def __init__(self, source: str = "journal", *, marks: bool = False) -> None:
         self.report = TraceReport(source=source)
+        self.marks = marks  # keep each event as a Mark (the OTLP view needs them)
         self._t0_wall: float | None = None
         self._no_time = 0
 
@@ -125,7 +126,8 @@ class Folder:
         handler = _HANDLERS.get(kind)
         if handler is not None:
             handler(self, ev, t)
-        self._mark(ev, kind, t)
+        if self.marks:
+            self._mark(ev, kind, t)
 
     def _mark(self, ev: dict[str, Any], kind: str, t: float) -> None:
         """Keep the event, tied to the span it happened in: a state event to its state's,
@@ -362,15 +364,21 @@ def _other_kind(line: str, kinds: Collection[str]) -> bool:
 
 
 def parse_events(
-    lines: Iterable[str], source: str = "journal", kinds: Collection[str] | None = None
+    lines: Iterable[str],
+    source: str = "journal",
+    kinds: Collection[str] | None = None,
+    *,
+    marks: bool = False,
 ) -> TraceReport:
     """Fold journal lines into a report; bad lines become warnings, never exceptions.
+
+    ``marks``: keep every event in ``report.marks`` too (what the OTLP export views).
 
     With ``kinds`` (the fleet view's lean read) only those event kinds are decoded and
     folded, a line of another kind is only counted, and the bad lines are summed up in
     one warning instead of one each.
     """
-    folder = Folder(source)
+    folder = Folder(source, marks=marks)
     r = folder.report
     bad: list[int] = []
     n = 0

@@ -112,7 +112,7 @@ class TraceReport:
     last_t: float = 0.0
     start_t: float = 0.0  # run.start's t
     end_t: float | None = None  # the latest t seen at run.end (None: no run.end)
-    marks: list[Mark] = field(default_factory=list)  # every event folded, in order
+    marks: list[Mark] = field(default_factory=list)  # every event, when asked for (OTLP)
 
     def span(self, state: str) -> Span | None:
         """The last span of ``state`` (None when it never ran)."""
