@@ -372,11 +372,10 @@ def parse_events(
 ) -> TraceReport:
     """Fold journal lines into a report; bad lines become warnings, never exceptions.
 
-    ``marks``: keep every event in ``report.marks`` too (what the OTLP export views).
-
     With ``kinds`` (the fleet view's lean read) only those event kinds are decoded and
     folded, a line of another kind is only counted, and the bad lines are summed up in
-    one warning instead of one each.
+    one warning instead of one each. With ``marks`` every event folded is kept in
+    ``report.marks`` too (what the OTLP export views).
     """
     folder = Folder(source, marks=marks)
     r = folder.report
