@@ -14,7 +14,6 @@ the ``.part`` bookkeeping.
 
 from __future__ import annotations
 
-import http.client
 import os
 import threading
 import time
@@ -29,7 +28,6 @@ from bootfsm.core.errors import BootError, TransientError
 from bootfsm.core.redact import redact_url
 from bootfsm.host import partfile as pf
 from bootfsm.host.http_errors import check_status, classify
-from bootfsm.host.http_local import get_direct
 from bootfsm.host.http_wire import (
     SYSTEM_CA_BUNDLES,
     Bounds,
@@ -187,24 +185,34 @@ class Http(Segmented):
         """GET a small resource whole; raise Transient/BootError on failure when ``check``.
 
         With ``allow_http_hosts`` the final URL (after redirects) must pass ``check_url``.
-        A plain-HTTP link-local or loopback URL (IMDS, kubelet) is read without requests
-        (``bootfsm.host.http_local``).
+        Without it, a plain-HTTP link-local or loopback URL (IMDS, kubelet) is read
+        directly (never proxied) and a redirect from it is refused, not followed.
         """
+        import requests  # noqa: TID251
+
         own = self.connect_timeout + self.read_timeout if timeout is None else timeout
         total = self._within(url, own)
         assert total is not None
         timeout = None if timeout is None else total
-        if allow_http_hosts is None and url.startswith("http://") and never_proxied(url):
-            return self._get_local(url, headers or {}, timeout, total, max_bytes, check)
-        import requests  # noqa: TID251
-
+        local = allow_http_hosts is None and url.startswith("http://") and never_proxied(url)
         session = self._sess()
         session.allow_http_hosts = allow_http_hosts  # type: ignore[attr-defined]
         with Watch(total) as watch:
             try:
                 with session.get(
-                    url, headers=dict(headers or {}), stream=True, **self._kwargs(url, timeout)
+                    url,
+                    headers=dict(headers or {}),
+                    stream=True,
+                    allow_redirects=not local,
+                    **self._kwargs(url, timeout),
                 ) as r:
+                    if local and 300 <= r.status_code < 400:
+                        raise BootError(
+                            Code.ARTIFACT_NOT_FOUND,
+                            f"HTTP {r.status_code} from {redact_url(url)}: a node-local "
+                            "endpoint is read directly and its redirects are not followed",
+                            status=r.status_code,
+                        )
                     if allow_http_hosts is not None:
                         check_url(r.url, allow_http_hosts)
                     if check:
@@ -222,32 +230,6 @@ class Http(Segmented):
                     return HttpResult(r.status_code, dict(r.headers), bytes(body))
             except (requests.RequestException, OSError) as exc:
                 raise self._classify(exc, url, watch) from exc
-
-    def _get_local(
-        self,
-        url: str,
-        headers: Mapping[str, str],
-        timeout: float | None,
-        total: float,
-        max_bytes: int,
-        check: bool,
-    ) -> HttpResult:
-        (conn, read) = self._kwargs(url, timeout)["timeout"]
-        with Watch(total) as watch:
-            try:
-                status, got, body = get_direct(
-                    url,
-                    headers=headers,
-                    connect_timeout=conn,
-                    read_timeout=read,
-                    watch=watch,
-                    max_bytes=max_bytes,
-                )
-            except (OSError, ValueError, http.client.HTTPException) as exc:  # ValueError: port
-                raise self._classify(exc, url, watch) from exc
-        if check:
-            self._check_status(status, got, url)
-        return HttpResult(status, got, body)
 
     def post(
         self,
