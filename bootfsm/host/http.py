@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +42,7 @@ from bootfsm.host.http_wire import (
 )
 from bootfsm.host.partfile import CHUNK, StreamResult, partial_source, url_id
 from bootfsm.host.proxies import bypass, env_proxies, never_proxied
-from bootfsm.host.segments import NoTotal, Plan, SegmentedDownload
+from bootfsm.host.segments import NoTotal, Plan, SegmentedDownload, left_s
 
 if TYPE_CHECKING:
     import requests  # noqa: TID251
@@ -154,17 +153,6 @@ class Http:
             )
         return left if seconds is None else min(seconds, left)
 
-    def _kwargs(self, url: str, timeout: float | None) -> dict[str, Any]:
-        read = self.read_timeout if timeout is None else min(self.read_timeout, timeout)
-        conn = self.connect_timeout if timeout is None else min(self.connect_timeout, timeout)
-        proxy = self.proxy_for(url)
-        scheme = urlsplit(url).scheme
-        return {
-            "timeout": (max(conn, 0.05), max(read, 0.05)),
-            "proxies": {scheme: proxy} if proxy else {},
-            "verify": self._verify,
-        }
-
     @contextlib.contextmanager
     def request(
         self,
@@ -187,12 +175,19 @@ class Http:
         limit = self._within(url, limit)
         session = self._sess()
         session.allow_http_hosts = allow_http_hosts  # type: ignore[attr-defined]
-        timeouts = self._kwargs(url, limit if cap_timeouts else None)
+        cap = limit if cap_timeouts and limit is not None else float("inf")
+        proxy = self.proxy_for(url)
+        kw |= {
+            "timeout": (
+                max(min(self.connect_timeout, cap), 0.05),
+                max(min(self.read_timeout, cap), 0.05),
+            ),
+            "proxies": {urlsplit(url).scheme: proxy} if proxy else {},
+            "verify": self._verify,
+        }
         with Watch(limit) as watch:
             try:
-                with session.request(
-                    method, url, headers=dict(headers), stream=True, **kw, **timeouts
-                ) as r:
+                with session.request(method, url, headers=dict(headers), stream=True, **kw) as r:
                     if allow_http_hosts is not None:
                         check_url(r.url, allow_http_hosts)
                     yield r, watch
@@ -390,11 +385,7 @@ class Http:
             headers |= {"Range": f"bytes={have}-", "If-Range": validator}
         else:
             have = 0
-        left = None if deadline is None else deadline - time.monotonic()
-        if left is not None and left <= 0:
-            raise TransientError(
-                Code.DOWNLOAD_TIMEOUT, f"no time left to download {redact_url(url)}"
-            )
+        left = left_s(url, deadline)
         if timeout is not None:
             left = timeout if left is None else min(left, timeout)
         with self.request(url, headers, limit=left, allow_http_hosts=allow_http_hosts) as (
