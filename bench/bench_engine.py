@@ -23,9 +23,13 @@ commands it runs (``strace -f -y``; a directory's told from a file's after the r
 The runs also time ``import`` of those modules alone (the run's code loaded, nothing
 run, paired per run). A file's and a directory's fsync and a vfork ``Popen`` (the
 cheapest start of a command from Python) are timed in the node directory. floor =
-the process that imports the three libraries and exits + fsyncs at their cost +
+the process that imports the four libraries and exits + fsyncs at their cost +
 commands at the vfork start;
 with the run's code loaded in place of the libraries alone, the second floor.
+
+The engine-overhead goal of 150 ms is withdrawn (issue 33: a boot's costs are its
+downloads, the driver build, fabric manager and nvidia-smi); the overhead and the floor
+are reported to compare runs, with the libraries' import paired per run.
 """
 
 from __future__ import annotations
@@ -47,7 +51,6 @@ from bootfsm.sim.world import World
 
 RUNS = int(os.environ.get("BENCH_ENGINE_RUNS", "7"))
 SKUS = ("h100-hgx", "gb300")
-GOAL_S = 0.150
 RERUN_GOAL_S = 0.5
 ROOT = Path(__file__).resolve().parents[1]
 NODES = Path(os.environ.get("BENCH_ENGINE_DIR", ROOT / "build" / "bench-engine"))
@@ -182,12 +185,12 @@ def _timed(w: World) -> tuple[float, int]:
 
 
 def _own(c: dict[str, list[float]]) -> list[float]:
-    """Each run's overhead minus the same run's import of the three libraries."""
+    """Each run's overhead minus the same run's import of the four libraries."""
     return [o - f for o, f in zip(c["overhead"], c["floor"], strict=True)]
 
 
 def _ratio(c: dict[str, list[float]]) -> list[float]:
-    """Each run's own overhead over the same run's import of the three libraries."""
+    """Each run's own overhead over the same run's import of the four libraries."""
     return [o / f for o, f in zip(_own(c), c["floor"], strict=True)]
 
 
@@ -223,9 +226,7 @@ def main() -> str:
     }
     bare: list[float] = []
     deps: list[float] = []  # the design card's libraries a happy boot imports, nothing else
-    deps_code = "import requests, structlog, transitions, os; os._exit(0)"
-    rerun_deps: list[float] = []  # what a rerun imports of them (it downloads nothing)
-    rerun_code = "import structlog, transitions, os; os._exit(0)"
+    deps_code = "import requests, structlog, tenacity, transitions, os; os._exit(0)"
     NODES.mkdir(parents=True, exist_ok=True)
     tmp = tempfile.gettempdir()
     create = {str(NODES): _create_ms(NODES), tmp: _create_ms(Path(tmp))}
@@ -263,9 +264,6 @@ def main() -> str:
                 t0 = time.perf_counter()  # cwd: not the source tree, which -c puts on the path
                 subprocess.run([str(python), "-c", code], check=True, cwd=node_install.NODE)
                 c["code"].append(time.perf_counter() - t0)
-                t0 = time.perf_counter()
-                subprocess.run([str(python), "-c", rerun_code], check=True)
-                rerun_deps.append(time.perf_counter() - t0)
     load = os.getloadavg()
     out = [
         "## Engine overhead on a happy boot (bench/bench_engine.py)",
@@ -274,7 +272,7 @@ def main() -> str:
         "every command's own duration (from its exec: starting it, the fork, is bootfsm's)",
         "minus the time downloads were in flight (from the run's journal: each index,",
         "Release file and artifact GET alone, so importing requests before the first GET,",
-        "gpgv and parsing count as overhead); the goal is at most 150 ms. Load average at",
+        "gpgv and parsing count as overhead). Load average at",
         f"the end: {load[0]:.1f}, {load[1]:.1f}, {load[2]:.1f} on {os.cpu_count()} cores.",
         "Nodes under "
         + _where(NODES)
@@ -284,37 +282,32 @@ def main() -> str:
         "temporary files (one per command's output).",
         "",
         "| simulated node | commands | wall | children | network | **overhead** | "
-        "of which starting commands | goal | rerun wall (goal < 500) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "of which starting commands | rerun wall (goal < 500) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for sku in SKUS:
         c = cells[sku]
-        ok = "met" if statistics.median(c["overhead"]) <= GOAL_S else "missed"
         rok = "met" if statistics.median(c["rerun"]) < RERUN_GOAL_S else "missed"
         out.append(
             f"| {sku} | {statistics.median(c['cmds']):.0f} | {_spread(c['wall'])} | "
             f"{_spread(c['children'])} | {_spread(c['network'])} | "
-            f"**{_spread(c['overhead'])}** | {_spread(c['spawning'])} | {ok} | "
+            f"**{_spread(c['overhead'])}** | {_spread(c['spawning'])} | "
             f"{_spread(c['rerun'])} ({rok}) |"
         )
     out += [
         f"| `python3 -c pass` (the interpreter alone, same runs) | - | {_spread(bare)} | "
-        "- | - | - | - | - | - |",
-        "| the three libraries a first boot imports (`import requests, structlog, "
-        f"transitions`, same runs) | - | {_spread(deps)} | - | - | - | - | - | - |",
-        "| the two a rerun imports (`import structlog, transitions`, same runs) "
-        f"| - | {_spread(rerun_deps)} | - | - | - | - | - | - |",
+        "- | - | - | - | - |",
+        "| the four libraries a first boot imports (`import requests, structlog, "
+        f"tenacity, transitions`, same runs) | - | {_spread(deps)} | - | - | - | - | - |",
         "",
-        "The last two rows are a floor no bootfsm change moves: a first boot imports",
-        "requests for the downloads, structlog for the journal and transitions for the",
-        "engine; tenacity only once a state fails transiently (a boot like these never",
-        "retries); a rerun, which downloads nothing, the two (IMDS and the kubelet's",
-        "healthz are plain HTTP on the node itself, read with the standard library). On",
-        f"this machine the three alone are {statistics.median(deps) / GOAL_S:.0%} of the",
-        "150 ms goal. What bootfsm itself adds on a first boot (overhead minus the three",
-        "libraries' import, paired per run): "
+        "The last row is a floor no bootfsm change moves: a first boot imports requests",
+        "for the downloads, structlog for the journal, tenacity for retries and",
+        "transitions for the engine (a rerun, which downloads nothing, all but requests:",
+        "IMDS and the kubelet's healthz are read with the standard library). What bootfsm",
+        "itself adds on a first boot (overhead minus the four libraries' import, paired",
+        "per run): "
         + "; ".join(f"{sku} {_spread(_own(cells[sku]))}" for sku in SKUS)
-        + " ms; as a multiple of the same run's three-library import (a figure that does",
+        + " ms; as a multiple of the same run's four-library import (a figure that does",
         "not move with this shared machine's speed from hour to hour, to compare runs",
         "made at different times): "
         + "; ".join(f"{sku} {_spread(_ratio(cells[sku]), 1.0, '{:.2f}')}x" for sku in SKUS)
@@ -338,11 +331,10 @@ def _floor_lines(
         f"{fsync_ms[0]:.2f} ms, a directory's {fsync_ms[1]:.2f} ms, a vfork `Popen` of "
         f"`true` {vfork_ms:.2f} ms (medians of 100).",
         "",
-        "| simulated node | interpreter + three libraries | fsyncs (files + directories) "
+        "| simulated node | interpreter + four libraries | fsyncs (files + directories) "
         "| starting the commands by vfork | **floor** | the run's code loaded instead "
-        "(modules, nothing run) | floor with the code | left of the 150 ms goal for "
-        "all of bootfsm's own work |",
-        "|---|---|---|---|---|---|---|---|",
+        "(modules, nothing run) | floor with the code |",
+        "|---|---|---|---|---|---|---|",
     ]
     base = statistics.median(deps) * 1000  # a whole process: the interpreter's start too
     for sku in SKUS:
@@ -353,16 +345,13 @@ def _floor_lines(
         fsyncs = f"{files} + {dirs}: {fs:.0f}" if files + dirs else "- (no strace)"
         out.append(
             f"| {sku} | {base:.0f} | {fsyncs} | {starts:.0f} | **{base + fs + starts:.0f}** | "
-            f"{code:.0f} ({len(mods)} modules) | {code + fs + starts:.0f} | "
-            f"{GOAL_S * 1000 - (base + fs + starts):.0f} |"
+            f"{code:.0f} ({len(mods)} modules) | {code + fs + starts:.0f} |"
         )
     out += [
         "",
         "No change to bootfsm's own code moves the floor: the interpreter, the design",
         "card's libraries, one fsync per file a boot must not lose (temporary file, fsync,",
-        "rename, fsync the directory) and one process per command. The last column is",
-        "what all of bootfsm's own work (config, engine, journal, parsers, the files it",
-        "writes, its module imports) would have to fit in to meet the goal.",
+        "rename, fsync the directory) and one process per command.",
     ]
     return out
 

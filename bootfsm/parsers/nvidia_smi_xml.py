@@ -98,6 +98,7 @@ def parse_smi_xml(text: str) -> SmiReport:
                 health_summary=_text(fabric, "health/summary"),
                 mig_current=_text(gpu, "mig_mode/current_mig"),
                 mig_pending=_text(gpu, "mig_mode/pending_mig"),
+                license_status=_text(gpu, "vgpu_software_licensed_product/license_status"),
             )
         )
     if int(attached) != len(gpus):
