@@ -11,7 +11,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -236,49 +236,46 @@ RANGES: dict[tuple[str, str], tuple[float, float, bool]] = {
     ("join", "kubelet_timeout"): (0, _DAY, False),
     ("join", "kubelet_poll_interval"): (0, 3600, False),
 }
-_PATHS = {
-    ("run", "state_dir"),
-    ("run", "log_dir"),
-    ("run", "metrics_file"),
-    ("run", "cse_events_dir"),
-    ("fetch", "cache_dir"),
-    ("fetch", "ca_file"),
-}
 
 
 def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
+    """``value`` as the type of ``default``, then every rule of ``_RULES`` for the key."""
     where = f"{section}.{key}"
     if isinstance(default, bool):
         if not isinstance(value, bool):
             raise ConfigError(f"{where}: expected true or false, got {value!r}")
-        return value
-    if isinstance(default, int | float):
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{where}: expected a number, got {value!r}")
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"{where}: expected a finite number, got {value!r}")
-        if isinstance(default, int) and not isinstance(value, int):
-            raise ConfigError(f"{where}: expected an integer, got {value!r}")
-        lo, hi, lo_ok = RANGES[(section, key)]
-        if not (lo <= value if lo_ok else lo < value) or value > hi:
-            low = f"{'>=' if lo_ok else '>'} {lo:g}"
-            raise ConfigError(f"{where}: must be {low} and <= {hi:g}, got {value!r}")
-        return value if isinstance(default, int) else float(value)
-    if isinstance(default, tuple):
+    elif isinstance(default, int | float):
+        value = _number(where, value, default, RANGES[(section, key)])
+    elif isinstance(default, tuple):
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{where}: expected a list of strings, got {value!r}")
-        return tuple(value)
-    if not isinstance(value, str):
+        value = tuple(value)
+    elif not isinstance(value, str):
         raise ConfigError(f"{where}: expected a string, got {value!r}")
-    if (section, key) in _PATHS:
-        _check_path(where, value)
-    choices = _CHOICES.get((section, key))
-    if choices and value not in choices:
-        raise ConfigError(f"{where}: must be one of {', '.join(choices)}; got {value!r}")
+    for rule in _RULES.get((section, key), ()):
+        rule(where, value)
     return value
 
 
-def _check_path(where: str, value: str) -> None:
+def _number(where: str, value: Any, default: float, bounds: tuple[float, float, bool]) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{where}: expected a number, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{where}: expected a finite number, got {value!r}")
+    if isinstance(default, int) and not isinstance(value, int):
+        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    lo, hi, lo_ok = bounds
+    if not (lo <= value if lo_ok else lo < value) or value > hi:
+        raise ConfigError(
+            f"{where}: must be {'>=' if lo_ok else '>'} {lo:g} and <= {hi:g}, got {value!r}"
+        )
+    return value if isinstance(default, int) else float(value)
+
+
+Rule = Callable[[str, Any], None]  # a check of one key's value, already of its type
+
+
+def _node_path(where: str, value: str) -> None:
     """A node path: no NUL or control character, no ``..`` or ``.`` component."""
     if any(ord(c) < 32 or ord(c) == 127 for c in value):
         raise ConfigError(f"{where}: a path must not contain NUL or control characters")
@@ -286,67 +283,99 @@ def _check_path(where: str, value: str) -> None:
         raise ConfigError(f"{where}: a path must not contain '..' or '.' components: {value!r}")
 
 
-def _check(cfg: Config) -> None:
-    if cfg.mig.profile:
-        try:
-            parse_mig_layout(cfg.mig.profile)
-        except ValueError as exc:
-            raise ConfigError(f"mig.profile: {exc}") from None
-    if cfg.mig.tag and not re.fullmatch(r"[A-Za-z0-9_.-]{1,128}", cfg.mig.tag):
-        raise ConfigError(f"mig.tag: not a VM tag name: {cfg.mig.tag!r:.80}")
-    for key in ("cuda_repo_keyring", "toolkit_repo_keyring"):
-        if not getattr(cfg.sources, key).startswith("/"):
-            raise ConfigError(f"sources.{key}: must be an absolute node path")
-    for key in (
-        "runfile_sha256",
-        "runfile_sha256_x86_64",
-        "runfile_sha256_aarch64",
-        "redist_manifest_sha256",
-    ):
-        sha = getattr(cfg.sources, key)
-        if sha and (len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha.lower())):
-            raise ConfigError(f"sources.{key}: expected 64 hex digits, got {len(sha)} characters")
-    v = cfg.driver.version
-    if not _is_version(v):
-        raise ConfigError(f"driver.version: expected a dotted version like 580.159.04, got {v!r}")
-    for i, pin in enumerate(cfg.sources.runfile_pins, start=1):
-        _check_pin(i, pin)
-    for key in ("state_dir", "log_dir"):
-        if not getattr(cfg.run, key).startswith("/"):
-            raise ConfigError(f"run.{key}: must be an absolute node path")
-    for key in ("metrics_file", "cse_events_dir"):
-        if getattr(cfg.run, key) and not getattr(cfg.run, key).startswith("/"):
-            raise ConfigError(f"run.{key}: must be an absolute node path or empty (off)")
-    if not cfg.fetch.cache_dir.startswith("/"):
-        raise ConfigError("fetch.cache_dir: must be an absolute node path")
-    if cfg.fetch.ca_file and not cfg.fetch.ca_file.startswith("/"):
-        raise ConfigError("fetch.ca_file: must be an absolute node path or empty (system store)")
-    for key in ("runfile_mirrors", "redist_mirrors", "cuda_repo_mirrors", "toolkit_repo_mirrors"):
-        for i, url in enumerate(getattr(cfg.sources, key), start=1):
-            if not url.startswith(("https://", "http://")):
-                shown = url.split("?", 1)[0]  # never echo a signature
-                raise ConfigError(f"sources.{key}: entry {i} is not an http(s) base URL: {shown!r}")
+def _absolute(where: str, value: str) -> None:
+    if not value.startswith("/"):
+        raise ConfigError(f"{where}: must be an absolute node path")
+
+
+def _absolute_or_empty(where: str, value: str) -> None:  # empty: off, or the system store
+    if value and not value.startswith("/"):
+        raise ConfigError(f"{where}: must be an absolute node path or empty")
+
+
+def _one_of(choices: tuple[str, ...]) -> Rule:
+    def rule(where: str, value: str) -> None:
+        if value not in choices:
+            raise ConfigError(f"{where}: must be one of {', '.join(choices)}; got {value!r}")
+
+    return rule
+
+
+def _is_sha256(v: str) -> bool:
+    return len(v) == 64 and all(c in "0123456789abcdef" for c in v.lower())
+
+
+def _sha256(where: str, value: str) -> None:
+    if value and not _is_sha256(value):
+        raise ConfigError(f"{where}: expected 64 hex digits, got {len(value)} characters")
 
 
 def _is_version(v: str) -> bool:
     return bool(v) and all(p.isdigit() for p in v.split("."))
 
 
-def _check_pin(i: int, pin: str) -> None:
-    """One ``sources.runfile_pins`` entry: "KIND VERSION ARCH SHA256"."""
-    where = f"sources.runfile_pins: entry {i}"
-    parts = pin.split()
-    if len(parts) != 4:
-        raise ConfigError(f'{where}: expected "KIND VERSION ARCH SHA256", got {len(parts)} words')
-    kind, version, arch, sha = parts
-    if kind not in _CHOICES[("driver", "kind")]:
-        raise ConfigError(f"{where}: kind must be cuda or grid, got {kind!r:.40}")
-    if not _is_version(version):
-        raise ConfigError(f"{where}: expected a dotted version, got {version!r:.40}")
-    if arch not in ("x86_64", "aarch64"):
-        raise ConfigError(f"{where}: arch must be x86_64 or aarch64, got {arch!r:.40}")
-    if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha.lower()):
-        raise ConfigError(f"{where}: expected 64 hex digits, got {len(sha)} characters")
+def _version(where: str, value: str) -> None:
+    if not _is_version(value):
+        raise ConfigError(f"{where}: expected a dotted version like 580.159.04, got {value!r}")
+
+
+def _mig_profile(where: str, value: str) -> None:
+    try:
+        parse_mig_layout(value) if value else None
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def _mig_tag(where: str, value: str) -> None:
+    if value and not re.fullmatch(r"[A-Za-z0-9_.-]{1,128}", value):
+        raise ConfigError(f"{where}: not a VM tag name: {value!r:.80}")
+
+
+def _base_urls(where: str, value: tuple[str, ...]) -> None:
+    for i, url in enumerate(value, start=1):
+        if not url.startswith(("https://", "http://")):
+            shown = url.split("?", 1)[0]  # never echo a signature
+            raise ConfigError(f"{where}: entry {i} is not an http(s) base URL: {shown!r}")
+
+
+def _pins(where: str, value: tuple[str, ...]) -> None:
+    """``sources.runfile_pins``: each "KIND VERSION ARCH SHA256"."""
+    for i, pin in enumerate(value, start=1):
+        parts, entry = pin.split(), f"{where}: entry {i}"
+        if len(parts) != 4:
+            raise ConfigError(
+                f'{entry}: expected "KIND VERSION ARCH SHA256", got {len(parts)} words'
+            )
+        kind, version, arch, sha = parts
+        if kind not in _CHOICES[("driver", "kind")]:
+            raise ConfigError(f"{entry}: kind must be cuda or grid, got {kind!r:.40}")
+        if not _is_version(version):
+            raise ConfigError(f"{entry}: expected a dotted version, got {version!r:.40}")
+        if arch not in ("x86_64", "aarch64"):
+            raise ConfigError(f"{entry}: arch must be x86_64 or aarch64, got {arch!r:.40}")
+        if not _is_sha256(sha):
+            raise ConfigError(f"{entry}: expected 64 hex digits, got {len(sha)} characters")
+
+
+_SHA_KEYS = ("runfile_sha256", "runfile_sha256_x86_64", "runfile_sha256_aarch64")
+_RULES: dict[tuple[str, str], tuple[Rule, ...]] = {
+    **{k: (_one_of(choices),) for k, choices in _CHOICES.items()},
+    **{k: (_node_path, _absolute) for k in (("run", "state_dir"), ("run", "log_dir"))},
+    **{("run", k): (_node_path, _absolute_or_empty) for k in ("metrics_file", "cse_events_dir")},
+    ("fetch", "cache_dir"): (_node_path, _absolute),
+    ("fetch", "ca_file"): (_node_path, _absolute_or_empty),
+    **{("sources", f"{k}_repo_keyring"): (_absolute,) for k in ("cuda", "toolkit")},
+    **{("sources", k): (_sha256,) for k in (*_SHA_KEYS, "redist_manifest_sha256")},
+    **{
+        ("sources", f"{k}_mirrors"): (_base_urls,)
+        for k in ("runfile", "redist", "cuda_repo", "toolkit_repo")
+    },
+    ("sources", "runfile_pins"): (_pins,),
+    ("driver", "version"): (_version,),
+    ("mig", "profile"): (_mig_profile,),
+    ("mig", "tag"): (_mig_tag,),
+}
+"""Every key's checks beyond its type (and its range, ``RANGES``, for a number)."""
 
 
 def parse_config(data: Mapping[str, Any]) -> Config:
@@ -365,6 +394,4 @@ def parse_config(data: Mapping[str, Any]) -> Config:
                 raise ConfigError(f"{name}.{key}: unknown key; known: {', '.join(sorted(known))}")
             values[key] = _coerce(name, key, value, getattr(default, key))
         sections[name] = _SECTIONS[name](**{**asdict(default), **values})
-    cfg = Config(**sections)
-    _check(cfg)
-    return cfg
+    return Config(**sections)
