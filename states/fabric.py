@@ -163,11 +163,8 @@ def run(ctx: Context) -> None:
 
 
 def disable_stale_unit(ctx: Context) -> None:
-    """Transition callback: no fabric manager here, so a unit left enabled is disabled.
-    Its question is a postcondition's (answered from memory when nothing acted since)."""
-    with ctx.asking():
-        stale = FABRIC_MANAGER.configured(ctx)
-    if not stale:
+    """Transition callback: no fabric manager here, so a unit left enabled is disabled."""
+    if not FABRIC_MANAGER.configured(ctx):
         return
     ctx.warn(f"{UNIT} is enabled on a node without NVSwitch; disabling it")
     FABRIC_MANAGER.disable(ctx)

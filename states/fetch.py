@@ -53,7 +53,7 @@ def _mirror(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc.rsplit('@', 1)[-1]}"
 
 
-def _download(ctx: Context, missing: list[Artifact]) -> None:
+def _download(ctx: Context, missing: list[Artifact], attempts: dict[str, int]) -> None:
     from bootfsm.fetch.fetcher import Fetched, Fetcher, Job  # a rerun downloads nothing
 
     cfg = ctx.config
@@ -64,7 +64,6 @@ def _download(ctx: Context, missing: list[Artifact]) -> None:
         for suffix in (".part", ".part.meta"):
             ctx.host.own_file(dest + suffix)  # a planted link here is refused
         jobs.append(Job(a, ctx.host.path(dest + ".part")))
-    attempts: dict[str, int] = ctx.scratch.setdefault("fetch.attempts", {})
 
     def emit(event: str, **fields: object) -> None:
         progress.clear()  # the status line never splits a console line
@@ -119,8 +118,29 @@ def _download(ctx: Context, missing: list[Artifact]) -> None:
             attempts[name] = attempts.get(name, 0) + n
 
 
-def run(ctx: Context) -> None:
-    """Resolve (from the cache when it is complete), check space, download what is missing."""
+class Fetch:
+    """The fetch state that keeps its HTTP attempts per artifact (failed ones too) over
+    all its tries: a retry's ``artifact.fetched`` counts the earlier tries', and
+    `bootfsm fetch` reports ``len(attempts)`` artifacts downloaded. The module's own
+    ``run`` (the registry's) is one try's alone."""
+
+    NAME = NAME
+
+    def __init__(self) -> None:
+        self.attempts: dict[str, int] = {}
+
+    def satisfied(self, ctx: Context) -> bool:
+        """The module's postcondition."""
+        return satisfied(ctx)
+
+    def run(self, ctx: Context) -> None:
+        """The module's action, counting into ``attempts``."""
+        run(ctx, self.attempts)
+
+
+def run(ctx: Context, attempts: dict[str, int] | None = None) -> None:
+    """Resolve (from the cache when it is complete), check space, download what is
+    missing; ``attempts`` (artifact -> HTTP attempts) gains this try's."""
     arts = from_cache(ctx)
     missing: list[Artifact] = []
     if arts is None:
@@ -136,4 +156,4 @@ def run(ctx: Context) -> None:
     key = resolution_key(ctx.config, ctx.facts)
     ctx.host.own_dir(ctx.config.run.state_dir)
     ctx.host.write_atomic(resolved_path(ctx), dump_resolution(key, arts), mode=0o600)
-    _download(ctx, missing)
+    _download(ctx, missing, {} if attempts is None else attempts)

@@ -210,8 +210,6 @@ def points_for(sku: str) -> list[Point]:
                   Gate("systemctl", ("start",), "fabric")),
             Point("fabric -> verify", "verify", on_boundary("fabric", "verify"),
                   Gate("nvidia-smi", state="verify")),
-            # (verify's fabric manager question runs no command of its own: fabric's
-            # postcondition just asked the same `systemctl show`, and nothing acted since)
         ]  # fmt: skip
     if family == "imex":
         pts += [

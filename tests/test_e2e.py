@@ -187,30 +187,36 @@ def test_rerun_on_a_provisioned_node_invokes_no_installer(make_world: MakeWorld)
     assert [c for c in new if c["cmd"] in ("nvidia-installer", "dpkg", "update-initramfs")] == []
     skipped = [e["state"] for e in _events(second.journal) if e["event"] == "state.skip"]  # type: ignore[arg-type]
     assert skipped == ["fetch", "driver", "fabric", "verify", "join"]
-    # the postconditions ask each question once: one `systemctl show` of every daemon
-    # answers driver's (persistenced), fabric's and verify's (the fabric manager), and
-    # one `dpkg-query` every package (nothing acted between them)
+    # each postcondition asks its own question, and only reads: one `systemctl show` of
+    # every daemon each for driver's (persistenced), fabric's and verify's (the fabric
+    # manager), one `dpkg-query` for driver's packages
     asked = [" ".join(c["argv"]) for c in new if c["cmd"] == "systemctl"]
-    assert asked == [
+    show = (
         "show -p Id -p UnitFileState -p ActiveState nvidia-persistenced.service"
         " nvidia-fabricmanager.service nvidia-imex.service containerd.service kubelet.service"
-    ]
+    )
+    assert asked == [show] * 3
     # verify's two: the plain table (the one that reports a corrupted infoROM) and -q -x
-    assert [c["cmd"] for c in new] == ["dpkg-query", "dkms", "systemctl", *["nvidia-smi"] * 2]
+    assert [c["cmd"] for c in new] == [
+        "dpkg-query", "dkms", *["systemctl"] * 3, *["nvidia-smi"] * 2
+    ]  # fmt: skip
 
 
-def test_gb300_rerun_asks_five_commands(make_world: MakeWorld) -> None:
-    """Grace-Blackwell: driver's toolkit question and imex's nvidia-imex question are one
-    `dpkg-query`; the persistence daemon, the fabric manager that must stay off and the
-    masked IMEX unit are one `systemctl show`."""
+def test_gb300_rerun_asks_eight_commands(make_world: MakeWorld) -> None:
+    """Grace-Blackwell: driver's toolkit question and imex's nvidia-imex question are a
+    `dpkg-query` each; the persistence daemon (driver), the fabric manager that must stay
+    off (the transition to imex) and the masked IMEX unit (imex) a `systemctl show` each."""
     w = make_world("gb300")
     assert run_in_process(w).outcome.ok
     before = len(w.calls())
     assert run_in_process(w).outcome.ok
     new = w.calls()[before:]
     # verify's two: the plain table (the one that reports a corrupted infoROM) and -q -x
-    assert [c["cmd"] for c in new] == ["dpkg-query", "dkms", "systemctl", *["nvidia-smi"] * 2]
-    [query] = [c["argv"] for c in new if c["cmd"] == "dpkg-query"]
+    assert [c["cmd"] for c in new] == [
+        "dpkg-query", "dkms", "systemctl", "systemctl", "dpkg-query", "systemctl",
+        *["nvidia-smi"] * 2,
+    ]  # fmt: skip
+    query = [c["argv"] for c in new if c["cmd"] == "dpkg-query"][-1]
     assert "nvidia-imex" in query and "nvidia-container-toolkit" in query
 
 

@@ -216,37 +216,3 @@ def test_spawn_s_is_bootfsms_part_of_a_commands_duration(
     r = Host(tmp_path).run(["sleep", "0.3"], timeout=10, die_with_bootfsm=die_with_bootfsm)
     assert r.ok and r.duration_s >= 0.3
     assert 0 < r.spawn_s <= r.duration_s - 0.3, r
-
-
-def test_postconditions_share_answers_until_something_acts(tmp_path: Path) -> None:
-    """Inside ``asking`` a probe asked before is answered from memory; outside, or after
-    any command that is not a probe (or ``forget``), it runs again."""
-    from bootfsm.core.config import parse_config
-    from bootfsm.machine.context import Context
-    from bootfsm.observe.journal import Journal
-
-    ran: list[tuple[str, ...]] = []
-    host = Host(tmp_path)
-    host.on_command = lambda r: ran.append(r.argv)
-    ctx = Context.create(parse_config({}), host, Journal(None, run_id="t"))
-    probe = ["echo", "ActiveState=active"]
-    with ctx.asking():
-        first = ctx.run(probe, timeout=10, probe=True)
-        again = ctx.run(probe, timeout=10, probe=True)
-    assert again is first and len(ran) == 1
-    with ctx.asking():
-        ctx.run(probe, timeout=10, probe=True)  # the next postcondition: still remembered
-    assert len(ran) == 1
-    ctx.run(probe, timeout=10, probe=True)  # an action's own probe always runs
-    assert len(ran) == 2
-    with ctx.asking():
-        ctx.run(probe, timeout=10, probe=True)  # (remembered since the first one)
-    assert len(ran) == 2
-    ctx.run(["true"], timeout=10)  # something acted: every answer is forgotten
-    with ctx.asking():
-        ctx.run(probe, timeout=10, probe=True)
-    assert len(ran) == 4
-    ctx.forget()
-    with ctx.asking():
-        ctx.run(probe, timeout=10, probe=True)
-    assert len(ran) == 5

@@ -67,11 +67,14 @@ def fetch_cache(
         return image_facts(ctx.host, kernel="") if prefetch else gather_facts(ctx.host)
 
     def body(s: Session) -> Outcome:
-        outcome = s.drive({"detect": FactsDetect(facts), "fetch": fetch}, {}, stop_after("fetch"))
+        fetching = fetch.Fetch()
+        outcome = s.drive(
+            {"detect": FactsDetect(facts), "fetch": fetching}, {}, stop_after("fetch")
+        )
         if not outcome.ok:
             return outcome
         total = len(resolved(s.ctx) or [])
-        downloaded = len(s.ctx.scratch.get("fetch.attempts", {}))
+        downloaded = len(fetching.attempts)
         counts[:] = [total, downloaded]
         s.end_fields.update(artifacts=total, downloaded=downloaded)
         msg = f"{total} artifacts verified in {cfg.fetch.cache_dir} ({downloaded} downloaded)"

@@ -1,16 +1,16 @@
 """What bootfsm already knows about a cached artifact's bytes, so a rerun reads none.
 
 A download hashes every byte as it arrives; after the rename, the file's stat stamp
-(size, mtime_ns, inode, ctime_ns) and that sha256 are kept twice: in the run's memory
-(``ctx.scratch``) and in a sidecar ``<file>.sha256`` (JSON, 0600) beside it in the
-cache, which is root's and closed (0700). The fetch postcondition trusts a sidecar only
-while the file's stamp is unchanged: any write, truncation, rename over, chmod or touch
-changes ctime, which user space cannot set back. So a rerun whose states are all
-satisfied checks the cache with one stat per artifact and reads no artifact.
+(size, mtime_ns, inode, ctime_ns) and that sha256 are kept in a sidecar
+``<file>.sha256`` (JSON, 0600) beside it in the cache, which is root's and closed
+(0700). A sidecar is trusted only while the file's stamp is unchanged: any write,
+truncation, rename over, chmod or touch changes ctime, which user space cannot set
+back. So a rerun whose states are all satisfied checks the cache with one stat per
+artifact and reads no artifact.
 
 What is used is still hashed when it is used: the runfile as it is copied to the
-private copy that runs (``Host.private_copy``), the debs just before dpkg gets them
-(``bootfsm.fetch.store.verified``, which trusts only this run's own memory).
+private copy that runs (``Host.private_copy``), every artifact a state uses
+(``bootfsm.fetch.store.verified``).
 """
 
 from __future__ import annotations
@@ -21,9 +21,8 @@ import stat
 
 from bootfsm.machine.context import Context
 
-__all__ = ["MEMO", "SUFFIX", "known_sha256", "remember", "stamp"]
+__all__ = ["SUFFIX", "known_sha256", "remember", "stamp"]
 
-MEMO = "fetch.verified"  # ctx.scratch: real path -> (size, mtime_ns, inode, ctime_ns, sha256)
 SUFFIX = ".sha256"
 
 Stamp = tuple[int, int, int, int]
@@ -35,10 +34,9 @@ def stamp(st: os.stat_result) -> Stamp:
 
 
 def remember(ctx: Context, node_path: str, st: os.stat_result, sha256: str) -> None:
-    """Keep ``sha256`` for the file at ``node_path`` as it is now (``st``, its lstat):
-    in this run's memory and in its sidecar (atomic, 0600; fsynced only with
-    ``fetch.fsync``, like the artifact: a sidecar lost is a hash made again)."""
-    ctx.scratch.setdefault(MEMO, {})[str(ctx.host.path(node_path))] = (*stamp(st), sha256)
+    """Keep ``sha256`` for the file at ``node_path`` as it is now (``st``, its lstat) in
+    its sidecar (atomic, 0600; fsynced only with ``fetch.fsync``, like the artifact: a
+    sidecar lost is a hash made again)."""
     doc: dict[str, int | str] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
     doc |= {"ino": st.st_ino, "ctime_ns": st.st_ctime_ns, "sha256": sha256}
     text = json.dumps(doc, sort_keys=True) + "\n"
@@ -48,12 +46,9 @@ def remember(ctx: Context, node_path: str, st: os.stat_result, sha256: str) -> N
 def known_sha256(
     ctx: Context, node_path: str, st: os.stat_result, *, sidecar: bool = True
 ) -> str | None:
-    """The sha256 of the file's bytes if this run hashed them, or (``sidecar``) a past
-    run did and the file has not changed since; None when it must be hashed."""
-    now = stamp(st)
-    seen = ctx.scratch.get(MEMO, {}).get(str(ctx.host.path(node_path)))
-    if seen is not None and tuple(seen[:4]) == now:
-        return str(seen[4])
+    """The sha256 of the file's bytes if a run (this one or a past one) hashed them and
+    the file has not changed since (its sidecar); None when it must be hashed, always
+    without ``sidecar`` (``bootfsm.fetch.store.verified``: what is used is hashed)."""
     if not sidecar:
         return None
     side = ctx.host.path(node_path + SUFFIX)
@@ -66,7 +61,6 @@ def known_sha256(
         sha = doc["sha256"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if then != now or not isinstance(sha, str):
+    if then != stamp(st) or not isinstance(sha, str):
         return None
-    ctx.scratch.setdefault(MEMO, {})[str(ctx.host.path(node_path))] = (*now, sha)
     return sha

@@ -47,10 +47,8 @@ class Daemon:
     check: Callable[[Context], bool] | None = None
 
     def state(self, ctx: Context) -> UnitState:
-        """Its enablement and activity, from the one `systemctl show` that asks about
-        every daemon here (``ALL``): inside ``ctx.asking`` every postcondition's unit
-        question is then answered by one command (`is-enabled` and `is-active` answer
-        from the same UnitFileState and ActiveState)."""
+        """Its enablement and activity (what `is-enabled` and `is-active` answer), from
+        one `systemctl show` that asks about every daemon here (``ALL``)."""
         names = [d.unit for d in ALL] if self in ALL else [self.unit]
         found = unit_states(ctx, names).get(self.unit)
         return found if found is not None else unit_state(ctx, self.unit)

@@ -7,7 +7,7 @@ the state's limit and the global deadline, and is recorded in the journal.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from bootfsm.core.codes import Code
@@ -38,14 +38,10 @@ class Context:
     state: str = ""
     state_row: StateRow | None = None
     state_deadline: Deadline | None = None
-    scratch: dict[str, Any] = field(default_factory=dict)
     status: Callable[[str], object] | None = None
     """systemd STATUS= for progress within a state (set by the runner under systemd)."""
     probing: bool = False
     """True while a ``run(..., probe=True)`` command runs (its journal event says so)."""
-    answers: dict[tuple[str, ...], CommandResult] = field(default_factory=dict)
-    """Probes' results by argv, as postconditions asked them (``asking``)."""
-    asking_: bool = False
     wait_end: float | None = None
     """The monotonic end of the ``wait_until`` running now: its probes' requests end by it."""
 
@@ -144,18 +140,6 @@ class Context:
             self.wait_end = outer
 
     # -- commands ----------------------------------------------------------------------
-    def asking(self) -> _Asking:
-        """``with ctx.asking(): module.satisfied(ctx)``: inside, a probe asked before (by
-        this postcondition or an earlier one) is answered from memory when nothing acted
-        since: a rerun's postconditions ask ``systemctl show`` of the fabric manager once,
-        not per state. Outside (actions and their waits) every probe runs. A command that
-        is not a probe, or an action starting (``forget``), forgets every answer."""
-        return _Asking(self)
-
-    def forget(self) -> None:
-        """Drop every remembered probe answer (an action is about to change the node)."""
-        self.answers.clear()
-
     def run(
         self,
         argv: Sequence[str],
@@ -176,11 +160,6 @@ class Context:
         reads or only asks a daemon to act). Raises the time error when the remaining
         budget, not ``timeout``, cut it short.
         """
-        key, keep = tuple(argv), probe and self.asking_ and not kw
-        if keep and key in self.answers:
-            return self.answers[key]
-        if not probe:
-            self.answers.clear()
         budget = self.remaining()
         if budget <= 0:
             raise self.time_error()
@@ -193,8 +172,6 @@ class Context:
             self.probing = False
         if result.timed_out and (timeout is None or budget <= timeout):
             raise self.time_error()
-        if keep and not result.timed_out:
-            self.answers[key] = result
         return result
 
     def require(
@@ -235,16 +212,3 @@ def trust_store(config: Config, host: Host) -> str:
         if host.exists(node_path):
             return str(host.path(node_path))
     return ""
-
-
-class _Asking:
-    """``Context.asking``: probes answered from memory inside."""
-
-    def __init__(self, ctx: Context) -> None:
-        self.ctx = ctx
-
-    def __enter__(self) -> None:
-        self.ctx.asking_ = True
-
-    def __exit__(self, *exc: object) -> None:
-        self.ctx.asking_ = False

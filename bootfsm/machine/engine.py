@@ -217,18 +217,13 @@ def _run_state(ctx: Context, name: str, module: Any) -> None:
     ctx.state_deadline = Deadline(srow.time_limit, ctx.host.monotonic)
     start = ctx.journal.elapsed()
     ctx.check_time()
-    with ctx.asking():
-        holds = module.satisfied(ctx)
-    if holds:
+    if module.satisfied(ctx):
         explain = getattr(module, "skip_reason", None)  # optional: states/__init__.ExplainsSkip
         ctx.event("state.skip", reason=(explain(ctx) if explain else None) or "postcondition holds")
         return
     ctx.event("state.enter", time_limit_s=srow.time_limit, attempts_max=srow.retry.attempts)
-    ctx.forget()
     attempts = attempt(ctx, srow, lambda: module.run(ctx))
-    with ctx.asking():
-        holds = module.satisfied(ctx)
-    if not holds:
+    if not module.satisfied(ctx):
         raise BootError(
             srow.failure_code, f"state {name}: action finished but its postcondition does not hold"
         )
