@@ -54,7 +54,12 @@ class Receiver:
 
 
 def _journal_events(path: Path) -> list[dict[str, Any]]:
-    return events_from_lines(path.read_text().splitlines())
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _request(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The export of these events, read as the journal lines they are."""
+    return trace_request(events_from_lines(json.dumps(e) for e in events))
 
 
 def _attrs(items: Any) -> dict[str, Any]:
@@ -222,7 +227,7 @@ def test_bad_timeout_falls_back_to_the_default(raw: str) -> None:
 
 def test_a_journal_without_run_start_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match=r"no run\.start"):
-        trace_request([{"event": "state.enter", "t": 0.1}])
+        _request([{"event": "state.enter", "t": 0.1}])
 
 
 def test_the_run_span_ends_at_run_end_not_at_later_warnings() -> None:
@@ -233,7 +238,7 @@ def test_the_run_span_ends_at_run_end_not_at_later_warnings() -> None:
         {"event": "run.end", "t": 2.0, "code": 0, "code_name": "OK"},
         {"event": "warning", "t": 9.0, "message": "metrics file not written"},
     ]
-    [root] = trace_request(events)["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    [root] = _request(events)["resourceSpans"][0]["scopeSpans"][0]["spans"]
     assert int(root["endTimeUnixNano"]) - int(root["startTimeUnixNano"]) == 2_000_000_000
     assert [e["name"] for e in root["events"]] == ["warning"]
 
@@ -246,7 +251,7 @@ def test_the_run_span_starts_at_run_start_not_at_the_journals_origin() -> None:
         {"event": "run.start", "t": 0.25, "ts": "2026-12-01T10:00:00Z", "run_id": "abcd1234"},
         {"event": "run.end", "t": 2.0, "code": 0, "code_name": "OK"},
     ]
-    [root] = trace_request(events)["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    [root] = _request(events)["resourceSpans"][0]["scopeSpans"][0]["spans"]
     start, end = int(root["startTimeUnixNano"]), int(root["endTimeUnixNano"])
     assert start == pytest.approx(1796119200 * 10**9, abs=1000)  # 2026-12-01T10:00:00Z
     assert end - start == pytest.approx(1_750_000_000, abs=1000)  # ns, through a float

@@ -1,9 +1,10 @@
 """The fleet view: where many nodes lose their boots, read from their collected journals.
 
 ``scan(DIR)`` walks DIR (sorted, depth first) for ``*.jsonl`` journals and streams them
-one at a time: a journal's lines are read, folded into a ``TraceReport`` and dropped.
-Only the event kinds the view uses are decoded (``FLEET_EVENTS``); a line of any other
-kind is recognised from its ``"event": "..."`` key and counted without being decoded.
+one at a time: trace's one reader (``parse_events``) folds a journal's lines into a
+``TraceReport``, which this view counts and drops. Only the event kinds the view uses
+are decoded (``FLEET_EVENTS``); a line of any other kind is recognised from its
+``"event": "..."`` key and counted without being decoded.
 
 What stays in memory as the fleet grows (everything else is per journal):
 
@@ -25,7 +26,6 @@ Percentiles are nearest-rank: the smallest value with at least p% of values <= i
 from __future__ import annotations
 
 import heapq
-import json
 import math
 import os
 from array import array
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bootfsm.observe.trace import Folder, TraceReport
+from bootfsm.observe.trace import TraceReport, parse_events
 
 __all__ = [
     "FLEET_EVENTS",
@@ -61,8 +61,6 @@ FLEET_EVENTS = frozenset(
         "run.end",
     }
 )
-_KEY = '"event": "'
-_DECODE = json.JSONDecoder().raw_decode
 _FINISHED = ("done", "failed")
 _MAX_SAMPLES = 10
 
@@ -109,49 +107,10 @@ def _walk(
     stack.discard(here)
 
 
-def _decode(line: str) -> dict[str, Any]:
-    """One event object (raw_decode skips json.loads' layers; leading blanks fall back)."""
-    try:
-        ev, end = _DECODE(line)
-    except ValueError:
-        ev, end = json.loads(line), len(line)
-    if not isinstance(ev, dict) or "event" not in ev or line[end:].strip():
-        raise ValueError("not an event")
-    return ev
-
-
-def _fold(path: str, source: str) -> tuple[TraceReport, int, int]:
-    """(report, lines that are events, bad lines) of one journal, decoding only what we use."""
-    folder = Folder(source, keep_commands=False)
-    seen = bad = 0
+def _read(path: str, source: str) -> TraceReport:
+    """The report of one journal, read line by line (memory per journal is one line)."""
     with open(path, encoding="utf-8", errors="replace") as fh:
-        for line in fh:  # line by line: memory per journal is one line
-            i = line.rfind(_KEY)
-            j = line.find('"', i + 10) if i >= 0 else -1
-            if j > 0:
-                if line[i + 10 : j] not in FLEET_EVENTS:
-                    seen += 1
-                    continue
-            elif not line.strip():
-                continue
-            try:
-                ev = _decode(line)
-            except ValueError:
-                bad += 1
-                continue
-            seen += 1
-            kind = ev["event"]
-            if not isinstance(kind, str) or kind not in FLEET_EVENTS:
-                continue
-            try:
-                folder.add(ev)
-            except (TypeError, ValueError, AttributeError, OverflowError):
-                bad += 1
-    report = folder.finish()
-    report.events = seen
-    if bad:
-        report.warnings.append(f"{source}: {bad} unreadable line(s) skipped")
-    return report, seen, bad
+        return parse_events(fh, source, kinds=FLEET_EVENTS)
 
 
 @dataclass
@@ -313,15 +272,15 @@ def scan(root: Path, *, top: int = 10) -> FleetStats:
     stats = FleetStats(top=top)
     for node, path, rel in _walk(str(root), "", None, set()):
         try:
-            report, seen, bad = _fold(path, rel)
+            report = _read(path, rel)
         except OSError as exc:
             stats.warned_files += 1
             if len(stats.samples) < _MAX_SAMPLES:
                 stats.samples.append(f"{rel}: unreadable: {exc.strerror or exc}")
             continue
         stats.files += 1
-        stats.events += seen
-        stats.bad_lines += bad
+        stats.events += report.events
+        stats.bad_lines += report.bad_lines
         stats.add_run(node, report)
     stats.end_node()
     return stats

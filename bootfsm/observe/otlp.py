@@ -1,7 +1,8 @@
 """One run as one OpenTelemetry trace, in OTLP/JSON (the body of POST /v1/traces).
 
-``trace_request`` is pure: journal events in, an ``ExportTraceServiceRequest`` as
-JSON-able data out. The run is the root span; each state visit is a child span (its
+``trace_request`` is a pure view of the report trace's one fold makes (its spans and
+``marks``, the events tied to the span they happened in): an ``ExportTraceServiceRequest``
+as JSON-able data out. The run is the root span; each state visit is a child span (its
 attempts, retries, skip reason and other journal events are span events); each
 command and each downloaded artifact is a child span of the state it ran in. The
 resource carries the node (``host.type`` = VM size, ``host.arch``, GPU model and count,
@@ -27,13 +28,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 from urllib.parse import unquote
 
 from bootfsm import __version__
+from bootfsm.observe.trace import Mark, TraceReport, parse_events, unix_time
 
 __all__ = [
     "OtlpTarget",
@@ -47,22 +48,18 @@ __all__ = [
 _KIND_INTERNAL, _KIND_CLIENT = 1, 3
 _STATUS_OK, _STATUS_ERROR = 1, 2
 _ARCH = {"x86_64": "amd64", "aarch64": "arm64", "arm64": "arm64", "amd64": "amd64"}
+_OPEN = ("running", "interrupted")  # a state span's outcomes while run.end closes it
+#: A download span's attributes and the journal fields they come from.
+_FETCH = [("url.full", "url"), ("server.address", "mirror"), ("bootfsm.artifact", "artifact")]
+_FETCH += [("bootfsm.size_bytes", "size")]
+_FETCH += [(f"bootfsm.{k}", k) for k in ("rate_mb_s", "mirror_index", "attempts", "resumed_bytes")]
 #: Span event names for the journal events that are steps of a state.
-_EVENT_NAMES = {"state.attempt": "attempt", "state.retry": "retry"}
-_SKIP_FIELDS = {"t", "ts", "event", "level", "state", "run_id"}
+_EVENT_NAMES = {"state.attempt": "attempt", "state.retry": "retry", "state.skip": "skip"}
 
 
-def events_from_lines(lines: Iterable[str]) -> list[dict[str, Any]]:
-    """Decode journal lines; lines that are not a JSON object are skipped."""
-    out: list[dict[str, Any]] = []
-    for line in lines:
-        try:
-            ev = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(ev, dict):
-            out.append(ev)
-    return out
+def events_from_lines(lines: Iterable[str]) -> TraceReport:
+    """The report of journal lines with their marks (trace's one reader and fold)."""
+    return parse_events(lines, marks=True)
 
 
 def _value(v: Any) -> dict[str, Any]:
@@ -84,19 +81,12 @@ def _attrs(items: Iterable[tuple[str, Any]]) -> list[dict[str, Any]]:
     return [{"key": k, "value": _value(v)} for k, v in items if v is not None]
 
 
-def _fields(ev: Mapping[str, Any]) -> list[dict[str, Any]]:
-    return _attrs((f"bootfsm.{k}", v) for k, v in ev.items() if k not in _SKIP_FIELDS)
+def _fields(fields: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return _attrs((f"bootfsm.{k}", v) for k, v in fields.items())
 
 
 def _nanos(unix_s: float) -> str:
     return str(round(unix_s * 1e9))
-
-
-def _unix(ts: Any) -> float | None:
-    try:
-        return datetime.fromisoformat(str(ts).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 @dataclass
@@ -129,132 +119,98 @@ class _Span:
 
 
 class _Builder:
-    """Folds journal events, in order, into spans."""
+    """The spans of one report: the run, a span per state visit, its commands and fetches."""
 
-    def __init__(self, trace_id: str, base: float) -> None:
-        self.trace_id, self.base = trace_id, base
+    def __init__(self, r: TraceReport, trace_id: str, base: float) -> None:
+        self.r, self.trace_id, self.base = r, trace_id, base
         self.spans: list[_Span] = []
-        self.run = self._new("", "bootfsm.run", 0.0)
-        self.state: _Span | None = None
-        self.facts: dict[str, Any] = {}
-        self.driver_version = ""
-        self.ended = False
+        end = r.end_t if r.end_t is not None else r.last_t
+        self.run = self._new("", "bootfsm.run", r.start_t, end)
+        self.states: dict[int, _Span] = {}
+        for m in r.marks:
+            self.add(m)
 
-    def _new(self, parent: str, name: str, t: float, kind: int = _KIND_INTERNAL) -> _Span:
+    def _state(self, i: int) -> _Span:
+        """The span of ``r.spans[i]``, made at its first event."""
+        if i not in self.states:
+            s = self.r.spans[i]
+            span = self._new(self.run.span_id, f"state {s.state}", s.start_t, s.end_t)
+            span.attributes = _attrs([("bootfsm.state", s.state)])
+            self.states[i] = span
+        return self.states[i]
+
+    def _new(
+        self, parent: str, name: str, t: float, end: float, kind: int = _KIND_INTERNAL
+    ) -> _Span:
         digest = hashlib.sha256(f"{self.trace_id}/{len(self.spans)}".encode()).hexdigest()
-        span = _Span(digest[:16], parent, name, self.base + t, self.base + t, kind)
+        span = _Span(digest[:16], parent, name, self.base + t, self.base + end, kind)
         self.spans.append(span)
         return span
 
-    def _event(self, span: _Span, name: str, t: float, ev: Mapping[str, Any]) -> None:
-        span.events.append(
-            {"timeUnixNano": _nanos(self.base + t), "name": name, "attributes": _fields(ev)}
-        )
-
-    def _close_state(self, t: float, error: str = "") -> None:
-        if self.state is None:
-            return
-        self.state.end = self.base + t
-        self.state.status = {"code": _STATUS_ERROR, "message": error} if error else {}
-        self.state = None
-
-    def _open_state(self, name: str, t: float, ev: Mapping[str, Any]) -> _Span:
-        self._close_state(t)
-        span = self._new(self.run.span_id, f"state {name}", t)
-        span.attributes = _attrs(
-            [
-                ("bootfsm.state", name),
-                ("bootfsm.time_limit_s", ev.get("time_limit_s")),
-                ("bootfsm.attempts_max", ev.get("attempts_max")),
-            ]
-        )
-        self.state = span
-        return span
-
-    def add(self, ev: Mapping[str, Any]) -> None:
-        t = float(ev.get("t") or 0.0)
-        name = str(ev.get("event", ""))
-        state = str(ev.get("state") or "")
-        if not self.ended:  # the run span ends at run.end; later warnings are notes on it
-            self.run.end = max(self.run.end, self.base + t)
-        if name == "run.start":  # the run's span starts here, not at the journal's t=0
-            self.run.start = self.base + t
-            self.run.attributes = _fields(ev)
-        elif name == "state.enter":
-            self._open_state(state, t, ev)
-        elif name == "state.skip":
-            span = self._open_state(state, t, ev)
-            self._event(span, "skip", t, ev)
-            span.attributes += _attrs([("bootfsm.outcome", "skipped")])
-            self._close_state(t)
-        elif name in ("state.done", "state.failed"):
-            if self.state is not None:
-                failed = name == "state.failed"
-                self.state.attributes += _attrs(
-                    [("bootfsm.outcome", "failed" if failed else "done")]
-                    + [(f"bootfsm.{k}", ev.get(k)) for k in ("attempts", "code", "code_name")]
-                )
-                self._close_state(t, str(ev.get("message") or "failed") if failed else "")
-        elif name == "command":
-            self._command(ev, t)
+    def add(self, m: Mark) -> None:
+        f, name = m.fields, m.event
+        span = self.run if m.span is None else self._state(m.span)
+        if name in ("state.enter", "state.skip"):
+            span.start = self.base + m.t  # the postcondition checks before it are the run's
+        if name == "run.start":
+            self.run.attributes = _fields(f)
         elif name == "run.end":
-            self.ended = True
-            self._close_state(t, "" if ev.get("code") == 0 else str(ev.get("message") or ""))
-            self.run.attributes += _fields(ev)
-            ok = ev.get("code") == 0
-            message = "" if ok else f"{ev.get('code')} {ev.get('code_name')}: {ev.get('message')}"
-            self.run.status = {"code": _STATUS_OK} if ok else {"code": _STATUS_ERROR}
-            if message:
-                self.run.status["message"] = message
-        elif "artifact" in ev and "duration_s" in ev and "size" in ev:
-            self._artifact(ev, t)
+            self._run_end(f)
+        elif name == "state.enter":
+            span.attributes += _attrs(
+                [(f"bootfsm.{k}", f.get(k)) for k in ("time_limit_s", "attempts_max")]
+            )
+        elif name in ("state.done", "state.failed"):
+            failed = name == "state.failed"
+            span.end = self.base + m.t  # the journal's time of it, as the run's own events
+            span.attributes += _attrs(
+                [("bootfsm.outcome", "failed" if failed else "done")]
+                + [(f"bootfsm.{k}", f.get(k)) for k in ("attempts", "code", "code_name")]
+            )
+            if failed:
+                span.status = {"code": _STATUS_ERROR, "message": str(f.get("message") or "failed")}
+        elif name == "command" or {"artifact", "duration_s", "size"} <= f.keys():
+            self._child(span, f, m.t, fetch=name != "command")
         else:
-            if name == "node.facts":
-                self.facts = dict(ev)
-            if name == "driver.install":
-                self.driver_version = str(ev.get("version") or "")
-            target = self.state if self.state is not None else self.run
-            self._event(target, _EVENT_NAMES.get(name, name), t, ev)
+            span.events.append(
+                {
+                    "timeUnixNano": _nanos(self.base + m.t),
+                    "name": _EVENT_NAMES.get(name, name),
+                    "attributes": _fields(f),
+                }
+            )
+            if name == "state.skip":
+                span.attributes += _attrs([("bootfsm.outcome", "skipped")])
 
-    def _child(self, name: str, t: float, duration: float, kind: int) -> _Span:
-        parent = self.state.span_id if self.state is not None else self.run.span_id
-        span = self._new(parent, name, t - duration, kind)
-        span.end = self.base + t
-        return span
+    def _run_end(self, f: Mapping[str, Any]) -> None:
+        self.run.attributes += _fields(f)
+        ok = f.get("code") == 0
+        self.run.status = {"code": _STATUS_OK} if ok else {"code": _STATUS_ERROR}
+        if not ok:
+            self.run.status["message"] = f"{f.get('code')} {f.get('code_name')}: {f.get('message')}"
+            i, message = len(self.r.spans) - 1, str(f.get("message") or "")
+            if message and i in self.states and self.r.spans[i].outcome in _OPEN:
+                self.states[i].status = {"code": _STATUS_ERROR, "message": message}
 
-    def _command(self, ev: Mapping[str, Any], t: float) -> None:
-        argv = [str(a) for a in ev.get("argv") or []]
-        duration = float(ev.get("duration_s") or 0.0)
-        span = self._child(os.path.basename(argv[0]) if argv else "command", t, duration, 1)
-        span.attributes = _attrs(
-            [
-                ("process.command_args", argv),
-                ("process.exit_code", ev.get("rc")),
-                ("bootfsm.timed_out", ev.get("timed_out")),
-            ]
-        )
-        if ev.get("timed_out"):
+    def _child(self, parent: _Span, f: Mapping[str, Any], t: float, fetch: bool) -> None:
+        """A command's span, or a download's (``_FETCH`` names its attributes)."""
+        start = t - float(f.get("duration_s") or 0.0)
+        if fetch:
+            span = self._new(parent.span_id, f"fetch {f['artifact']}", start, t, _KIND_CLIENT)
+            span.attributes = _attrs((key, f.get(name)) for key, name in _FETCH)
+            return
+        argv = [str(a) for a in f.get("argv") or []]
+        span = self._new(parent.span_id, os.path.basename(argv[0]) if argv else "command", start, t)
+        command = [("process.command_args", argv), ("process.exit_code", f.get("rc"))]
+        span.attributes = _attrs([*command, ("bootfsm.timed_out", f.get("timed_out"))])
+        if f.get("timed_out"):
             span.status = {"code": _STATUS_ERROR, "message": "timed out"}
 
-    def _artifact(self, ev: Mapping[str, Any], t: float) -> None:
-        duration = float(ev.get("duration_s") or 0.0)
-        span = self._child(f"fetch {ev.get('artifact')}", t, duration, _KIND_CLIENT)
-        span.attributes = _attrs(
-            [
-                ("url.full", ev.get("url")),
-                ("server.address", ev.get("mirror")),
-                ("bootfsm.artifact", ev.get("artifact")),
-                ("bootfsm.size_bytes", ev.get("size")),
-                ("bootfsm.rate_mb_s", ev.get("rate_mb_s")),
-                ("bootfsm.mirror_index", ev.get("mirror_index")),
-                ("bootfsm.attempts", ev.get("attempts")),
-                ("bootfsm.resumed_bytes", ev.get("resumed_bytes")),
-            ]
-        )
 
-
-def _resource(b: _Builder, env: Mapping[str, str]) -> list[dict[str, Any]]:
-    f = b.facts
+def _resource(r: TraceReport, env: Mapping[str, str]) -> list[dict[str, Any]]:
+    f = r.facts
+    installed = [m.fields for m in r.marks if m.event == "driver.install"]
+    driver = str(installed[-1].get("version") or "") if installed else ""
     detected: dict[str, Any] = {
         "service.name": "bootfsm",
         "service.version": __version__,
@@ -266,7 +222,7 @@ def _resource(b: _Builder, env: Mapping[str, str]) -> list[dict[str, Any]]:
         "bootfsm.gpu.model": f.get("gpu_model"),
         "bootfsm.gpu.count": f.get("gpu_count"),
         "bootfsm.gpu.family": f.get("gpu_family"),
-        "bootfsm.driver.version": b.driver_version or f.get("loaded_driver") or None,
+        "bootfsm.driver.version": driver or f.get("loaded_driver") or None,
     }
     for item in env.get("OTEL_RESOURCE_ATTRIBUTES", "").split(","):
         key, sep, value = item.partition("=")
@@ -277,27 +233,21 @@ def _resource(b: _Builder, env: Mapping[str, str]) -> list[dict[str, Any]]:
     return _attrs(sorted(detected.items()))
 
 
-def trace_request(
-    events: Sequence[Mapping[str, Any]], env: Mapping[str, str] | None = None
-) -> dict[str, Any]:
-    """The ``ExportTraceServiceRequest`` (OTLP/JSON) of one run's journal events.
+def trace_request(report: TraceReport, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The ``ExportTraceServiceRequest`` (OTLP/JSON) of one run's report.
 
-    Raises ``ValueError`` when the events hold no ``run.start`` with a timestamp.
+    Raises ``ValueError`` when the journal holds no ``run.start`` with a timestamp.
     """
-    start = next((e for e in events if e.get("event") == "run.start"), None)
-    start_unix = _unix(start.get("ts")) if start is not None else None
-    if start is None or start_unix is None:
+    start_unix = unix_time(report.started)
+    if start_unix is None:
         raise ValueError("the journal has no run.start event with a timestamp")
-    run_id = str(start.get("run_id") or "")
-    trace_id = hashlib.sha256(f"bootfsm/{run_id}/{start.get('ts')}".encode()).hexdigest()[:32]
-    b = _Builder(trace_id, start_unix - float(start.get("t") or 0.0))
-    for ev in events:
-        b.add(ev)
-    b._close_state((b.run.end - b.base), "")
+    seed = f"bootfsm/{report.run_id}/{report.started}"
+    trace_id = hashlib.sha256(seed.encode()).hexdigest()[:32]
+    b = _Builder(report, trace_id, start_unix - report.start_t)
     return {
         "resourceSpans": [
             {
-                "resource": {"attributes": _resource(b, env or {})},
+                "resource": {"attributes": _resource(report, env or {})},
                 "scopeSpans": [
                     {
                         "scope": {"name": "bootfsm", "version": __version__},

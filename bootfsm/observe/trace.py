@@ -2,8 +2,9 @@
 
 ``parse_events`` is pure and forgiving: a torn last line (crash), garbage lines, an
 empty journal, events of an older version (missing ``t``, ``attempt``, ``duration_s``)
-or unknown events give warnings, never a traceback. ``Folder`` is the same fold fed
-with already-decoded events (the fleet view feeds it only the events it needs).
+or unknown events give warnings, never a traceback; it is the one reader of journals
+(the fleet view and the OTLP export are views of the report it folds; the fleet reads
+only the event kinds it needs).
 ``render`` makes the one-screen text, ``to_json`` the stable machine form (schema in
 docs/trace.md), ``bootfsm.observe.trace_html`` the picture.
 """
@@ -12,15 +13,17 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from bootfsm.observe.trace_model import (
     JOURNAL_SCHEMA,
+    MARK_SKIP,
     TAIL_CHARS,
     TRACE_SCHEMA,
+    Mark,
     Span,
     TraceReport,
     scrub,
@@ -30,6 +33,7 @@ __all__ = [
     "JOURNAL_SCHEMA",
     "TRACE_SCHEMA",
     "Folder",
+    "Mark",
     "Span",
     "TraceReport",
     "journals",
@@ -39,7 +43,15 @@ __all__ = [
     "render",
     "scrub",
     "to_json",
+    "unix_time",
 ]
+
+
+_KEY = '"event": "'
+_DECODE = json.JSONDecoder().raw_decode
+#: A command's mark leaves its output out (up to 2000 characters each; the report keeps
+#: the last command's, and each state's, in ``last_command``/``state_last_command``).
+_COMMAND_SKIP = MARK_SKIP | {"output"}
 
 
 def _num(value: Any, default: float) -> float:
@@ -51,7 +63,8 @@ def _num(value: Any, default: float) -> float:
     return v if math.isfinite(v) else default
 
 
-def _iso(ts: Any) -> float | None:
+def unix_time(ts: Any) -> float | None:
+    """Seconds since the epoch of an ISO 8601 timestamp (None when it is not one)."""
     if not isinstance(ts, str) or not ts:
         return None
     try:
@@ -63,9 +76,9 @@ def _iso(ts: Any) -> float | None:
 class Folder:
     """Folds decoded events, in journal order, into a ``TraceReport``."""
 
-    def __init__(self, source: str = "journal", *, keep_commands: bool = True) -> None:
+    def __init__(self, source: str = "journal", *, marks: bool = False) -> None:
         self.report = TraceReport(source=source)
-        self.keep_commands = keep_commands
+        self.marks = marks  # keep each event as a Mark (the OTLP view needs them)
         self._t0_wall: float | None = None
         self._no_time = 0
 
@@ -75,7 +88,7 @@ class Folder:
         t = ev.get("t")
         if t is not None:
             return _num(t, self.report.last_t)
-        wall = _iso(ev.get("ts"))
+        wall = unix_time(ev.get("ts"))
         if wall is not None:
             if self._t0_wall is None:
                 self._t0_wall = wall
@@ -109,12 +122,30 @@ class Folder:
         t = self._time(ev)
         r.last_t = max(r.last_t, t)
         kind = ev.get("event")
-        handler = _HANDLERS.get(kind if isinstance(kind, str) else "")
+        kind = kind if isinstance(kind, str) else ""
+        handler = _HANDLERS.get(kind)
         if handler is not None:
             handler(self, ev, t)
+        if self.marks:
+            self._mark(ev, kind, t)
+
+    def _mark(self, ev: dict[str, Any], kind: str, t: float) -> None:
+        """Keep the event, tied to the span it happened in: a state event to its state's,
+        another to the state entered and running (a postcondition check's to the run)."""
+        spans = self.report.spans
+        last = len(spans) - 1 if spans else None
+        if last is not None and kind not in ("run.start", "run.end"):
+            s = spans[last]
+            in_span = kind.startswith("state.") or (s.entered and s.outcome == "running")
+        else:
+            in_span = False
+        skip = _COMMAND_SKIP if kind == "command" else MARK_SKIP
+        fields = {k: v for k, v in ev.items() if k not in skip}
+        self.report.marks.append(Mark(t, kind, last if in_span else None, fields))
 
     def _run_start(self, ev: dict[str, Any], t: float) -> None:
         r = self.report
+        r.start_t = t
         r.run_id = str(ev.get("run_id", ""))
         r.run_kind = str(ev.get("kind") or "run")
         r.started = str(ev.get("ts", ""))
@@ -133,8 +164,7 @@ class Folder:
             )
 
     def _facts(self, ev: dict[str, Any], t: float) -> None:
-        skip = ("event", "t", "ts", "run_id", "level", "state")
-        self.report.facts = {k: v for k, v in ev.items() if k not in skip}
+        self.report.facts = {k: v for k, v in ev.items() if k not in MARK_SKIP}
 
     def _enter(self, ev: dict[str, Any], t: float) -> None:
         s = self._open(self._state(ev), t)
@@ -218,8 +248,7 @@ class Folder:
             "timed_out": bool(ev.get("timed_out")),
             "probe": probe,
         }
-        if self.keep_commands:
-            r.commands.append(cmd)
+        r.commands.append(cmd)
         last = {**cmd, "output": scrub(str(ev.get("output", "") or ""))[-TAIL_CHARS:]}
         r.last_command = last
         r.state_last_command[state] = last
@@ -257,6 +286,7 @@ class Folder:
         r = self.report
         r.outcome = str(ev.get("outcome", "unknown"))
         r.ended = str(ev.get("ts", ""))
+        r.end_t = r.end_t if r.end_t is not None else r.last_t
         code = ev.get("code")
         r.code = code if isinstance(code, int) else r.code
         r.code_name = str(ev.get("code_name", r.code_name))
@@ -315,32 +345,73 @@ _HANDLERS = {
 }
 
 
-def parse_events(lines: Iterable[str], source: str = "journal") -> TraceReport:
-    """Fold journal lines into a report; bad lines become warnings, never exceptions."""
-    folder = Folder(source)
+def _decode(line: str) -> dict[str, Any]:
+    """One event object (raw_decode skips json.loads' layers; leading blanks fall back)."""
+    try:
+        ev, end = _DECODE(line)
+    except ValueError:
+        ev, end = json.loads(line), len(line)
+    if not isinstance(ev, dict) or "event" not in ev or line[end:].strip():
+        raise ValueError("not an event object")
+    return ev
+
+
+def _other_kind(line: str, kinds: Collection[str]) -> bool:
+    """The line names an event kind outside ``kinds`` (found without decoding it)."""
+    i = line.rfind(_KEY)
+    j = line.find('"', i + len(_KEY)) if i >= 0 else -1
+    return j > 0 and line[i + len(_KEY) : j] not in kinds
+
+
+def parse_events(
+    lines: Iterable[str],
+    source: str = "journal",
+    kinds: Collection[str] | None = None,
+    *,
+    marks: bool = False,
+) -> TraceReport:
+    """Fold journal lines into a report; bad lines become warnings, never exceptions.
+
+    With ``kinds`` (the fleet view's lean read) only those event kinds are decoded and
+    folded, a line of another kind is only counted, and the bad lines are summed up in
+    one warning instead of one each. With ``marks`` every event folded is kept in
+    ``report.marks`` too (what the OTLP export views).
+    """
+    folder = Folder(source, marks=marks)
+    r = folder.report
     bad: list[int] = []
     n = 0
     for n, line in enumerate(lines, 1):
-        text = line.strip()
-        if not text:
+        if kinds is not None and _other_kind(line, kinds):
+            r.events += 1
+            continue
+        if not line.strip():
             continue
         try:
-            ev = json.loads(text)
-            if not isinstance(ev, dict) or "event" not in ev:
-                raise ValueError("not an event object")
+            ev = _decode(line)
         except ValueError:
-            bad.append(n)
+            r.bad_lines += 1
+            if kinds is None:
+                bad.append(n)
+            continue
+        if kinds is not None and not (isinstance(ev["event"], str) and ev["event"] in kinds):
+            r.events += 1
             continue
         try:
             folder.add(ev)
         except (TypeError, ValueError, AttributeError, OverflowError) as exc:
-            folder.report.warnings.append(
-                f"{source}:{n}: event {ev.get('event')!r} unreadable ({exc}); skipped"
-            )
+            r.bad_lines += 1
+            if kinds is None:
+                r.warnings.append(
+                    f"{source}:{n}: event {ev.get('event')!r} unreadable ({exc}); skipped"
+                )
     for b in bad:
         what = "torn last line (crash or power loss?)" if b == n else "not a JSON event"
-        folder.report.warnings.append(f"{source}:{b}: {what}; skipped")
-    return folder.finish()
+        r.warnings.append(f"{source}:{b}: {what}; skipped")
+    folder.finish()
+    if kinds is not None and r.bad_lines:
+        r.warnings.append(f"{source}: {r.bad_lines} unreadable line(s) skipped")
+    return r
 
 
 def load_run(path: Path) -> TraceReport:

@@ -1,7 +1,7 @@
 """The data of one run's trace: ``Span`` per state, ``TraceReport`` per journal.
 
 ``bootfsm.observe.trace`` builds them from journal events (and re-exports them); the views
-(text, JSON, HTML, metrics, fleet) read them.
+(text, JSON, HTML, metrics, fleet, OpenTelemetry) read them.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 from bootfsm.core.redact import redact_urls
 
-__all__ = ["JOURNAL_SCHEMA", "TAIL_CHARS", "TRACE_SCHEMA", "Span", "TraceReport", "scrub"]
+__all__ = ["JOURNAL_SCHEMA", "TAIL_CHARS", "TRACE_SCHEMA", "Mark", "Span", "TraceReport", "scrub"]
 
 #: Version of the JSON that ``to_json`` returns (docs/trace.md).
 TRACE_SCHEMA = 1
@@ -24,6 +24,25 @@ TAIL_CHARS = 1500
 def scrub(text: str) -> str:
     """Text with every URL's credentials and query string redacted."""
     return redact_urls(text)
+
+
+@dataclass
+class Mark:
+    """One folded journal event: when, what, in which span, and its own fields.
+
+    ``span`` indexes ``TraceReport.spans`` (None: the run itself, between states);
+    ``fields`` are the event's fields less the ones every event has (``MARK_SKIP``).
+    The OpenTelemetry export is a view of these.
+    """
+
+    t: float
+    event: str
+    span: int | None
+    fields: dict[str, Any]
+
+
+#: Fields every event has, left out of ``Mark.fields``.
+MARK_SKIP = frozenset({"t", "ts", "event", "level", "state", "run_id"})
 
 
 @dataclass
@@ -89,7 +108,11 @@ class TraceReport:
     notes: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     events: int = 0
+    bad_lines: int = 0  # lines that are not a readable event
     last_t: float = 0.0
+    start_t: float = 0.0  # run.start's t
+    end_t: float | None = None  # the latest t seen at run.end (None: no run.end)
+    marks: list[Mark] = field(default_factory=list)  # every event, when asked for (OTLP)
 
     def span(self, state: str) -> Span | None:
         """The last span of ``state`` (None when it never ran)."""

@@ -23,7 +23,7 @@ from bootfsm.core.errors import BootError
 from bootfsm.host.host import Host
 from bootfsm.machine.engine import Outcome
 from bootfsm.machine.table import STATES
-from bootfsm.observe.trace import Span, TraceReport, load_run
+from bootfsm.observe.trace import Span, TraceReport, load_run, unix_time
 
 __all__ = ["OUTCOMES", "STATE_OUTCOMES", "publish", "publish_start", "textfile"]
 
@@ -165,14 +165,5 @@ def publish(host: Host, cfg: Config, journal: Path | None, run_id: str, o: Outco
     if not o.ok:
         report.failed_state = o.state
     now = host.wall()
-    started = _iso_to_unix(report.started)
+    started = unix_time(report.started)
     return _write(host, cfg, textfile(report, now=now, started=started))
-
-
-def _iso_to_unix(stamp: str) -> float | None:
-    from datetime import datetime
-
-    try:
-        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
