@@ -89,8 +89,9 @@ def _download(ctx: Context, missing: list[Artifact], attempts: dict[str, int]) -
         dest = cache_node_path(cfg, a)
         ctx.host.rename(dest + ".part", dest)
         ctx.host.remove(dest + ".part.meta")
-        if a.sha256:  # the bytes just hashed on the way in: a rerun need not read them
-            remember(ctx, dest, ctx.host.path(dest).lstat(), res.sha256)
+        st = ctx.host.stat(dest, follow=False)
+        if a.sha256 and st:  # the bytes just hashed on the way in: a rerun need not read them
+            remember(ctx, dest, st, res.sha256)
         took = max(f.duration_s, 1e-6)
         emit(
             "artifact.fetched",

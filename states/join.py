@@ -92,8 +92,8 @@ def wire_containerd(ctx: Context, major: int) -> bool:
     if changed:
         records.write_file(ctx, DROPIN, dropin)
     if edited is not None:
-        real = ctx.host.path(CONFIG)
-        mode = real.stat().st_mode & 0o7777 if current is not None else 0o644
+        st = ctx.host.stat(CONFIG)
+        mode = st.st_mode & 0o7777 if st else 0o644
         edit = containerd.import_edit(current, edited) if current is not None else None
         records.write_file(ctx, CONFIG, edited, mode, edit=edit)  # uninstall undoes it
         ctx.event("containerd.import_added", config=CONFIG, entry=containerd.DROPIN_GLOB)

@@ -1,5 +1,6 @@
 """The I/O boundary as it really is, enforced: which product modules may run commands,
-open sockets, use the HTTP library, write files or open files at all.
+open sockets, use the HTTP library, write files or read them (open, read_text, stat,
+exists, listdir and the like) at all.
 
 docs/architecture.md states exactly these rules. A new exception must be added here,
 with its reason, so the boundary never drifts silently. (ruff's banned-API rule catches
@@ -32,19 +33,27 @@ WRITES = {
     "bootfsm/observe/journal.py": "appends to its own journal file (fsync on transitions)",
     "bootfsm/fetch/fetcher.py": "discards a failed download's .part and .part.meta",
     "bootfsm/commands/trace.py": "writes the --html page the user asked for",
-    "bootfsm/commands/unit.py": "removes the unit's empty drop-in directory",
 }
 #: Besides bootfsm/host/ and bootfsm/observe/ (journals are read back there): who reads
-#: files directly rather than through Host.
+#: files directly rather than through Host. Every other read of the node is a Host call
+#: (host.read_text, host.stat, host.exists, host.listdir, host.glob, ...).
 READS = {
     "bootfsm/fetch/artifacts.py": "hashes a cached artifact in 1 MiB blocks",
     "bootfsm/run/runner.py": "reads its own journal back for the OTLP export",
-    "bootfsm/commands/trace.py": "reads a journal file named on the command line",
+    "bootfsm/commands/trace.py": "reads the journal file or directory named on the command line",
+    "bootfsm/core/config_files.py": "reads the --config file and its drop-ins (before any Host)",
+    "bootfsm/commands/validate.py": "says whether the --config file it checked exists",
+    "bootfsm/commands/unit.py": "finds the unit files shipped in the package, sd_booted",
 }
 _WRITE_CALLS = {"os.open", "os.write", "os.replace", "os.rename", "os.fsync", "os.unlink"}
 _WRITE_CALLS |= {"os.remove", "os.mkdir", "os.makedirs", "shutil.rmtree", "shutil.move"}
 _WRITE_METHODS = {"write_text", "write_bytes", "mkdir", "unlink", "touch", "chmod"}
 _WRITE_METHODS |= {"rmdir", "symlink_to", "rename", "replace"}
+_READ_CALLS = {"os.listdir", "os.scandir", "os.stat", "os.lstat", "os.kill", "os.access"}
+_READ_CALLS |= {"os.walk", "os.readlink", "os.path.exists", "os.path.isdir"}
+_READ_CALLS |= {"os.path.isfile", "os.path.getsize", "os.path.islink"}
+_READ_METHODS = {"read_text", "read_bytes", "stat", "lstat", "exists", "is_file", "is_dir"}
+_READ_METHODS |= {"iterdir", "glob", "rglob", "is_symlink", "readlink"}
 # ctx.host.rename(...), self.host..., host.chmod(...) go through the Host
 _VIA_HOST = {"host", "ctx", "self"}
 _NOT_PATHS = {"dataclasses"}  # dataclasses.replace(obj, ...) is not Path.replace
@@ -62,18 +71,37 @@ def _rel(p: Path) -> str:
 
 
 def _receiver(node: ast.expr) -> str:
+    """The name a call's receiver starts from; "host" when it goes through one
+    (``s.host.read_text``), "" when it is a call's result (``host.path(p).stat()``)."""
     while isinstance(node, ast.Attribute):
+        if node.attr == "host":
+            return "host"
         node = node.value
     return node.id if isinstance(node, ast.Name) else ""
 
 
+def _dotted(f: ast.expr) -> str:
+    return ast.unparse(f) if isinstance(f, ast.Attribute) else ""
+
+
+def _reads(f: ast.Attribute) -> bool:
+    """``x.open()``, ``x.stat()``, ``x.read_text()``... on a receiver not through a Host."""
+    if f.attr == "open":
+        return _receiver(f.value) not in _VIA_HOST | {"os"}
+    return f.attr in _READ_METHODS and _receiver(f.value) not in _VIA_HOST
+
+
 def _uses(path: Path) -> dict[str, set[int]]:
+    return _uses_in(path.read_text())
+
+
+def _uses_in(source: str) -> dict[str, set[int]]:
     found: dict[str, set[int]] = {}
 
     def hit(kind: str, line: int) -> None:
         found.setdefault(kind, set()).add(line)
 
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import | ast.ImportFrom):
             names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
@@ -93,7 +121,7 @@ def _uses(path: Path) -> dict[str, set[int]]:
                 dotted = f"{f.value.id}.{f.attr}" if isinstance(f.value, ast.Name) else ""
                 if dotted in _WRITE_CALLS:
                     hit("write", node.lineno)
-                elif f.attr == "open" and _receiver(f.value) not in _VIA_HOST | {"os"}:
+                elif _dotted(f) in _READ_CALLS or _reads(f):
                     hit("read", node.lineno)
                 elif f.attr in _WRITE_METHODS and _receiver(f.value) not in _VIA_HOST:
                     if f.attr == "replace" and (
@@ -151,3 +179,23 @@ def test_every_listed_exception_still_needs_its_entry() -> None:
         if (REPO / rel).exists() and kind not in _uses(REPO / rel)
     ]
     assert not stale, stale
+
+
+def test_a_read_of_the_node_planted_in_a_state_is_caught() -> None:
+    """The test above fails for each way a state could read the node behind ctx.host."""
+    planted = [
+        'ctx.host.path("/etc/os-release").read_text()',
+        "ctx.host.path(CONFIG).stat()",
+        "ctx.host.path(dest).lstat()",
+        'ctx.host.path("/sys/module").iterdir()',
+        'Path("/proc/driver/nvidia/params").exists()',
+        'ctx.host.path("/dev").glob("nvidia*")',
+        'os.listdir("/dev")',
+        'os.stat("/dev/nvidia0")',
+        'os.scandir("/sys/bus/pci/devices")',
+        "os.kill(pid, 0)",
+    ]
+    for line in planted:
+        assert _uses_in(f"def check(ctx):\n    return {line}\n") == {"read": {2}}, line
+    for line in ('ctx.host.read_text("/etc/os-release")', "ctx.host.stat(CONFIG)"):
+        assert not _uses_in(f"def check(ctx):\n    return {line}\n"), line

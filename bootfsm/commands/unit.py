@@ -209,9 +209,7 @@ def uninstall(host: Host) -> list[str]:
     for link in host.glob(f"/etc/systemd/system/*.wants/{UNIT}"):  # systemctl's job, if absent
         if host.remove(link):
             log.append(f"removed {link}")
-            parent = host.path(link).parent
-            if not any(parent.iterdir()):
-                parent.rmdir()
+            _remove_if_empty(host, link.rsplit("/", 1)[0])
     shipped = (source_dir() / "bootfsm.default").read_text(encoding="utf-8")
     for dest in (*_FILES.values(), AFTER_HOOK_PATH):
         if dest == ENV_FILE and host.read_text(dest) not in (None, shipped):
@@ -220,11 +218,14 @@ def uninstall(host: Host) -> list[str]:
         if host.remove(dest):
             log.append(f"removed {dest}")
     for dropin in (DROPIN_PATH, RESTART_MODE_PATH):
-        dropin_dir = host.path(dropin).parent
-        if dropin_dir.is_dir() and not any(dropin_dir.iterdir()):
-            dropin_dir.rmdir()
+        _remove_if_empty(host, dropin.rsplit("/", 1)[0])
     _reload(host, log)
     return log
+
+
+def _remove_if_empty(host: Host, node_dir: str) -> None:
+    if host.exists(node_dir) and not host.listdir(node_dir):
+        host.rmtree(node_dir)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -270,13 +270,6 @@ class Fetcher:
         )
 
 
-def _size(p: Path) -> int:
-    try:
-        return p.stat().st_size
-    except OSError:
-        return 0
-
-
 def _ordered(urls: Sequence[str], first_id: str | None) -> list[tuple[int, str]]:
     """URLs with positions, the one a partial file came from first."""
     pairs = list(enumerate(urls))

@@ -50,18 +50,14 @@ def cached_ok(ctx: Context, a: Artifact) -> bool:
     made again, so a rerun reads no artifact; any other file is hashed and remembered.
     """
     node = cache_node_path(ctx.config, a)
-    p = ctx.host.path(node)
-    try:
-        st = p.lstat()  # a planted symlink is never "cached": it is downloaded over
-    except OSError:
-        return False
-    if not stat.S_ISREG(st.st_mode) or (a.size is not None and st.st_size != a.size):
+    st = ctx.host.stat(node, follow=False)  # a planted link is never "cached"
+    if st is None or not stat.S_ISREG(st.st_mode) or (a.size is not None and st.st_size != a.size):
         return False
     if not a.sha256:
         return True
     sha = known_sha256(ctx, node, st)
     if sha is None:
-        sha = sha256_of(p)
+        sha = sha256_of(ctx.host.path(node))
         if sha == a.sha256:
             remember(ctx, node, st, sha)
     return sha == a.sha256
@@ -206,8 +202,8 @@ def save_indexes(ctx: Context, texts: dict[str, str]) -> None:
 
 
 def part_bytes(ctx: Context, a: Artifact) -> int:
-    p = ctx.host.path(cache_node_path(ctx.config, a) + ".part")
-    return p.stat().st_size if p.is_file() else 0
+    st = ctx.host.stat(cache_node_path(ctx.config, a) + ".part")
+    return st.st_size if st and stat.S_ISREG(st.st_mode) else 0
 
 
 def space_check(ctx: Context, missing: list[Artifact], texts: dict[str, str]) -> None:

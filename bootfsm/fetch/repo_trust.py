@@ -81,7 +81,7 @@ def _get(ctx: Context, url: str) -> bytes | None:
 def _gpgv(ctx: Context, keyring: str, files: list[str]) -> list[str]:
     """Run gpgv on node paths ``files``; the reasons it is not trusted ([] = trusted)."""
     host = ctx.host
-    if not host.path(keyring).is_file():
+    if not host.is_file(keyring):
         return [f"keyring {keyring} is missing (install the repository's keyring package)"]
     home = f"{ctx.config.run.state_dir}/gpgv/home"
     host.makedirs(home, mode=0o700)  # empty: no default trustedkeys keyring is consulted

@@ -19,6 +19,7 @@ import json
 import os
 import stat
 
+from bootfsm.core.errors import BootError
 from bootfsm.machine.context import Context
 
 __all__ = ["SUFFIX", "known_sha256", "remember", "stamp"]
@@ -43,23 +44,19 @@ def remember(ctx: Context, node_path: str, st: os.stat_result, sha256: str) -> N
     ctx.host.write_atomic(node_path + SUFFIX, text, mode=0o600, durable=ctx.config.fetch.fsync)
 
 
-def known_sha256(
-    ctx: Context, node_path: str, st: os.stat_result, *, sidecar: bool = True
-) -> str | None:
+def known_sha256(ctx: Context, node_path: str, st: os.stat_result) -> str | None:
     """The sha256 of the file's bytes if a run (this one or a past one) hashed them and
-    the file has not changed since (its sidecar); None when it must be hashed, always
-    without ``sidecar`` (``bootfsm.fetch.store.verified``: what is used is hashed)."""
-    if not sidecar:
+    the file has not changed since (its sidecar); None when it must be hashed
+    (``bootfsm.fetch.store.verified`` hashes what is used, whatever a sidecar says)."""
+    side = node_path + SUFFIX
+    sst = ctx.host.stat(side, follow=False)
+    if sst is None or not stat.S_ISREG(sst.st_mode) or sst.st_uid != st.st_uid:
         return None
-    side = ctx.host.path(node_path + SUFFIX)
     try:
-        sst = side.lstat()
-        if not stat.S_ISREG(sst.st_mode) or sst.st_uid != st.st_uid or sst.st_size > 4096:
-            return None
-        doc = json.loads(side.read_text(encoding="utf-8"))
+        doc = json.loads(ctx.host.read_bytes(side, limit=4096) or b"")
         then = (doc["size"], doc["mtime_ns"], doc["ino"], doc["ctime_ns"])
         sha = doc["sha256"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (BootError, ValueError, KeyError, TypeError):  # unreadable: hash again
         return None
     if then != stamp(st) or not isinstance(sha, str):
         return None

@@ -104,10 +104,22 @@ class Host(Commands):
 
     def mtime(self, node_path: str) -> float | None:
         """Modification time of a file (links followed), or None when it does not exist."""
+        st = self.stat(node_path)
+        return st.st_mtime if st else None
+
+    def stat(self, node_path: str, *, follow: bool = True) -> os.stat_result | None:
+        """The node path's stat (``follow=False``: the link itself), or None when absent."""
         try:
-            return self.path(node_path).stat().st_mtime
+            return os.stat(self.path(node_path), follow_symlinks=follow)
         except (FileNotFoundError, NotADirectoryError):
             return None
+        except OSError as exc:
+            raise BootError(Code.HOST_IO_ERROR, f"cannot stat {node_path}: {exc}") from exc
+
+    def is_file(self, node_path: str) -> bool:
+        """True when the node path is a regular file (links followed)."""
+        st = self.stat(node_path)
+        return st is not None and stat.S_ISREG(st.st_mode)
 
     def is_symlink(self, node_path: str) -> bool:
         """True when the node path is a symbolic link."""

@@ -33,7 +33,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -154,49 +153,33 @@ def render_records(entries: Sequence[Mapping[str, Any]]) -> str:
     return _line(_HEADER) + "".join(_line(e) for e in entries)
 
 
-# The entries as this process last read or wrote them, by real path, with the file's
-# (inode, size, mtime) then and whether it ended with a newline: records are added
-# dozens of times a boot, and re-reading the file each time is what the append spares.
-# Any other change to the file changes its status, and it is read again.
-_SEEN: dict[str, tuple[tuple[int, int, int], list[dict[str, Any]], bool]] = {}
-
-
-def _stamp(st: os.stat_result) -> tuple[int, int, int]:
-    return (st.st_ino, st.st_size, st.st_mtime_ns)
-
-
 def load(host: Host, cfg: Config) -> list[dict[str, Any]]:
     """The node's records ([] when none); BootError(UNINSTALL_FAILED) when unreadable,
     UNSAFE_STATE_FILE when not a regular file (a link planted in bootfsm's state dir is
     never followed)."""
+    return _read(host, cfg)[0]
+
+
+def _read(host: Host, cfg: Config) -> tuple[list[dict[str, Any]], bool]:
+    """``load``'s entries, and whether the file ends with a whole line (True when none)."""
     path = records_path(cfg)
-    real = host.own_file(path)  # UNSAFE_STATE_FILE for a link or a non-file
-    if real is None:
-        return []
-    stamp = _stamp(real.stat())
-    seen = _SEEN.get(str(real))
-    if seen is not None and seen[0] == stamp:
-        return [dict(e) for e in seen[1]]
+    if host.own_file(path) is None:  # UNSAFE_STATE_FILE for a link or a non-file
+        return [], True
     text = host.read_text(path) or ""
     try:
-        entries = parse_records(text)
+        return parse_records(text), text.endswith("\n")
     except RecordsError as exc:
         raise BootError(Code.UNINSTALL_FAILED, f"{path}: {exc}") from exc
-    _SEEN[str(real)] = (stamp, [dict(e) for e in entries], text.endswith("\n"))
-    return entries
 
 
 def save(host: Host, cfg: Config, entries: Sequence[Mapping[str, Any]]) -> None:
     """Rewrite the records atomically (0600), or remove the file when there are none."""
     path = records_path(cfg)
-    real = str(host.path(path))
-    _SEEN.pop(real, None)
     if not entries:
         host.remove(path)
         return
     host.own_dir(cfg.run.state_dir)
     host.write_atomic(path, render_records(entries), 0o600)
-    _SEEN[real] = (_stamp(os.lstat(real)), [dict(e) for e in entries], True)
 
 
 def _key(e: Mapping[str, Any]) -> tuple[str, ...]:
@@ -218,26 +201,23 @@ def add_many(ctx: Context, new: Sequence[dict[str, Any]]) -> None:
         return
     host, path = ctx.host, records_path(ctx.config)
     try:
-        entries = load(host, ctx.config)
+        entries, clean = _read(host, ctx.config)
     except BootError as exc:  # garbage: set aside (never lost), new records begin
         if exc.code is not Code.UNINSTALL_FAILED:
             raise
         bad = path + ".bad"
         host.rename(path, bad)
         ctx.warn(f"{exc.message}; moved to {bad}, new install records begin")
-        entries = []
+        entries, clean = [], True
     for entry in new:
         _check(entry, "new record")
-    real = str(host.path(path))
-    clean = real in _SEEN and _SEEN[real][2]
     first = not entries
     for entry in new:
         _fold(entries, entry)
     if first or not clean:  # the first records, or a torn last line to drop
         save(host, ctx.config, entries)
         return
-    st = host.append_line(path, "".join(_line(e) for e in new))
-    _SEEN[real] = (_stamp(st), [dict(e) for e in entries], True)
+    host.append_line(path, "".join(_line(e) for e in new))
 
 
 def snapshot(host: Host, path: str) -> dict[str, Any] | None:
@@ -249,7 +229,8 @@ def snapshot(host: Host, path: str) -> dict[str, Any] | None:
     if sha is None:
         return None
     data = host.read_bytes(path, limit=RESTORE_LIMIT + 1) or b""
-    mode = host.path(path).stat().st_mode & 0o7777
+    st = host.stat(path)
+    mode = st.st_mode & 0o7777 if st else 0o644
     keep = base64.b64encode(data).decode() if len(data) <= RESTORE_LIMIT else None
     return {"sha256": sha, "mode": mode, "b64": keep}
 

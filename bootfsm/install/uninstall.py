@@ -220,7 +220,8 @@ def execute(
                 kept.append(step)
                 ctx.warn(f"uninstall kept {step.target}: changed while uninstalling")
             else:
-                mode = ctx.host.path(step.target).stat().st_mode & 0o7777
+                st = ctx.host.stat(step.target)
+                mode = st.st_mode & 0o7777 if st else 0o644
                 ctx.host.write_atomic(step.target, undone, mode)
         elif step.argv:
             if step.action == "purge":
