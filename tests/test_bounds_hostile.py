@@ -99,7 +99,7 @@ def test_a_get_ends_within_a_second_of_its_limit(
     peer: MakePeer, ca_file: str, tls: bool, phase: str
 ) -> None:
     """An index fetch (through requests, with its allowed hosts) and a node-local GET
-    (IMDS, kubelet: plain HTTP read directly) with a 2 s limit and a 30 s read timeout
+    (IMDS, kubelet: plain HTTP, never proxied) with a 2 s limit and a 30 s read timeout
     that no single read of a trickle ever reaches."""
     t = peer(tls=tls, phase=phase)
     kinds = {"index": ["127.0.0.1"]} | ({} if tls else {"node-local": None})

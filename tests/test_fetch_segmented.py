@@ -233,6 +233,30 @@ def test_a_segment_never_reads_past_its_range(httpserver: HTTPServer, tmp_path: 
     assert res.sha256 == SHA and part.read_bytes() == BODY
 
 
+def test_a_segment_answered_from_another_offset_discards_the_part(
+    httpserver: HTTPServer, tmp_path: Path
+) -> None:
+    """A later segment's 206 whose Content-Range starts elsewhere than it asked is never
+    written at its offset: the download fails (transient) and the part is discarded."""
+
+    def handler(request: Request) -> Response:
+        first, last = request.headers["Range"].removeprefix("bytes=").split("-")
+        a, b = int(first), int(last)
+        a += 1 if a else 0  # the probe is answered right, every other range one byte late
+        return Response(
+            BODY[a : b + 1],
+            status=206,
+            headers={"ETag": '"v1"', "Content-Range": f"bytes {a}-{b}/{SIZE}"},
+        )
+
+    httpserver.expect_request("/f").respond_with_handler(handler)
+    part = _part(tmp_path)
+    with pytest.raises(TransientError, match="changed during a segmented download") as e:
+        Http().stream_segmented(httpserver.url_for("/f"), part, size=SIZE, segments=SEGS)
+    assert e.value.code is Code.DOWNLOAD_RETRIES_EXHAUSTED
+    assert not part.exists()
+
+
 def test_a_mirror_failing_later_ranges_hands_over_to_the_next(
     httpserver: HTTPServer, mirror: Mirror, tmp_path: Path
 ) -> None:

@@ -163,3 +163,25 @@ def test_warm_loads_the_library_and_builds_the_session_without_io(
     httpserver.expect_request("/a").respond_with_data(b"ok")
     assert http.get(httpserver.url_for("/a")).body == b"ok"
     assert http._session is session
+
+
+def test_every_request_kind_refuses_a_plain_http_host_not_allowed(
+    httpserver: HTTPServer, tmp_path: Path
+) -> None:
+    """The one request path checks the URL for a GET, a download and a segmented one,
+    and the refusal names the URL without its query string (a signature)."""
+    httpserver.expect_request("/x").respond_with_data(b"data")
+    url = httpserver.url_for("/x") + "?sig=SECRET"
+    allow = ["192.0.2.7"]  # not the server's host
+    calls = [
+        lambda: Http().get(url, timeout=5, allow_http_hosts=allow),
+        lambda: Http().stream_to(url, tmp_path / "a.part", allow_http_hosts=allow),
+        lambda: Http().stream_segmented(
+            url, tmp_path / "b.part", size=4, segments=2, allow_http_hosts=allow
+        ),
+    ]
+    for call in calls:
+        with pytest.raises(BootError) as info:
+            call()
+        assert info.value.code is Code.INSECURE_URL_REFUSED
+        assert "SECRET" not in info.value.message

@@ -26,7 +26,6 @@ HTTP_LIBRARY = {
     "bootfsm/host/http.py": "GET, POST, resumable downloads",
     "bootfsm/host/http_wire.py": "the watched session, the body reader",
     "bootfsm/host/segments.py": "segmented downloads",
-    "bootfsm/host/segment_workers.py": "segmented downloads",
 }
 #: Besides every module in bootfsm/host/: who else writes files, and why.
 WRITES = {

@@ -14,11 +14,10 @@ the ``.part`` bookkeeping.
 
 from __future__ import annotations
 
-import http.client
+import contextlib
 import os
 import threading
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,7 +28,6 @@ from bootfsm.core.errors import BootError, TransientError
 from bootfsm.core.redact import redact_url
 from bootfsm.host import partfile as pf
 from bootfsm.host.http_errors import check_status, classify
-from bootfsm.host.http_local import get_direct
 from bootfsm.host.http_wire import (
     SYSTEM_CA_BUNDLES,
     Bounds,
@@ -44,7 +42,7 @@ from bootfsm.host.http_wire import (
 )
 from bootfsm.host.partfile import CHUNK, StreamResult, partial_source, url_id
 from bootfsm.host.proxies import bypass, env_proxies, never_proxied
-from bootfsm.host.segments import Segmented
+from bootfsm.host.segments import NoTotal, Plan, SegmentedDownload, left_s
 
 if TYPE_CHECKING:
     import requests  # noqa: TID251
@@ -71,7 +69,7 @@ class HttpResult:
     body: bytes
 
 
-class Http(Segmented):
+class Http:
     """HTTP with bounded timeouts; proxies from ``env`` except for link-local/loopback.
 
     ``budget`` (seconds, asked at each request) caps every request's total time on top
@@ -155,24 +153,46 @@ class Http(Segmented):
             )
         return left if seconds is None else min(seconds, left)
 
-    def _kwargs(self, url: str, timeout: float | None) -> dict[str, Any]:
-        read = self.read_timeout if timeout is None else min(self.read_timeout, timeout)
-        conn = self.connect_timeout if timeout is None else min(self.connect_timeout, timeout)
+    @contextlib.contextmanager
+    def request(
+        self,
+        url: str,
+        headers: Mapping[str, str],
+        *,
+        limit: float | None,
+        cap_timeouts: bool = True,
+        allow_http_hosts: Sequence[str] | None = None,
+        method: str = "GET",
+        **kw: Any,
+    ) -> Iterator[tuple[requests.Response, Watch]]:
+        """One streamed request and its watch: the total time is ``limit`` (None: none of
+        its own) capped by the budget, and with ``cap_timeouts`` the connect and read
+        timeouts too. With ``allow_http_hosts`` the final URL must pass ``check_url``.
+        A failure of the request, or of reading its body in the block, is classified
+        (``bootfsm.host.http_errors``); the status is the caller's to check."""
+        import requests  # noqa: TID251
+
+        limit = self._within(url, limit)
+        session = self._sess()
+        session.allow_http_hosts = allow_http_hosts  # type: ignore[attr-defined]
+        cap = limit if cap_timeouts and limit is not None else float("inf")
         proxy = self.proxy_for(url)
-        scheme = urlsplit(url).scheme
-        return {
-            "timeout": (max(conn, 0.05), max(read, 0.05)),
-            "proxies": {scheme: proxy} if proxy else {},
+        kw |= {
+            "timeout": (
+                max(min(self.connect_timeout, cap), 0.05),
+                max(min(self.read_timeout, cap), 0.05),
+            ),
+            "proxies": {urlsplit(url).scheme: proxy} if proxy else {},
             "verify": self._verify,
         }
-
-    def _classify(
-        self, exc: BaseException, url: str, watch: Watch | None = None
-    ) -> TransientError | BootError:
-        return classify(exc, url, self._verify, watch)
-
-    def _check_status(self, status: int, headers: Mapping[str, str], url: str) -> None:
-        check_status(status, headers, url)
+        with Watch(limit) as watch:
+            try:
+                with session.request(method, url, headers=dict(headers), stream=True, **kw) as r:
+                    if allow_http_hosts is not None:
+                        check_url(r.url, allow_http_hosts)
+                    yield r, watch
+            except (requests.RequestException, OSError) as exc:
+                raise classify(exc, url, self._verify, watch) from exc
 
     def get(
         self,
@@ -187,67 +207,38 @@ class Http(Segmented):
         """GET a small resource whole; raise Transient/BootError on failure when ``check``.
 
         With ``allow_http_hosts`` the final URL (after redirects) must pass ``check_url``.
-        A plain-HTTP link-local or loopback URL (IMDS, kubelet) is read without requests
-        (``bootfsm.host.http_local``).
+        Without it, a plain-HTTP link-local or loopback URL (IMDS, kubelet) is read
+        directly (never proxied) and a redirect from it is refused, not followed.
         """
         own = self.connect_timeout + self.read_timeout if timeout is None else timeout
-        total = self._within(url, own)
-        assert total is not None
-        timeout = None if timeout is None else total
-        if allow_http_hosts is None and url.startswith("http://") and never_proxied(url):
-            return self._get_local(url, headers or {}, timeout, total, max_bytes, check)
-        import requests  # noqa: TID251
-
-        session = self._sess()
-        session.allow_http_hosts = allow_http_hosts  # type: ignore[attr-defined]
-        with Watch(total) as watch:
-            try:
-                with session.get(
-                    url, headers=dict(headers or {}), stream=True, **self._kwargs(url, timeout)
-                ) as r:
-                    if allow_http_hosts is not None:
-                        check_url(r.url, allow_http_hosts)
-                    if check:
-                        self._check_status(r.status_code, r.headers, url)
-                    body = bytearray()
-                    for chunk in r.iter_content(CHUNK):
-                        body += chunk
-                        if len(body) > max_bytes:
-                            raise BootError(
-                                Code.INDEX_INVALID,
-                                f"{redact_url(url)} is larger than {max_bytes} B",
-                            )
-                    if watch.fired:
-                        raise too_slow(url, watch)
-                    return HttpResult(r.status_code, dict(r.headers), bytes(body))
-            except (requests.RequestException, OSError) as exc:
-                raise self._classify(exc, url, watch) from exc
-
-    def _get_local(
-        self,
-        url: str,
-        headers: Mapping[str, str],
-        timeout: float | None,
-        total: float,
-        max_bytes: int,
-        check: bool,
-    ) -> HttpResult:
-        (conn, read) = self._kwargs(url, timeout)["timeout"]
-        with Watch(total) as watch:
-            try:
-                status, got, body = get_direct(
-                    url,
-                    headers=headers,
-                    connect_timeout=conn,
-                    read_timeout=read,
-                    watch=watch,
-                    max_bytes=max_bytes,
+        local = allow_http_hosts is None and url.startswith("http://") and never_proxied(url)
+        with self.request(
+            url,
+            headers or {},
+            limit=own,
+            cap_timeouts=timeout is not None,
+            allow_http_hosts=allow_http_hosts,
+            allow_redirects=not local,
+        ) as (r, watch):
+            if local and 300 <= r.status_code < 400:
+                raise BootError(
+                    Code.ARTIFACT_NOT_FOUND,
+                    f"HTTP {r.status_code} from {redact_url(url)}: a node-local "
+                    "endpoint is read directly and its redirects are not followed",
+                    status=r.status_code,
                 )
-            except (OSError, ValueError, http.client.HTTPException) as exc:  # ValueError: port
-                raise self._classify(exc, url, watch) from exc
-        if check:
-            self._check_status(status, got, url)
-        return HttpResult(status, got, body)
+            if check:
+                check_status(r.status_code, r.headers, url)
+            body = bytearray()
+            for chunk in r.iter_content(CHUNK):
+                body += chunk
+                if len(body) > max_bytes:
+                    raise BootError(
+                        Code.INDEX_INVALID, f"{redact_url(url)} is larger than {max_bytes} B"
+                    )
+            if watch.fired:
+                raise too_slow(url, watch)
+            return HttpResult(r.status_code, dict(r.headers), bytes(body))
 
     def post(
         self,
@@ -262,28 +253,20 @@ class Http(Segmented):
         Raises ``TransientError`` when the request cannot be made; the caller reads the
         status (no status is turned into an exception here).
         """
-        import requests  # noqa: TID251
-
         own = self.connect_timeout + self.read_timeout if timeout is None else timeout
-        total = self._within(url, own)
-        assert total is not None
-        timeout = None if timeout is None else total
-        with Watch(total) as watch:
-            try:
-                with self._sess().post(
-                    url,
-                    data=body,
-                    headers=dict(headers or {}),
-                    stream=True,
-                    allow_redirects=False,
-                    **self._kwargs(url, timeout),
-                ) as r:
-                    reply = r.raw.read(1 << 20, decode_content=True) or b""
-                    if watch.fired:
-                        raise too_slow(url, watch)
-                    return HttpResult(r.status_code, dict(r.headers), bytes(reply))
-            except (requests.RequestException, OSError) as exc:
-                raise self._classify(exc, url, watch) from exc
+        with self.request(
+            url,
+            headers or {},
+            limit=own,
+            cap_timeouts=timeout is not None,
+            method="POST",
+            data=body,
+            allow_redirects=False,
+        ) as (r, watch):
+            reply = r.raw.read(1 << 20, decode_content=True) or b""
+            if watch.fired:
+                raise too_slow(url, watch)
+            return HttpResult(r.status_code, dict(r.headers), bytes(reply))
 
     def stream_to(
         self,
@@ -324,6 +307,63 @@ class Http(Segmented):
         except pf.BadResume:
             return self._stream_once(url, part, *args)  # the part is gone: the whole file
 
+    def stream_segmented(
+        self,
+        url: str,
+        part: Path,
+        *,
+        size: int | None,
+        segments: int,
+        deadline: float | None = None,
+        progress: Progress | None = None,
+        cancel: threading.Event | None = None,
+        allow_http_hosts: Sequence[str] | None = None,
+        fsync: bool = False,
+        below_rate: int = 0,
+        min_size: int = 0,
+    ) -> StreamResult:
+        """Download ``url`` (``size`` B per its index) on up to ``segments`` connections.
+
+        The first unfinished segment's ranged request is the probe: a ``206`` for the
+        whole entity of ``size`` B starts the other segments, each its own request (its
+        own watchdog, ``If-Range`` with the probe's validator, reads capped at its
+        range) writing at its offset in one preallocated ``part``; the sidecar records
+        each segment's progress, so a later attempt asks only for the missing ranges. A
+        ``200`` to the probe (Range ignored) is read whole on that one connection, as
+        ``stream_to`` would; a ``200`` to a resume (the entity changed) starts over.
+        With ``below_rate`` (B/s) the other connections open only once the first is
+        seen receiving less than that (until then it takes the pieces in turn); 0 opens
+        them at once. The sha256 covers the whole file as it is on disk. Errors are
+        those of ``stream_to``; a failed or cancelled segment stops the others and keeps
+        the rest.
+
+        ``size`` None (an artifact whose index gives no size, such as the driver
+        runfile): the probe asks for ``bytes=0-`` and the segments are planned from its
+        ``Content-Range`` total (a file under ``min_size`` is one segment on that one
+        connection; the total must fit on the disk before anything is reserved); a
+        resume takes the size its sidecar recorded. A 206 that gives no total is read
+        as ``stream_to`` reads an unsized file.
+        """
+        plan = Plan(deadline, progress, cancel, allow_http_hosts, fsync, segments, below_rate)
+        for _ in range(2):  # a resume answered with other bytes or entity starts over once
+            try:
+                res = SegmentedDownload(self, url, part, plan).run(size, min_size)
+            except NoTotal:  # a 206 without a total: read it as an unsized file
+                return self.stream_to(
+                    url,
+                    part,
+                    deadline=deadline,
+                    progress=progress,
+                    cancel=cancel,
+                    allow_http_hosts=allow_http_hosts,
+                    fsync=fsync,
+                )
+            if res is not None:
+                return res
+        raise TransientError(  # pragma: no cover - the second try never resumes
+            Code.DOWNLOAD_RETRIES_EXHAUSTED, f"{redact_url(url)} changed twice"
+        )
+
     def _stream_once(
         self,
         url: str,
@@ -336,8 +376,6 @@ class Http(Segmented):
         allow_http_hosts: Sequence[str] | None,
         fsync: bool,
     ) -> StreamResult:
-        import requests  # noqa: TID251
-
         meta_path = pf.meta_path(part)
         on_disk = have = part.stat().st_size if part.exists() else 0
         meta = pf.read_meta(meta_path) if have else {}
@@ -347,53 +385,43 @@ class Http(Segmented):
             headers |= {"Range": f"bytes={have}-", "If-Range": validator}
         else:
             have = 0
-        left = None if deadline is None else deadline - time.monotonic()
-        if left is not None and left <= 0:
-            raise TransientError(
-                Code.DOWNLOAD_TIMEOUT, f"no time left to download {redact_url(url)}"
-            )
+        left = left_s(url, deadline)
         if timeout is not None:
             left = timeout if left is None else min(left, timeout)
-        left = self._within(url, left)
-        session = self._sess()
-        session.allow_http_hosts = allow_http_hosts  # type: ignore[attr-defined]
-        with Watch(left) as watch:
-            try:
-                with session.get(url, headers=headers, stream=True, **self._kwargs(url, left)) as r:
-                    if allow_http_hosts is not None:
-                        check_url(r.url, allow_http_hosts)
-                    if r.status_code == 416:
-                        return pf.whole_or_discard(part, have, meta, r.headers, url)
-                    self._check_status(r.status_code, r.headers, url)
-                    resumed, total = pf.accept(r.status_code, r.headers, part, have, meta, url)
-                    if resumed and expect_size is not None and total != expect_size:
-                        pf.discard(part)
-                        raise pf.BadResume(
-                            Code.DOWNLOAD_RETRIES_EXHAUSTED,
-                            f"cannot resume {redact_url(url)}: its 206 says {total} B, the "
-                            f"index {expect_size} B; partial file discarded",
-                        )
-                    if expect_size is not None and total is not None and total != expect_size:
-                        raise BootError(
-                            Code.CHECKSUM_MISMATCH,
-                            f"{redact_url(url)} is {total} B but its index says {expect_size} B",
-                            wrong_size=True,
-                        )
-                    if total is not None:
-                        pf.check_space(part, total - resumed, freed=0 if resumed else on_disk)
-                    if not resumed:
-                        pf.discard(part)  # old bytes never sit under the new entity's meta
-                    pf.write_meta(meta_path, r.headers, total, url)
-                    return receive(
-                        r,
-                        part,
-                        resumed,
-                        total,
-                        url,
-                        Bounds(deadline, watch, expect_size),
-                        progress,
-                        cancel,
-                        fsync=fsync,
-                    )
-            except (requests.RequestException, OSError) as exc:
-                raise self._classify(exc, url, watch) from exc
+        with self.request(url, headers, limit=left, allow_http_hosts=allow_http_hosts) as (
+            r,
+            watch,
+        ):
+            if r.status_code == 416:
+                return pf.whole_or_discard(part, have, meta, r.headers, url)
+            check_status(r.status_code, r.headers, url)
+            resumed, total = pf.accept(r.status_code, r.headers, part, have, meta, url)
+            if resumed and expect_size is not None and total != expect_size:
+                pf.discard(part)
+                raise pf.BadResume(
+                    Code.DOWNLOAD_RETRIES_EXHAUSTED,
+                    f"cannot resume {redact_url(url)}: its 206 says {total} B, the "
+                    f"index {expect_size} B; partial file discarded",
+                )
+            if expect_size is not None and total is not None and total != expect_size:
+                raise BootError(
+                    Code.CHECKSUM_MISMATCH,
+                    f"{redact_url(url)} is {total} B but its index says {expect_size} B",
+                    wrong_size=True,
+                )
+            if total is not None:
+                pf.check_space(part, total - resumed, freed=0 if resumed else on_disk)
+            if not resumed:
+                pf.discard(part)  # old bytes never sit under the new entity's meta
+            pf.write_meta(meta_path, r.headers, total, url)
+            return receive(
+                r,
+                part,
+                resumed,
+                total,
+                url,
+                Bounds(deadline, watch, expect_size),
+                progress,
+                cancel,
+                fsync=fsync,
+            )

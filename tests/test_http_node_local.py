@@ -1,14 +1,12 @@
-"""GETs to node-local plain-HTTP endpoints (IMDS, kubelet healthz) skip requests.
+"""GETs to node-local plain-HTTP endpoints (IMDS, kubelet healthz).
 
 A real loopback server (pytest-httpserver); the bounds are those of every other request:
-timeouts, a body cap, error classes; and the process never imports requests for them.
+timeouts, a body cap, error classes; never a proxy, and a redirect is refused.
 """
 
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 import time
 
 import pytest
@@ -28,18 +26,6 @@ def test_imds_style_get_reads_the_body_and_sends_the_header(httpserver: HTTPServ
     assert r.status == 200
     assert b"Standard_ND96isr_H100_v5" in r.body
     assert httpserver.log[0][0].headers["User-Agent"] == "bootfsm"
-
-
-def test_a_local_get_does_not_import_requests(httpserver: HTTPServer) -> None:
-    """The rerun's point: a fresh process that reads IMDS has no requests in it."""
-    httpserver.expect_request("/healthz").respond_with_data("ok")
-    code = (
-        "import sys; from bootfsm.host.http import Http; "
-        f"r = Http().get({httpserver.url_for('/healthz')!r}, timeout=5); "
-        "print(r.body.decode(), 'requests' in sys.modules, 'urllib3' in sys.modules)"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["ok", "False", "False"]
 
 
 def test_proxy_settings_are_ignored_for_loopback(httpserver: HTTPServer) -> None:
@@ -80,7 +66,7 @@ def test_nothing_listening_is_transient() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again: nothing listens there
-    with pytest.raises(TransientError, match="ConnectionRefusedError"):
+    with pytest.raises(TransientError, match="Connection refused"):
         Http().get(f"http://127.0.0.1:{port}/healthz", timeout=2)
 
 
@@ -96,9 +82,9 @@ def test_a_silent_server_hits_the_time_limit() -> None:
     assert took < 5, took  # bounded by the request's limit, not the 30 s read default
 
 
-def test_https_and_remote_hosts_still_go_through_requests(httpserver: HTTPServer) -> None:
-    """Only plain-HTTP link-local/loopback URLs take the direct path: an index fetch
-    (allow_http_hosts given) keeps the redirect policy, so an https-only refusal holds."""
+def test_an_index_fetch_from_loopback_keeps_the_redirect_policy(httpserver: HTTPServer) -> None:
+    """Only a plain node-local GET refuses every redirect: an index fetch (allow_http_hosts
+    given) follows them under the redirect policy, so an https-only refusal holds."""
     httpserver.expect_request("/r").respond_with_data(
         "", status=302, headers={"Location": "http://192.0.2.1/x"}
     )
