@@ -26,6 +26,7 @@ import trustme
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import TransientError
 from bootfsm.host.http import Http
+from bootfsm.host.segments import stream_segmented
 from bootfsm.machine import engine
 from tests.conftest import MakeWorld, run_in_process
 from tests.hostile import Peer, Trickler
@@ -129,7 +130,7 @@ def test_a_download_ends_at_its_deadline_and_keeps_its_bytes(
     t0 = time.monotonic()
     with pytest.raises(TransientError) as err:
         if segmented:
-            http.stream_segmented(t.url(), part, size=None, segments=4, deadline=t0 + 3)
+            stream_segmented(http, t.url(), part, size=None, segments=4, deadline=t0 + 3)
         else:
             http.stream_to(t.url(), part, deadline=t0 + 3)
     took = time.monotonic() - t0

@@ -26,6 +26,7 @@ from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError, TransientError
 from bootfsm.host.http import Http, partial_source, url_id
 from bootfsm.host.segment_meta import bytes_on_disk
+from bootfsm.host.segments import stream_segmented
 from bootfsm.sim.mirror import BadRange, DropMidBody, Mirror, Stall, Status, Throttle
 
 SIZE = 4 << 20
@@ -289,7 +290,7 @@ def test_a_resume_answered_with_other_bytes_is_discarded_and_fetched_whole(
 
     def fetch() -> Any:
         if how == "segmented":
-            return http.stream_segmented(url, part, size=SIZE, segments=1)  # a runfile's way
+            return stream_segmented(http, url, part, size=SIZE, segments=1)  # a runfile's way
         return http.stream_to(url, part, expect_size=SIZE)
 
     with pytest.raises(TransientError):

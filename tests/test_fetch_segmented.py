@@ -25,6 +25,7 @@ from bootfsm.fetch.fetcher import Fetched, Fetcher, Job
 from bootfsm.host.http import Cancelled, Http
 from bootfsm.host.partfile import read_meta
 from bootfsm.host.segment_meta import bytes_on_disk, segment_plan
+from bootfsm.host.segments import stream_segmented
 from bootfsm.sim.mirror import DropMidBody, Mirror, NotFound, Throttle
 
 SIZE = (4 << 20) + 12345  # not a multiple of the segment count
@@ -57,12 +58,12 @@ def _expected(segs: list[list[int]]) -> list[str]:
 
 
 def _seg(url: str, part: Path, **kw: object) -> object:
-    return Http(read_timeout=5).stream_segmented(url, part, size=SIZE, segments=SEGS, **kw)  # type: ignore[arg-type]
+    return stream_segmented(Http(read_timeout=5), url, part, size=SIZE, segments=SEGS, **kw)  # type: ignore[arg-type]
 
 
 def test_segments_give_the_same_bytes_and_sha256(mirror: Mirror, tmp_path: Path) -> None:
     part = _part(tmp_path)
-    res = Http().stream_segmented(mirror.url + "/f.bin", part, size=SIZE, segments=SEGS)
+    res = stream_segmented(Http(), mirror.url + "/f.bin", part, size=SIZE, segments=SEGS)
     assert (res.size, res.sha256, res.resumed_bytes, res.transferred) == (SIZE, SHA, 0, SIZE)
     assert part.read_bytes() == BODY
     # one ranged request per segment, together exactly the file, each byte sent once
@@ -119,7 +120,7 @@ def test_server_ignoring_range_is_read_on_one_connection(
 
     httpserver.expect_request("/f").respond_with_handler(handler)
     part = _part(tmp_path)
-    res = Http().stream_segmented(httpserver.url_for("/f"), part, size=size, segments=SEGS)
+    res = stream_segmented(Http(), httpserver.url_for("/f"), part, size=size, segments=SEGS)
     assert seen == [probe]  # the probe's 200 is the download, nothing more
     assert res.sha256 == SHA and res.size == SIZE and part.read_bytes() == BODY
     assert "segments" not in read_meta(part.with_name(part.name + ".meta"))
@@ -166,7 +167,7 @@ def test_changed_entity_between_attempts_restarts(mirror: Mirror, tmp_path: Path
 def test_wrong_size_and_wrong_checksum_keep_their_codes(mirror: Mirror, tmp_path: Path) -> None:
     part, url = _part(tmp_path), mirror.url + "/f.bin"
     with pytest.raises(BootError) as err:
-        Http().stream_segmented(url, part, size=SIZE + 1, segments=SEGS)
+        stream_segmented(Http(), url, part, size=SIZE + 1, segments=SEGS)
     assert err.value.code is Code.CHECKSUM_MISMATCH and "index says" in err.value.message
     assert not part.exists()  # refused before any byte was written
     bad = Artifact("f.bin", "runfile", url, "0" * 64, SIZE, "f.bin")
@@ -229,7 +230,7 @@ def test_a_segment_never_reads_past_its_range(httpserver: HTTPServer, tmp_path: 
 
     httpserver.expect_request("/f").respond_with_handler(handler)
     part = _part(tmp_path)
-    res = Http().stream_segmented(httpserver.url_for("/f"), part, size=SIZE, segments=SEGS)
+    res = stream_segmented(Http(), httpserver.url_for("/f"), part, size=SIZE, segments=SEGS)
     assert res.sha256 == SHA and part.read_bytes() == BODY
 
 
@@ -252,7 +253,7 @@ def test_a_segment_answered_from_another_offset_discards_the_part(
     httpserver.expect_request("/f").respond_with_handler(handler)
     part = _part(tmp_path)
     with pytest.raises(TransientError, match="changed during a segmented download") as e:
-        Http().stream_segmented(httpserver.url_for("/f"), part, size=SIZE, segments=SEGS)
+        stream_segmented(Http(), httpserver.url_for("/f"), part, size=SIZE, segments=SEGS)
     assert e.value.code is Code.DOWNLOAD_RETRIES_EXHAUSTED
     assert not part.exists()
 
@@ -301,7 +302,7 @@ def test_one_connection_faster_than_below_rate_takes_every_piece_in_turn(
     rate gets no second connection; after the probe (the first piece), the rest comes in
     one request on the same connection."""
     part, url = _part(tmp_path), mirror.url + "/f.bin"
-    res = Http().stream_segmented(url, part, size=SIZE, segments=SEGS, below_rate=1)
+    res = stream_segmented(Http(), url, part, size=SIZE, segments=SEGS, below_rate=1)
     assert (res.size, res.sha256) == (SIZE, SHA) and part.read_bytes() == BODY
     first_end = segment_plan(SIZE, SEGS)[0][1]
     assert [e.range_header for e in mirror.log] == [
@@ -319,8 +320,8 @@ def test_one_connection_slower_than_below_rate_opens_the_others(
     connection is watched for a quarter second, then the others open and share the rest."""
     mirror.add_fault("/f.bin", Throttle(bytes_per_second=2 << 20))
     part, url = _part(tmp_path), mirror.url + "/f.bin"
-    res = Http(read_timeout=10).stream_segmented(
-        url, part, size=SIZE, segments=SEGS, below_rate=100 << 20
+    res = stream_segmented(
+        Http(read_timeout=10), url, part, size=SIZE, segments=SEGS, below_rate=100 << 20
     )
     assert (res.size, res.sha256) == (SIZE, SHA) and part.read_bytes() == BODY
     assert mirror.peak_inflight == SEGS
@@ -345,8 +346,14 @@ def test_a_connection_that_slows_down_hands_its_pieces_to_the_others(
             naps.append(done)
             threading.Event().wait(0.05)  # about 5 MB/s, far below the rate
 
-    res = Http(read_timeout=10).stream_segmented(
-        url, part, size=SIZE, segments=SEGS, below_rate=100 << 20, progress=slow_reader
+    res = stream_segmented(
+        Http(read_timeout=10),
+        url,
+        part,
+        size=SIZE,
+        segments=SEGS,
+        below_rate=100 << 20,
+        progress=slow_reader,
     )
     assert (res.size, res.sha256) == (SIZE, SHA) and part.read_bytes() == BODY
     ranges = [e.range_header for e in mirror.log]
@@ -406,8 +413,14 @@ def test_an_unsized_artifact_on_a_fast_mirror_is_one_request(
     mirror: Mirror, tmp_path: Path
 ) -> None:
     part = _part(tmp_path)
-    res = Http().stream_segmented(
-        mirror.url + "/f.bin", part, size=None, segments=SEGS, below_rate=1, min_size=1 << 20
+    res = stream_segmented(
+        Http(),
+        mirror.url + "/f.bin",
+        part,
+        size=None,
+        segments=SEGS,
+        below_rate=1,
+        min_size=1 << 20,
     )
     assert (res.size, res.sha256, res.transferred) == (SIZE, SHA, SIZE)
     assert [e.range_header for e in mirror.log] == ["bytes=0-"]
@@ -436,13 +449,13 @@ def test_an_unsized_artifact_resumes_per_segment_with_the_recorded_size(
     mirror.add_fault("/f.bin", DropMidBody(times=2, fraction=0.5))
     part, url = _part(tmp_path), mirror.url + "/f.bin"
     with pytest.raises(TransientError):
-        Http(read_timeout=5).stream_segmented(url, part, size=None, segments=SEGS)
+        stream_segmented(Http(read_timeout=5), url, part, size=None, segments=SEGS)
     meta = read_meta(part.with_name(part.name + ".meta"))
     assert meta["size"] == SIZE
     missing = _expected(meta["segments"])
     assert missing
     before = len(mirror.log)
-    res = Http(read_timeout=5).stream_segmented(url, part, size=None, segments=SEGS)
+    res = stream_segmented(Http(read_timeout=5), url, part, size=None, segments=SEGS)
     assert _ranges(mirror, before) == missing  # no new probe of the whole file
     assert res.sha256 == SHA and part.read_bytes() == BODY
     assert res.resumed_bytes == sum(d for _, _, d in meta["segments"])
@@ -461,7 +474,7 @@ def test_a_206_without_a_total_is_read_on_one_connection(
 
     httpserver.expect_request("/f").respond_with_handler(handler)
     part = _part(tmp_path)
-    res = Http().stream_segmented(httpserver.url_for("/f"), part, size=None, segments=SEGS)
+    res = stream_segmented(Http(), httpserver.url_for("/f"), part, size=None, segments=SEGS)
     assert res.sha256 == SHA and part.read_bytes() == BODY
     assert seen == ["bytes=0-", None]
 
@@ -477,7 +490,7 @@ def test_an_announced_total_beyond_the_free_disk_reserves_nothing(
     )
     part = _part(tmp_path)
     with pytest.raises(BootError) as err:
-        Http().stream_segmented(httpserver.url_for("/f"), part, size=None, segments=SEGS)
+        stream_segmented(Http(), httpserver.url_for("/f"), part, size=None, segments=SEGS)
     assert err.value.code is Code.INSUFFICIENT_SPACE and str(huge) in err.value.message
     assert not part.exists() and not part.with_name(part.name + ".meta").exists()
 
@@ -500,7 +513,7 @@ def test_time_outside_a_response_is_not_counted_as_a_slow_mirror(
 
     monkeypatch.setattr(segments_mod, "preallocate", slow_disk)
     part, url = _part(tmp_path), mirror.url + "/f.bin"
-    res = Http().stream_segmented(url, part, size=SIZE, segments=SEGS, below_rate=1 << 20)
+    res = stream_segmented(Http(), url, part, size=SIZE, segments=SEGS, below_rate=1 << 20)
     assert (res.size, res.sha256) == (SIZE, SHA) and part.read_bytes() == BODY
     first_end = segment_plan(SIZE, SEGS)[0][1]
     assert [e.range_header for e in mirror.log] == [
@@ -519,8 +532,8 @@ def test_the_first_connections_pace_carries_over_into_its_next_request(
     mirror.add_fault("/f.bin", Throttle(bytes_per_second=5 << 20))
     plan = segment_plan(SIZE, SEGS)  # 1 MiB pieces: 0.2 s each at this pace
     part, url = _part(tmp_path), mirror.url + "/f.bin"
-    res = Http(read_timeout=10).stream_segmented(
-        url, part, size=SIZE, segments=SEGS, below_rate=100 << 20
+    res = stream_segmented(
+        Http(read_timeout=10), url, part, size=SIZE, segments=SEGS, below_rate=100 << 20
     )
     assert (res.size, res.sha256) == (SIZE, SHA) and part.read_bytes() == BODY
     ranges = [e.range_header for e in mirror.log]

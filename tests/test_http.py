@@ -14,6 +14,7 @@ from werkzeug import Request, Response
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError, TransientError
 from bootfsm.host.http import Http, check_url
+from bootfsm.host.segments import stream_segmented
 
 BODY = bytes(range(256)) * 4096  # 1 MiB
 ETAG = '"v1"'
@@ -176,8 +177,8 @@ def test_every_request_kind_refuses_a_plain_http_host_not_allowed(
     calls = [
         lambda: Http().get(url, timeout=5, allow_http_hosts=allow),
         lambda: Http().stream_to(url, tmp_path / "a.part", allow_http_hosts=allow),
-        lambda: Http().stream_segmented(
-            url, tmp_path / "b.part", size=4, segments=2, allow_http_hosts=allow
+        lambda: stream_segmented(
+            Http(), url, tmp_path / "b.part", size=4, segments=2, allow_http_hosts=allow
         ),
     ]
     for call in calls:

@@ -35,6 +35,7 @@ from bootfsm.host.http import Cancelled, Http
 from bootfsm.host.partfile import StreamResult, partial_source, url_id
 from bootfsm.host.progress import Progress, Track
 from bootfsm.host.segment_meta import bytes_on_disk
+from bootfsm.host.segments import stream_segmented
 
 if TYPE_CHECKING:
     from bootfsm.fetch.artifacts import Artifact  # annotations only: it imports the host layer
@@ -228,7 +229,8 @@ class Fetcher:
     ) -> StreamResult:
         """One attempt from one mirror: in segments when the artifact is large enough."""
         if self.segments > 1 and (a.size is None or a.size >= self.segment_min_size):
-            return self._client().stream_segmented(  # an unsized one: planned from the probe
+            return stream_segmented(  # an unsized one: planned from the probe
+                self._client(),
                 url,
                 part,
                 size=a.size,

@@ -8,8 +8,8 @@ certificate that does not verify is ``TLS_VERIFY_FAILED``. Proxies come from the
 never for link-local (metadata) or loopback hosts. No URL query string (a signature)
 ever appears in an error message. ``bootfsm.host.http_wire`` holds the bounds a hostile
 peer cannot stretch (a total-time watchdog per request, the redirect policy, the body
-reader); ``bootfsm.host.segments`` the segmented download; ``bootfsm.host.partfile``
-the ``.part`` bookkeeping.
+reader); ``bootfsm.host.partfile`` the ``.part`` bookkeeping. A segmented download
+(``bootfsm.host.segments``) is made through an ``Http``, which knows nothing of it.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +43,6 @@ from bootfsm.host.http_wire import (
 )
 from bootfsm.host.partfile import CHUNK, StreamResult, partial_source, url_id
 from bootfsm.host.proxies import bypass, env_proxies, never_proxied
-from bootfsm.host.segments import NoTotal, Plan, SegmentedDownload, left_s
 
 if TYPE_CHECKING:
     import requests  # noqa: TID251
@@ -55,6 +55,7 @@ __all__ = [
     "StreamResult",
     "check_redirect",
     "check_url",
+    "left_s",
     "partial_source",
     "url_id",
 ]
@@ -307,63 +308,6 @@ class Http:
         except pf.BadResume:
             return self._stream_once(url, part, *args)  # the part is gone: the whole file
 
-    def stream_segmented(
-        self,
-        url: str,
-        part: Path,
-        *,
-        size: int | None,
-        segments: int,
-        deadline: float | None = None,
-        progress: Progress | None = None,
-        cancel: threading.Event | None = None,
-        allow_http_hosts: Sequence[str] | None = None,
-        fsync: bool = False,
-        below_rate: int = 0,
-        min_size: int = 0,
-    ) -> StreamResult:
-        """Download ``url`` (``size`` B per its index) on up to ``segments`` connections.
-
-        The first unfinished segment's ranged request is the probe: a ``206`` for the
-        whole entity of ``size`` B starts the other segments, each its own request (its
-        own watchdog, ``If-Range`` with the probe's validator, reads capped at its
-        range) writing at its offset in one preallocated ``part``; the sidecar records
-        each segment's progress, so a later attempt asks only for the missing ranges. A
-        ``200`` to the probe (Range ignored) is read whole on that one connection, as
-        ``stream_to`` would; a ``200`` to a resume (the entity changed) starts over.
-        With ``below_rate`` (B/s) the other connections open only once the first is
-        seen receiving less than that (until then it takes the pieces in turn); 0 opens
-        them at once. The sha256 covers the whole file as it is on disk. Errors are
-        those of ``stream_to``; a failed or cancelled segment stops the others and keeps
-        the rest.
-
-        ``size`` None (an artifact whose index gives no size, such as the driver
-        runfile): the probe asks for ``bytes=0-`` and the segments are planned from its
-        ``Content-Range`` total (a file under ``min_size`` is one segment on that one
-        connection; the total must fit on the disk before anything is reserved); a
-        resume takes the size its sidecar recorded. A 206 that gives no total is read
-        as ``stream_to`` reads an unsized file.
-        """
-        plan = Plan(deadline, progress, cancel, allow_http_hosts, fsync, segments, below_rate)
-        for _ in range(2):  # a resume answered with other bytes or entity starts over once
-            try:
-                res = SegmentedDownload(self, url, part, plan).run(size, min_size)
-            except NoTotal:  # a 206 without a total: read it as an unsized file
-                return self.stream_to(
-                    url,
-                    part,
-                    deadline=deadline,
-                    progress=progress,
-                    cancel=cancel,
-                    allow_http_hosts=allow_http_hosts,
-                    fsync=fsync,
-                )
-            if res is not None:
-                return res
-        raise TransientError(  # pragma: no cover - the second try never resumes
-            Code.DOWNLOAD_RETRIES_EXHAUSTED, f"{redact_url(url)} changed twice"
-        )
-
     def _stream_once(
         self,
         url: str,
@@ -425,3 +369,12 @@ class Http:
                 cancel,
                 fsync=fsync,
             )
+
+
+def left_s(url: str, deadline: float | None) -> float | None:
+    """Seconds left before ``deadline`` (monotonic; None: no deadline); none left is
+    DOWNLOAD_TIMEOUT."""
+    left = None if deadline is None else deadline - time.monotonic()
+    if left is not None and left <= 0:
+        raise TransientError(Code.DOWNLOAD_TIMEOUT, f"no time left to download {redact_url(url)}")
+    return left

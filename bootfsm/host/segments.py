@@ -1,6 +1,7 @@
 """Segmented downloads: one large artifact over several ranged connections.
 
-``SegmentedDownload`` is one attempt, made through an ``Http`` client (each other
+``stream_segmented`` downloads through an ``Http`` client (which knows nothing of
+segments). ``SegmentedDownload`` is one attempt, made through that client (each other
 connection through a clone of it) and its ``request``: every request has its own
 watchdog, ``If-Range`` and a read cap at its range, and writes at its offset
 (``pwrite``) in one preallocated ``.part``. The first unfinished segment's ranged
@@ -22,21 +23,19 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError, TransientError
 from bootfsm.core.redact import redact_url
 from bootfsm.host import partfile as pf
 from bootfsm.host import segment_meta as sm
+from bootfsm.host.http import Http, left_s
 from bootfsm.host.http_errors import check_status
 from bootfsm.host.http_wire import Bounds, Cancelled, Progress, Watch, receive, short, too_slow
 from bootfsm.host.partfile import CHUNK, StreamResult, url_id
 
-if TYPE_CHECKING:
-    from bootfsm.host.http import Http
-
-__all__ = ["SAVE_EVERY_S", "NoTotal", "Plan", "SegmentedDownload"]
+__all__ = ["SAVE_EVERY_S", "NoTotal", "Plan", "SegmentedDownload", "stream_segmented"]
 
 
 @dataclass(frozen=True)
@@ -62,6 +61,65 @@ class Aborted(Exception):
 
 SAVE_EVERY_S = 0.5
 PACE_S = 0.25  # how long the first connection is watched at a time against ``below_rate``
+
+
+def stream_segmented(
+    client: Http,
+    url: str,
+    part: Path,
+    *,
+    size: int | None,
+    segments: int,
+    deadline: float | None = None,
+    progress: Progress | None = None,
+    cancel: threading.Event | None = None,
+    allow_http_hosts: Sequence[str] | None = None,
+    fsync: bool = False,
+    below_rate: int = 0,
+    min_size: int = 0,
+) -> StreamResult:
+    """Download ``url`` (``size`` B per its index) on up to ``segments`` connections,
+    all through ``client`` (the others on clones of it).
+
+    The first unfinished segment's ranged request is the probe: a ``206`` for the
+    whole entity of ``size`` B starts the other segments, each its own request (its
+    own watchdog, ``If-Range`` with the probe's validator, reads capped at its
+    range) writing at its offset in one preallocated ``part``; the sidecar records
+    each segment's progress, so a later attempt asks only for the missing ranges. A
+    ``200`` to the probe (Range ignored) is read whole on that one connection, as
+    ``stream_to`` would; a ``200`` to a resume (the entity changed) starts over.
+    With ``below_rate`` (B/s) the other connections open only once the first is
+    seen receiving less than that (until then it takes the pieces in turn); 0 opens
+    them at once. The sha256 covers the whole file as it is on disk. Errors are
+    those of ``stream_to``; a failed or cancelled segment stops the others and keeps
+    the rest.
+
+    ``size`` None (an artifact whose index gives no size, such as the driver
+    runfile): the probe asks for ``bytes=0-`` and the segments are planned from its
+    ``Content-Range`` total (a file under ``min_size`` is one segment on that one
+    connection; the total must fit on the disk before anything is reserved); a
+    resume takes the size its sidecar recorded. A 206 that gives no total is read
+    as ``stream_to`` reads an unsized file.
+    """
+    plan = Plan(deadline, progress, cancel, allow_http_hosts, fsync, segments, below_rate)
+    for _ in range(2):  # a resume answered with other bytes or entity starts over once
+        try:
+            res = SegmentedDownload(client, url, part, plan).run(size, min_size)
+        except NoTotal:  # a 206 without a total: read it as an unsized file
+            return client.stream_to(
+                url,
+                part,
+                deadline=deadline,
+                progress=progress,
+                cancel=cancel,
+                allow_http_hosts=allow_http_hosts,
+                fsync=fsync,
+            )
+        if res is not None:
+            return res
+    raise TransientError(  # pragma: no cover - the second try never resumes
+        Code.DOWNLOAD_RETRIES_EXHAUSTED, f"{redact_url(url)} changed twice"
+    )
 
 
 class SegmentedDownload:
@@ -434,13 +492,6 @@ class SegmentedDownload:
             if plan.progress is not None:
                 plan.progress(fr.done(), self.size)
             self.save()
-
-
-def left_s(url: str, deadline: float | None) -> float | None:
-    left = None if deadline is None else deadline - time.monotonic()
-    if left is not None and left <= 0:
-        raise TransientError(Code.DOWNLOAD_TIMEOUT, f"no time left to download {redact_url(url)}")
-    return left
 
 
 def file_size(p: Path) -> int:
