@@ -503,15 +503,15 @@ def test_time_outside_a_response_is_not_counted_as_a_slow_mirror(
     and opens no other connection on a mirror that one connection drains."""
     import time
 
-    import bootfsm.host.segments as segments_mod
+    import bootfsm.host.segment_transfer as transfer_mod
 
-    real = segments_mod.preallocate
+    real = transfer_mod.preallocate
 
     def slow_disk(fd: int, size: int) -> None:
         time.sleep(0.4)
         real(fd, size)
 
-    monkeypatch.setattr(segments_mod, "preallocate", slow_disk)
+    monkeypatch.setattr(transfer_mod, "preallocate", slow_disk)
     part, url = _part(tmp_path), mirror.url + "/f.bin"
     res = stream_segmented(Http(), url, part, size=SIZE, segments=SEGS, below_rate=1 << 20)
     assert (res.size, res.sha256) == (SIZE, SHA) and part.read_bytes() == BODY
