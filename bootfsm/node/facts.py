@@ -92,6 +92,16 @@ def loaded_module_version(host: Host) -> str | None:
         return None
 
 
+def _os(host: Host) -> tuple[str, str]:
+    """The OS id and version from os-release; empty when it is missing or unreadable."""
+    text = host.read_text("/etc/os-release") or host.read_text("/usr/lib/os-release") or ""
+    try:
+        osr = parse_os_release(text)
+    except ParseError:
+        return "", ""
+    return osr.id, osr.version_id
+
+
 def _pci(host: Host) -> tuple[list[PciGpu], list[str]]:
     gpus: list[PciGpu] = []
     switches: list[str] = []
@@ -118,15 +128,9 @@ def _pci(host: Host) -> tuple[list[PciGpu], list[str]]:
 def gather_facts(host: Host) -> NodeFacts:
     """Read arch, OS, kernel, GPUs, NVSwitches, NVLink5 and the loaded driver."""
     raw_arch = (host.read_text("/proc/sys/kernel/arch") or "").strip()
-    osr_text = host.read_text("/etc/os-release") or host.read_text("/usr/lib/os-release") or ""
-    try:
-        osr = parse_os_release(osr_text)
-        os_id, os_version = osr.id, osr.version_id
-    except ParseError:
-        os_id, os_version = "", ""
+    os_id, os_version = _os(host)
     gpus, switches = _pci(host)
-    if host.listdir("/proc/driver/nvidia-nvswitch/devices") and not switches:
-        switches = host.listdir("/proc/driver/nvidia-nvswitch/devices")
+    switches = switches or host.listdir("/proc/driver/nvidia-nvswitch/devices")
     nvlink5 = any(
         vpd_has_sw_mng(host.read_bytes(p) or b"")
         for p in host.glob("/sys/class/infiniband/*/device/vpd")
