@@ -6,6 +6,7 @@ import re
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cmp_to_key
+from itertools import zip_longest
 
 from bootfsm.parsers import ParseError
 
@@ -26,6 +27,7 @@ _SIZE = re.compile(r"[0-9]{1,20}")
 _EPOCH = re.compile(r"[0-9]{1,9}")
 _UPSTREAM = re.compile(r"[0-9][A-Za-z0-9.+~:-]*")
 _REVISION = re.compile(r"[A-Za-z0-9.+~]+")
+_RUNS = re.compile(r"([^0-9]*)([0-9]*)")  # a non-digit run, then the digit run after it
 _REQUIRED = ("package", "version", "filename", "size", "sha256")
 
 
@@ -94,23 +96,17 @@ def _digits_cmp(a: str, b: str) -> int:
     return (a > b) - (a < b)
 
 
+def _text_cmp(a: str, b: str) -> int:
+    """Compare two non-digit runs character by character by weight (the end weighs 0)."""
+    pairs = zip_longest(map(_order, a), map(_order, b), fillvalue=0)
+    return next((x - y for x, y in pairs if x != y), 0)
+
+
 def _verrevcmp(a: str, b: str) -> int:
     """dpkg's verrevcmp(): alternate non-digit runs (by weight) and digit runs (by value)."""
-    i = j = 0
-    while i < len(a) or j < len(b):
-        while (i < len(a) and not a[i].isdigit()) or (j < len(b) and not b[j].isdigit()):
-            ac = _order(a[i]) if i < len(a) and not a[i].isdigit() else 0
-            bc = _order(b[j]) if j < len(b) and not b[j].isdigit() else 0
-            if ac != bc:
-                return ac - bc
-            i += 1
-            j += 1
-        i0, j0 = i, j
-        while i < len(a) and a[i].isdigit():
-            i += 1
-        while j < len(b) and b[j].isdigit():
-            j += 1
-        diff = _digits_cmp(a[i0:i], b[j0:j])
+    runs = zip_longest(_RUNS.findall(a), _RUNS.findall(b), fillvalue=("", ""))
+    for (a_text, a_digits), (b_text, b_digits) in runs:
+        diff = _text_cmp(a_text, b_text) or _digits_cmp(a_digits, b_digits)
         if diff:
             return diff
     return 0
