@@ -22,6 +22,7 @@ __all__ = [
 
 _FIELD = re.compile(r"([^\s:#-][^\s:]*):(.*)")
 _SHA256 = re.compile(r"[0-9a-fA-F]{64}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _SIZE = re.compile(r"[0-9]{1,20}")
 # dpkg's parseversion(): epoch digits, upstream starts with a digit, revision after the last "-".
 _EPOCH = re.compile(r"[0-9]{1,9}")
@@ -48,7 +49,7 @@ def safe_filename(filename: str) -> str:
     """Normalise a repository-relative Filename ("./pool/x.deb" -> "pool/x.deb") or refuse it."""
     if not filename:
         raise ParseError("Filename is empty")
-    if any(ord(c) < 0x20 or c == "\x7f" for c in filename):
+    if _CONTROL.search(filename):
         raise ParseError(f"Filename {filename!r} contains a control character")
     if "\\" in filename:
         raise ParseError(f"Filename {filename!r} contains a backslash")
@@ -199,14 +200,11 @@ def iter_entries(text: str, names: Collection[str] | None = None) -> Iterator[Pa
     while pos < end:
         sep = _SEPARATOR.search(text, pos)
         stop = sep.start() if sep else end
-        para = text[pos:stop] if names is None else None
         found = _PACKAGE_LINE.search(text, pos, stop)
         if found is not None and names is not None and found[1] not in names:
             number += 1  # a stanza of another package: counted, not read
         else:
-            if para is None:
-                para = text[pos:stop]
-            for n, fields in _stanzas(para, line, number):
+            for n, fields in _stanzas(text[pos:stop], line, number):
                 number = n + 1
                 yield _entry(n, fields)
         if sep is None:
