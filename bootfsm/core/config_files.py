@@ -59,6 +59,22 @@ def _read_toml(path: Path) -> dict[str, Any] | None:
 def load_config_sources(path: Path, *, required: bool) -> Loaded:
     """Read and validate ``path`` and its drop-ins (``DROPIN_DIR``); a missing optional
     file gives the defaults. Errors name the file."""
+    layers = _layers(path, required=required)
+    merged: dict[str, dict[str, Any]] = {}
+    sources: dict[str, str] = {}
+    for where, layer in layers:
+        for section, table in layer.items():
+            merged.setdefault(section, {}).update(table)
+            sources.update({f"{section}.{key}": str(where) for key in table})
+    try:
+        return Loaded(parse_config(merged), sources)
+    except ConfigError as exc:
+        files = ", ".join(str(w) for w, _ in layers)
+        raise ConfigError(f"{files}: {redact_text(str(exc))}") from exc
+
+
+def _layers(path: Path, *, required: bool) -> list[tuple[Path, dict[str, Any]]]:
+    """``path``'s table, then each drop-in's in name order (the later wins a key)."""
     data = _read_toml(path)
     if data is None and required:
         raise ConfigError(f"{path}: no such file")
@@ -72,17 +88,7 @@ def load_config_sources(path: Path, *, required: bool) -> Loaded:
         layer = _read_toml(dropins / name)
         if layer is not None:
             layers.append((dropins / name, layer))
-    merged: dict[str, dict[str, Any]] = {}
-    sources: dict[str, str] = {}
-    for where, layer in layers:
-        for section, table in layer.items():
-            merged.setdefault(section, {}).update(table)
-            sources.update({f"{section}.{key}": str(where) for key in table})
-    try:
-        return Loaded(parse_config(merged), sources)
-    except ConfigError as exc:
-        files = ", ".join(str(w) for w, _ in layers)
-        raise ConfigError(f"{files}: {redact_text(str(exc))}") from exc
+    return layers
 
 
 def load_config(path: Path, *, required: bool) -> Config:
