@@ -73,10 +73,8 @@ def judge_fabric(report: SmiReport) -> FabricJudgement:
     for verdict in (FabricVerdict.FAILED, FabricVerdict.WAITING, FabricVerdict.UNHEALTHY):
         if verdict in problems:
             return FabricJudgement(verdict, tuple(problems[verdict]), tuple(warnings))
-    ready = FabricVerdict.READY in problems
-    return FabricJudgement(
-        FabricVerdict.READY if ready else FabricVerdict.NONE, (), tuple(warnings)
-    )
+    verdict = FabricVerdict.READY if FabricVerdict.READY in problems else FabricVerdict.NONE
+    return FabricJudgement(verdict, (), tuple(warnings))
 
 
 def _judge_gpu(g: SmiGpu) -> tuple[FabricVerdict, str]:

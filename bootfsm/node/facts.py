@@ -83,23 +83,10 @@ class NodeFacts:
 def loaded_module_version(host: Host) -> str | None:
     """The loaded ``nvidia`` module's version (/sys/module/nvidia/version), or None when
     no module is loaded or the file holds no driver version."""
-    text = host.read_text("/sys/module/nvidia/version")
-    if not (text or "").strip():
-        return None
-    try:
-        return parse_module_version(text or "")
+    try:  # an empty or missing file is no version either
+        return parse_module_version(host.read_text("/sys/module/nvidia/version") or "")
     except ParseError:
         return None
-
-
-def _os(host: Host) -> tuple[str, str]:
-    """The OS id and version from os-release; empty when it is missing or unreadable."""
-    text = host.read_text("/etc/os-release") or host.read_text("/usr/lib/os-release") or ""
-    try:
-        osr = parse_os_release(text)
-    except ParseError:
-        return "", ""
-    return osr.id, osr.version_id
 
 
 def _pci(host: Host) -> tuple[list[PciGpu], list[str]]:
@@ -128,7 +115,12 @@ def _pci(host: Host) -> tuple[list[PciGpu], list[str]]:
 def gather_facts(host: Host) -> NodeFacts:
     """Read arch, OS, kernel, GPUs, NVSwitches, NVLink5 and the loaded driver."""
     raw_arch = (host.read_text("/proc/sys/kernel/arch") or "").strip()
-    os_id, os_version = _os(host)
+    osr_text = host.read_text("/etc/os-release") or host.read_text("/usr/lib/os-release") or ""
+    try:
+        osr = parse_os_release(osr_text)
+        os_id, os_version = osr.id, osr.version_id
+    except ParseError:
+        os_id, os_version = "", ""
     gpus, switches = _pci(host)
     switches = switches or host.listdir("/proc/driver/nvidia-nvswitch/devices")
     nvlink5 = any(

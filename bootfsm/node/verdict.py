@@ -23,8 +23,7 @@ __all__ = ["fabric_manager_disagreement", "judge", "no_gpu_reason"]
 
 
 def judge(cfg: Config, f: NodeFacts) -> None:
-    """Raise the first permanent problem with these facts (detect, `plan`, bake): the
-    architecture and OS, then the GPUs, then the driver to install."""
+    """Raise the first permanent problem with these facts (detect, `plan`, bake)."""
     if f.arch is None:
         raise BootError(
             Code.UNSUPPORTED_ARCH,
@@ -76,8 +75,7 @@ def _judge_driver(cfg: Config, f: NodeFacts, runfile: str) -> None:
     d = cfg.driver
     if d.kind == "grid" and not cfg.sources.grid_runfile_url:
         raise BootError(Code.CONFIG_INVALID, "driver.kind = grid needs sources.grid_runfile_url")
-    unsupported = branch_problem(d.version, [g.model for g in f.gpus])
-    if unsupported is not None:
+    if (unsupported := branch_problem(d.version, [g.model for g in f.gpus])) is not None:
         raise BootError(
             Code.DRIVER_BRANCH_UNSUPPORTED, f"driver.version {d.version}: {unsupported}"
         )
@@ -87,8 +85,7 @@ def _judge_driver(cfg: Config, f: NodeFacts, runfile: str) -> None:
             f"no sha256 is pinned for the {d.kind} driver {d.version} runfile "
             f'({runfile}): add "{d.kind} {d.version} {runfile} <sha256>" to '
             f"sources.runfile_pins (sources.runfile_sha256_{runfile} for the configured "
-            "driver), or "
-            "bake that driver into the image; never another version instead",
+            "driver), or bake that driver into the image; never another version instead",
         )
 
 
