@@ -79,8 +79,7 @@ def clearsigned_body(text: str) -> str:
 
 
 def _armor_headers_end(marks: list[str]) -> int:
-    """The empty line that ends the armor headers ("Hash: SHA512") after the BEGIN line,
-    which only blank lines may precede."""
+    """The empty line after the BEGIN line (only blank lines before it) and its armor headers."""
     begin = next((i for i, m in enumerate(marks) if m), len(marks))
     if marks[begin : begin + 1] != [_BEGIN]:
         raise ParseError(f"not a clear-signed message (no {_BEGIN!r} line)")
@@ -124,15 +123,23 @@ def parse_release(text: str) -> Release:
     fields = _paragraph(text)
     if not fields:
         raise ParseError("Release is empty")
-    sums = _sha256_list(fields.get("sha256", ""))
+    sums: dict[str, ReleaseFile] = {}
+    for n, entry in enumerate(fields.get("sha256", "").split("\n"), start=1):
+        if not entry.strip():
+            continue
+        m = _HASH_LINE.fullmatch(entry.strip())
+        if m is None:
+            raise ParseError(f"SHA256 entry {n}: expected '<sha256> <size> <path>': {entry[:80]!r}")
+        if m[3] in sums:
+            raise ParseError(f"SHA256 lists {m[3]} twice")
+        sums[m[3]] = ReleaseFile(m[1].lower(), int(m[2]))
     date = _date("Date", fields["date"]) if "date" in fields else None
     until = _date("Valid-Until", fields["valid-until"]) if "valid-until" in fields else None
     return Release(date, until, sums, fields)
 
 
 def _paragraph(text: str) -> dict[str, str]:
-    """The fields of the one deb822 paragraph, by lower-cased name, continuation lines
-    joined with newlines; comment lines skipped."""
+    """The one deb822 paragraph's fields by lower-cased name, continuation lines joined."""
     fields: dict[str, str] = {}
     current: str | None = None  # the field a continuation line continues
     for n, raw in enumerate(text.replace("\r\n", "\n").split("\n"), start=1):
@@ -154,21 +161,6 @@ def _paragraph(text: str) -> dict[str, str]:
                 raise ParseError(f"line {n}: field {m[1]} appears twice")
             fields[current] = m[2].strip()
     return fields
-
-
-def _sha256_list(value: str) -> dict[str, ReleaseFile]:
-    """The SHA256 field's `` <sha256> <size> <path>`` lines, by path."""
-    sums: dict[str, ReleaseFile] = {}
-    for n, entry in enumerate(value.split("\n"), start=1):
-        if not entry.strip():
-            continue
-        m = _HASH_LINE.fullmatch(entry.strip())
-        if m is None:
-            raise ParseError(f"SHA256 entry {n}: expected '<sha256> <size> <path>': {entry[:80]!r}")
-        if m[3] in sums:
-            raise ParseError(f"SHA256 lists {m[3]} twice")
-        sums[m[3]] = ReleaseFile(m[1].lower(), int(m[2]))
-    return sums
 
 
 @dataclass(frozen=True)

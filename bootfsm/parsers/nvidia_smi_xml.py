@@ -38,9 +38,9 @@ _COUNT = re.compile(r"[0-9]+")
 _BUS_ID = re.compile(r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]")
 
 
-def _check_markup(text: str) -> str:
-    """Refuse DTDs other than the known external one, entities and stray PIs; return text
-    with the known DOCTYPE blanked out."""
+def _root(text: str) -> ET.Element:
+    """The ``<nvidia_smi_log>`` element of ``text``, parsed only after refusing DTDs other
+    than the known external one (which is blanked out), entities and stray PIs."""
     known = _DOCTYPE.search(text)
     body = text
     if known is not None:
@@ -53,13 +53,8 @@ def _check_markup(text: str) -> str:
     if pi is not None:
         snippet = body[pi.start() : pi.start() + 40]
         raise ParseError(f"nvidia-smi -q -x: refusing processing instruction {snippet!r}")
-    return body
-
-
-def _root(body: str) -> ET.Element:
-    """The ``<nvidia_smi_log>`` element of checked markup; ParseError on bad XML."""
     try:
-        root = ET.fromstring(body)  # noqa: S314 - DTDs/entities refused by _check_markup
+        root = ET.fromstring(body)  # noqa: S314 - DTDs/entities refused above
     except ET.ParseError as exc:
         raise ParseError(f"nvidia-smi -q -x: not well-formed XML: {exc}") from exc
     if root.tag != "nvidia_smi_log":
@@ -79,7 +74,7 @@ def parse_smi_xml(text: str) -> SmiReport:
     ``inforom_corrupted``.
     """
     warnings = tuple(m[1] for m in _INFOROM_WARNING.finditer(text))
-    root = _root(_check_markup(_INFOROM_WARNING.sub("", text).strip()))
+    root = _root(_INFOROM_WARNING.sub("", text).strip())
     driver = _text(root, "driver_version") or _text(root, "kmd_version")
     if not driver:
         raise ParseError("nvidia-smi -q -x: no <driver_version> (or <kmd_version>)")
