@@ -58,13 +58,13 @@ class Override:
     persist: bool = True  # kept for later runs (the drop-in)
 
 
-def _first(env: Mapping[str, str], *names: str) -> tuple[str, str] | None:
-    """(name, value) of the first of ``names`` set to a non-empty value."""
+def _first(env: Mapping[str, str], *names: str) -> tuple[str, str]:
+    """(name, value) of the first of ``names`` set to a non-empty value, else ("", "")."""
     for name in names:
         value = env.get(name, "").strip()
         if value:
             return name, value
-    return None
+    return "", ""
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool | None:
@@ -98,10 +98,9 @@ def _flag_override(
 
 
 def _driver_version(env: Mapping[str, str]) -> Override | None:
-    found = _first(env, "GPU_DV", "GPU_DRIVER_VERSION")
-    if found is None:
+    name, version = _first(env, "GPU_DV", "GPU_DRIVER_VERSION")
+    if not name:
         return None
-    name, version = found
     if not all(p.isdigit() for p in version.split(".")):
         raise ConfigError(
             f"{name}: expected a driver version like 580.159.04, got {version[:40]!r}"
@@ -110,10 +109,9 @@ def _driver_version(env: Mapping[str, str]) -> Override | None:
 
 
 def _driver_kind(env: Mapping[str, str]) -> Override | None:
-    found = _first(env, "NVIDIA_GPU_DRIVER_TYPE", "GPU_DRIVER_TYPE")
-    if found is None:
+    name, kind = _first(env, "NVIDIA_GPU_DRIVER_TYPE", "GPU_DRIVER_TYPE")
+    if not name:
         return None
-    name, kind = found
     if kind not in _DRIVER_TYPES:
         raise ConfigError(f"{name}: expected one of {', '.join(_DRIVER_TYPES)}, got {kind[:40]!r}")
     return Override("driver.kind", _DRIVER_TYPES[kind], f"{name}={kind}")

@@ -78,17 +78,12 @@ def _layers(path: Path, *, required: bool) -> list[tuple[Path, dict[str, Any]]]:
     data = _read_toml(path)
     if data is None and required:
         raise ConfigError(f"{path}: no such file")
-    layers = [(path, data or {})]
-    dropins = path.parent / DROPIN_DIR
     try:
-        names = sorted(p.name for p in dropins.iterdir() if p.name.endswith(".toml"))
+        paths = sorted(p for p in (path.parent / DROPIN_DIR).iterdir() if p.name.endswith(".toml"))
     except OSError:  # no drop-in directory (or not one)
-        names = []
-    for name in names:
-        layer = _read_toml(dropins / name)
-        if layer is not None:
-            layers.append((dropins / name, layer))
-    return layers
+        paths = []
+    tables = [(p, _read_toml(p)) for p in paths]
+    return [(path, data or {}), *((p, t) for p, t in tables if t is not None)]
 
 
 def load_config(path: Path, *, required: bool) -> Config:
