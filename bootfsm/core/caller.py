@@ -58,13 +58,13 @@ class Override:
     persist: bool = True  # kept for later runs (the drop-in)
 
 
-def _first(env: Mapping[str, str], *names: str) -> tuple[str, str] | None:
-    """(name, value) of the first of ``names`` set to a non-empty value."""
+def _first(env: Mapping[str, str], *names: str) -> tuple[str, str]:
+    """(name, value) of the first of ``names`` set to a non-empty value, else ("", "")."""
     for name in names:
         value = env.get(name, "").strip()
         if value:
             return name, value
-    return None
+    return "", ""
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool | None:
@@ -78,53 +78,55 @@ def _flag(env: Mapping[str, str], name: str) -> bool | None:
 
 def _caller_env(env: Mapping[str, str]) -> list[Override]:
     """The overrides the provisioning script's exported variables give."""
-    out: list[Override] = []
-    gpu_node = _flag(env, "GPU_NODE")
-    if gpu_node is not None:
-        out.append(
-            Override(
-                "detect.gpu_node",
-                "yes" if gpu_node else "no",
-                f"GPU_NODE={env['GPU_NODE'].strip()}",
-            )
+    found = [
+        _flag_override(env, "GPU_NODE", "detect.gpu_node", ("no", "yes")),
+        _flag_override(env, "GPU_NEEDS_FABRIC_MANAGER", "detect.fabric_manager", ("no", "yes")),
+        _driver_version(env),
+        _driver_kind(env),
+        _flag_override(env, "CONFIG_GPU_DRIVER_IF_NEEDED", "driver.install", (False, True)),
+        _mig_profile(env),
+    ]
+    return [o for o in found if o is not None]
+
+
+def _flag_override(
+    env: Mapping[str, str], name: str, key: str, values: tuple[str | bool, str | bool]
+) -> Override | None:
+    """``key`` set to ``values`` (false, true) by the true/false variable ``name``."""
+    flag = _flag(env, name)
+    return None if flag is None else Override(key, values[flag], f"{name}={env[name].strip()}")
+
+
+def _driver_version(env: Mapping[str, str]) -> Override | None:
+    name, version = _first(env, "GPU_DV", "GPU_DRIVER_VERSION")
+    if not name:
+        return None
+    if not all(p.isdigit() for p in version.split(".")):
+        raise ConfigError(
+            f"{name}: expected a driver version like 580.159.04, got {version[:40]!r}"
         )
-    fm = _flag(env, "GPU_NEEDS_FABRIC_MANAGER")
-    if fm is not None:
-        source = f"GPU_NEEDS_FABRIC_MANAGER={env['GPU_NEEDS_FABRIC_MANAGER'].strip()}"
-        out.append(Override("detect.fabric_manager", "yes" if fm else "no", source))
-    found = _first(env, "GPU_DV", "GPU_DRIVER_VERSION")
-    if found is not None:
-        name, version = found
-        if not all(p.isdigit() for p in version.split(".")):
-            raise ConfigError(
-                f"{name}: expected a driver version like 580.159.04, got {version[:40]!r}"
-            )
-        out.append(Override("driver.version", version, f"{name}={version}"))
-    found = _first(env, "NVIDIA_GPU_DRIVER_TYPE", "GPU_DRIVER_TYPE")
-    if found is not None:
-        name, kind = found
-        if kind not in _DRIVER_TYPES:
-            known = ", ".join(_DRIVER_TYPES)
-            raise ConfigError(f"{name}: expected one of {known}, got {kind[:40]!r}")
-        out.append(Override("driver.kind", _DRIVER_TYPES[kind], f"{name}={kind}"))
-    install = _flag(env, "CONFIG_GPU_DRIVER_IF_NEEDED")
-    if install is not None:
-        source = f"CONFIG_GPU_DRIVER_IF_NEEDED={env['CONFIG_GPU_DRIVER_IF_NEEDED'].strip()}"
-        out.append(Override("driver.install", install, source))
+    return Override("driver.version", version, f"{name}={version}")
+
+
+def _driver_kind(env: Mapping[str, str]) -> Override | None:
+    name, kind = _first(env, "NVIDIA_GPU_DRIVER_TYPE", "GPU_DRIVER_TYPE")
+    if not name:
+        return None
+    if kind not in _DRIVER_TYPES:
+        raise ConfigError(f"{name}: expected one of {', '.join(_DRIVER_TYPES)}, got {kind[:40]!r}")
+    return Override("driver.kind", _DRIVER_TYPES[kind], f"{name}={kind}")
+
+
+def _mig_profile(env: Mapping[str, str]) -> Override | None:
     mig = _flag(env, "MIG_NODE")
     profile = env.get("GPU_INSTANCE_PROFILE", "").strip()
     if mig and not profile:
         raise ConfigError("MIG_NODE=true but GPU_INSTANCE_PROFILE is empty: no MIG layout to make")
-    if mig is not None:  # MIG_NODE=false: no layout, whatever the profile says
-        value = profile if mig else ""
-        out.append(
-            Override(
-                "mig.profile",
-                value,
-                f"MIG_NODE={env['MIG_NODE'].strip()}, GPU_INSTANCE_PROFILE={profile}",
-            )
-        )
-    return out
+    if mig is None:
+        return None
+    source = f"MIG_NODE={env['MIG_NODE'].strip()}, GPU_INSTANCE_PROFILE={profile}"
+    # MIG_NODE=false: no layout, whatever the profile says
+    return Override("mig.profile", profile if mig else "", source)
 
 
 def hook_overrides(cfg: Config, env: Mapping[str, str]) -> list[Override]:

@@ -258,7 +258,7 @@ def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
 
 
 def _number(where: str, value: Any, default: float, bounds: tuple[float, float, bool]) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if type(value) not in (int, float):  # TOML's own types; a bool is no number here
         raise ConfigError(f"{where}: expected a number, got {value!r}")
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"{where}: expected a finite number, got {value!r}")
@@ -269,7 +269,7 @@ def _number(where: str, value: Any, default: float, bounds: tuple[float, float, 
         raise ConfigError(
             f"{where}: must be {'>=' if lo_ok else '>'} {lo:g} and <= {hi:g}, got {value!r}"
         )
-    return value if isinstance(default, int) else float(value)
+    return type(default)(value)  # the default's type: a float key takes a whole number too
 
 
 Rule = Callable[[str, Any], None]  # a check of one key's value, already of its type

@@ -59,19 +59,7 @@ def _read_toml(path: Path) -> dict[str, Any] | None:
 def load_config_sources(path: Path, *, required: bool) -> Loaded:
     """Read and validate ``path`` and its drop-ins (``DROPIN_DIR``); a missing optional
     file gives the defaults. Errors name the file."""
-    data = _read_toml(path)
-    if data is None and required:
-        raise ConfigError(f"{path}: no such file")
-    layers = [(path, data or {})]
-    dropins = path.parent / DROPIN_DIR
-    try:
-        names = sorted(p.name for p in dropins.iterdir() if p.name.endswith(".toml"))
-    except OSError:  # no drop-in directory (or not one)
-        names = []
-    for name in names:
-        layer = _read_toml(dropins / name)
-        if layer is not None:
-            layers.append((dropins / name, layer))
+    layers = _layers(path, required=required)
     merged: dict[str, dict[str, Any]] = {}
     sources: dict[str, str] = {}
     for where, layer in layers:
@@ -83,6 +71,19 @@ def load_config_sources(path: Path, *, required: bool) -> Loaded:
     except ConfigError as exc:
         files = ", ".join(str(w) for w, _ in layers)
         raise ConfigError(f"{files}: {redact_text(str(exc))}") from exc
+
+
+def _layers(path: Path, *, required: bool) -> list[tuple[Path, dict[str, Any]]]:
+    """``path``'s table, then each drop-in's in name order (the later wins a key)."""
+    data = _read_toml(path)
+    if data is None and required:
+        raise ConfigError(f"{path}: no such file")
+    try:
+        paths = sorted(p for p in (path.parent / DROPIN_DIR).iterdir() if p.name.endswith(".toml"))
+    except OSError:  # no drop-in directory (or not one)
+        paths = []
+    tables = [(p, _read_toml(p)) for p in paths]
+    return [(path, data or {}), *((p, t) for p, t in tables if t is not None)]
 
 
 def load_config(path: Path, *, required: bool) -> Config:

@@ -39,25 +39,25 @@ class MigItem:
 def parse_mig_layout(text: str) -> tuple[MigItem, ...]:
     """The items of a layout; ValueError naming the bad item on anything else."""
     raw = [p.strip() for p in text.split(",")]
-    if not text.strip() or any(not p for p in raw):
+    if any(not p for p in raw):
         raise ValueError(f"empty MIG profile item in {text!r:.80}")
     if len(raw) > MAX_ITEMS:
         raise ValueError(f"{len(raw)} MIG profile items; a GPU holds at most 7 GPU instances")
-    items: list[MigItem] = []
-    for part in raw:
-        slices = _SLICES.fullmatch(part)
-        name = _NAME.fullmatch(part)
-        if _ID.fullmatch(part):
-            items.append(MigItem("id", str(int(part))))
-        elif slices:
-            items.append(MigItem("slices", slices[1]))
-        elif name:
-            items.append(MigItem("name", f"MIG {name[1]}"))
-        else:
-            raise ValueError(
-                f"{part!r:.40} is not a MIG profile: expected a profile id (19), a profile"
-                " name (1g.10gb or 'MIG 1g.10gb') or MIG1g..MIG7g"
-            )
+    items = tuple(_item(part) for part in raw)
     if len(items) > 1 and any(i.kind == "slices" for i in items):
         raise ValueError("MIG1g..MIG7g name a whole uniform layout; do not list them with others")
-    return tuple(items)
+    return items
+
+
+def _item(part: str) -> MigItem:
+    """One item: a profile id, a profile name or MIGng; ValueError on anything else."""
+    if _ID.fullmatch(part):
+        return MigItem("id", str(int(part)))
+    if slices := _SLICES.fullmatch(part):
+        return MigItem("slices", slices[1])
+    if name := _NAME.fullmatch(part):
+        return MigItem("name", f"MIG {name[1]}")
+    raise ValueError(
+        f"{part!r:.40} is not a MIG profile: expected a profile id (19), a profile"
+        " name (1g.10gb or 'MIG 1g.10gb') or MIG1g..MIG7g"
+    )

@@ -60,43 +60,45 @@ def _name(g: SmiGpu) -> str:
 def judge_fabric(report: SmiReport) -> FabricJudgement:
     """Judge every GPU's Fabric block (pure; the order of precedence is FAILED, WAITING,
     UNHEALTHY, READY, NONE)."""
-    failed: list[str] = []
-    waiting: list[str] = []
-    unhealthy: list[str] = []
-    ready = 0
+    problems: dict[FabricVerdict, list[str]] = {}
     warnings: list[str] = []
     for g in report.gpus:
-        model = model_for(g.device_id) if g.device_id else None
-        if model is not None and not has_fabric_probe(model):
-            continue  # Ampere: Fabric is N/A by design, fabric manager or not
-        state = g.fabric_state
-        if state in NO_FABRIC_STATES:
-            continue
-        if state != "Completed":
-            waiting.append(f"{_name(g)}: {state}/{g.fabric_status or '?'}")
-        elif g.fabric_status != "Success":
-            failed.append(f"{_name(g)}: Completed with Status {g.fabric_status or '(none)'}")
-        elif g.health_summary == "Unhealthy":
-            unhealthy.append(f"{_name(g)}: Health Summary Unhealthy")
-        else:
-            ready += 1
-            grace_blackwell = (
-                model is not None and model.grace and blackwell_or_later(model.device_id)
+        verdict, problem = _judge_gpu(g)
+        problems.setdefault(verdict, []).append(problem)
+        if verdict is FabricVerdict.READY and _outside_nvlink_domain(g):
+            warnings.append(
+                f"{_name(g)}: CliqueId 0 and an all-zero ClusterUUID on a Grace-Blackwell"
+                " tray (not part of an NVLink domain?)"
             )
-            if grace_blackwell and g.clique_id == "0" and g.cluster_uuid == ZERO_UUID:
-                warnings.append(
-                    f"{_name(g)}: CliqueId 0 and an all-zero ClusterUUID on a Grace-Blackwell"
-                    " tray (not part of an NVLink domain?)"
-                )
-    if failed:
-        return FabricJudgement(FabricVerdict.FAILED, tuple(failed), tuple(warnings))
-    if waiting:
-        return FabricJudgement(FabricVerdict.WAITING, tuple(waiting), tuple(warnings))
-    if unhealthy:
-        return FabricJudgement(FabricVerdict.UNHEALTHY, tuple(unhealthy), tuple(warnings))
-    return FabricJudgement(
-        FabricVerdict.READY if ready else FabricVerdict.NONE, (), tuple(warnings)
-    )
+    for verdict in (FabricVerdict.FAILED, FabricVerdict.WAITING, FabricVerdict.UNHEALTHY):
+        if verdict in problems:
+            return FabricJudgement(verdict, tuple(problems[verdict]), tuple(warnings))
+    verdict = FabricVerdict.READY if FabricVerdict.READY in problems else FabricVerdict.NONE
+    return FabricJudgement(verdict, (), tuple(warnings))
+
+
+def _judge_gpu(g: SmiGpu) -> tuple[FabricVerdict, str]:
+    """One GPU's verdict, and what keeps it from ready ("" when nothing does)."""
+    model = model_for(g.device_id) if g.device_id else None
+    if g.fabric_state in NO_FABRIC_STATES or (model is not None and not has_fabric_probe(model)):
+        return FabricVerdict.NONE, ""  # Ampere: Fabric is N/A by design, fabric manager or not
+    if g.fabric_state != "Completed":
+        return FabricVerdict.WAITING, f"{_name(g)}: {g.fabric_state}/{g.fabric_status or '?'}"
+    if g.fabric_status != "Success":
+        return (
+            FabricVerdict.FAILED,
+            f"{_name(g)}: Completed with Status {g.fabric_status or '(none)'}",
+        )
+    if g.health_summary == "Unhealthy":
+        return FabricVerdict.UNHEALTHY, f"{_name(g)}: Health Summary Unhealthy"
+    return FabricVerdict.READY, ""
+
+
+def _outside_nvlink_domain(g: SmiGpu) -> bool:
+    """A Grace-Blackwell GPU with CliqueId 0 and an all-zero ClusterUUID."""
+    model = model_for(g.device_id) if g.device_id else None
+    grace_blackwell = model is not None and model.grace and blackwell_or_later(model.device_id)
+    return grace_blackwell and g.clique_id == "0" and g.cluster_uuid == ZERO_UUID
 
 
 def fabric_gpus(report: SmiReport) -> list[dict[str, Any]]:

@@ -83,11 +83,8 @@ class NodeFacts:
 def loaded_module_version(host: Host) -> str | None:
     """The loaded ``nvidia`` module's version (/sys/module/nvidia/version), or None when
     no module is loaded or the file holds no driver version."""
-    text = host.read_text("/sys/module/nvidia/version")
-    if not (text or "").strip():
-        return None
-    try:
-        return parse_module_version(text or "")
+    try:  # an empty or missing file is no version either
+        return parse_module_version(host.read_text("/sys/module/nvidia/version") or "")
     except ParseError:
         return None
 
@@ -125,8 +122,7 @@ def gather_facts(host: Host) -> NodeFacts:
     except ParseError:
         os_id, os_version = "", ""
     gpus, switches = _pci(host)
-    if host.listdir("/proc/driver/nvidia-nvswitch/devices") and not switches:
-        switches = host.listdir("/proc/driver/nvidia-nvswitch/devices")
+    switches = switches or host.listdir("/proc/driver/nvidia-nvswitch/devices")
     nvlink5 = any(
         vpd_has_sw_mng(host.read_bytes(p) or b"")
         for p in host.glob("/sys/class/infiniband/*/device/vpd")

@@ -41,6 +41,13 @@ def judge(cfg: Config, f: NodeFacts) -> None:
             f"OS {os_key} is not supported (detect.supported_os: "
             f"{', '.join(cfg.detect.supported_os)})",
         )
+    _judge_gpus(cfg, f)
+    if cfg.driver.install:
+        _judge_driver(cfg, f, f.arch.runfile)
+
+
+def _judge_gpus(cfg: Config, f: NodeFacts) -> None:
+    """The node has GPUs, and the configured kernel module type can drive them."""
     if not f.gpus:
         why = f"VM size {f.vm_size} has NVIDIA GPUs" if f.vm_size else "detect.gpu_node = yes"
         raise BootError(
@@ -61,23 +68,24 @@ def judge(cfg: Config, f: NodeFacts) -> None:
             f"{f.gpu_model} (older than Turing) needs the proprietary kernel modules; "
             'driver.module_type is "open"',
         )
-    if cfg.driver.install and cfg.driver.kind == "grid" and not cfg.sources.grid_runfile_url:
-        raise BootError(Code.CONFIG_INVALID, "driver.kind = grid needs sources.grid_runfile_url")
+
+
+def _judge_driver(cfg: Config, f: NodeFacts, runfile: str) -> None:
+    """The driver to install: its source, its branch for these GPUs, its pinned runfile."""
     d = cfg.driver
-    unsupported = branch_problem(d.version, models) if d.install else None
-    if unsupported is not None:
+    if d.kind == "grid" and not cfg.sources.grid_runfile_url:
+        raise BootError(Code.CONFIG_INVALID, "driver.kind = grid needs sources.grid_runfile_url")
+    if (unsupported := branch_problem(d.version, [g.model for g in f.gpus])) is not None:
         raise BootError(
             Code.DRIVER_BRANCH_UNSUPPORTED, f"driver.version {d.version}: {unsupported}"
         )
-    sha = cfg.runfile_sha256(f.arch.runfile)
-    if d.install and not sha and not cfg.sources.allow_unverified:
+    if not cfg.runfile_sha256(runfile) and not cfg.sources.allow_unverified:
         raise BootError(
             Code.DRIVER_VERSION_UNPINNED,
             f"no sha256 is pinned for the {d.kind} driver {d.version} runfile "
-            f'({f.arch.runfile}): add "{d.kind} {d.version} {f.arch.runfile} <sha256>" to '
-            f"sources.runfile_pins (sources.runfile_sha256_{f.arch.runfile} for the configured "
-            "driver), or "
-            "bake that driver into the image; never another version instead",
+            f'({runfile}): add "{d.kind} {d.version} {runfile} <sha256>" to '
+            f"sources.runfile_pins (sources.runfile_sha256_{runfile} for the configured "
+            "driver), or bake that driver into the image; never another version instead",
         )
 
 

@@ -6,6 +6,7 @@ import re
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cmp_to_key
+from itertools import zip_longest
 
 from bootfsm.parsers import ParseError
 
@@ -21,11 +22,13 @@ __all__ = [
 
 _FIELD = re.compile(r"([^\s:#-][^\s:]*):(.*)")
 _SHA256 = re.compile(r"[0-9a-fA-F]{64}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _SIZE = re.compile(r"[0-9]{1,20}")
 # dpkg's parseversion(): epoch digits, upstream starts with a digit, revision after the last "-".
 _EPOCH = re.compile(r"[0-9]{1,9}")
 _UPSTREAM = re.compile(r"[0-9][A-Za-z0-9.+~:-]*")
 _REVISION = re.compile(r"[A-Za-z0-9.+~]+")
+_RUNS = re.compile(r"([^0-9]*)([0-9]*)")  # a non-digit run, then the digit run after it
 _REQUIRED = ("package", "version", "filename", "size", "sha256")
 
 
@@ -46,7 +49,7 @@ def safe_filename(filename: str) -> str:
     """Normalise a repository-relative Filename ("./pool/x.deb" -> "pool/x.deb") or refuse it."""
     if not filename:
         raise ParseError("Filename is empty")
-    if any(ord(c) < 0x20 or c == "\x7f" for c in filename):
+    if _CONTROL.search(filename):
         raise ParseError(f"Filename {filename!r} contains a control character")
     if "\\" in filename:
         raise ParseError(f"Filename {filename!r} contains a backslash")
@@ -94,23 +97,17 @@ def _digits_cmp(a: str, b: str) -> int:
     return (a > b) - (a < b)
 
 
+def _text_cmp(a: str, b: str) -> int:
+    """Compare two non-digit runs character by character by weight (the end weighs 0)."""
+    pairs = zip_longest(map(_order, a), map(_order, b), fillvalue=0)
+    return next((x - y for x, y in pairs if x != y), 0)
+
+
 def _verrevcmp(a: str, b: str) -> int:
     """dpkg's verrevcmp(): alternate non-digit runs (by weight) and digit runs (by value)."""
-    i = j = 0
-    while i < len(a) or j < len(b):
-        while (i < len(a) and not a[i].isdigit()) or (j < len(b) and not b[j].isdigit()):
-            ac = _order(a[i]) if i < len(a) and not a[i].isdigit() else 0
-            bc = _order(b[j]) if j < len(b) and not b[j].isdigit() else 0
-            if ac != bc:
-                return ac - bc
-            i += 1
-            j += 1
-        i0, j0 = i, j
-        while i < len(a) and a[i].isdigit():
-            i += 1
-        while j < len(b) and b[j].isdigit():
-            j += 1
-        diff = _digits_cmp(a[i0:i], b[j0:j])
+    runs = zip_longest(_RUNS.findall(a), _RUNS.findall(b), fillvalue=("", ""))
+    for (a_text, a_digits), (b_text, b_digits) in runs:
+        diff = _text_cmp(a_text, b_text) or _digits_cmp(a_digits, b_digits)
         if diff:
             return diff
     return 0
@@ -203,14 +200,11 @@ def iter_entries(text: str, names: Collection[str] | None = None) -> Iterator[Pa
     while pos < end:
         sep = _SEPARATOR.search(text, pos)
         stop = sep.start() if sep else end
-        para = text[pos:stop] if names is None else None
         found = _PACKAGE_LINE.search(text, pos, stop)
         if found is not None and names is not None and found[1] not in names:
             number += 1  # a stanza of another package: counted, not read
         else:
-            if para is None:
-                para = text[pos:stop]
-            for n, fields in _stanzas(para, line, number):
+            for n, fields in _stanzas(text[pos:stop], line, number):
                 number = n + 1
                 yield _entry(n, fields)
         if sep is None:

@@ -19,8 +19,8 @@ from __future__ import annotations
 import datetime as dt
 import email.utils
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, fields
 
 from bootfsm.parsers import ParseError
 
@@ -62,40 +62,48 @@ class Release:
 def clearsigned_body(text: str) -> str:
     """The signed text of a clear-signed message; ParseError when it is not exactly one."""
     lines = text.replace("\r\n", "\n").split("\n")
-    i = 0
-    while i < len(lines) and not lines[i].strip():
-        i += 1
-    if i == len(lines) or lines[i].rstrip() != _BEGIN:
-        raise ParseError(f"not a clear-signed message (no {_BEGIN!r} line)")
-    i += 1
-    # armor headers ("Hash: SHA512"), then one empty line
-    while i < len(lines) and lines[i].strip():
-        if not _ARMOR_HEADER.fullmatch(lines[i].rstrip()):
-            raise ParseError(f"line {i + 1}: bad armor header {lines[i][:60]!r}")
-        i += 1
-    if i == len(lines):
-        raise ParseError("clear-signed message ends in its armor headers")
-    i += 1
-    body: list[str] = []
-    while i < len(lines) and lines[i].rstrip() != _SIG_BEGIN:
-        line = lines[i]
-        if line.startswith("- "):
-            line = line[2:]
-        elif line.startswith("-"):
-            raise ParseError(f"line {i + 1}: unescaped dash line {line[:60]!r} in signed text")
-        body.append(line)
-        i += 1
-    if i == len(lines):
+    marks = [ln.rstrip() for ln in lines]  # what the armor lines are compared as
+    start = _armor_headers_end(marks) + 1
+    sig = _index(marks, _SIG_BEGIN, start)
+    body = [_undash(lines[i], i + 1) for i in range(start, sig)]
+    if sig == len(marks):
         raise ParseError(f"clear-signed message has no {_SIG_BEGIN!r} line")
-    while i < len(lines) and lines[i].rstrip() != _SIG_END:
-        i += 1
-    if i == len(lines):
+    end = _index(marks, _SIG_END, sig)
+    if end == len(marks):
         raise ParseError(f"clear-signed message has no {_SIG_END!r} line")
-    rest = [ln for ln in lines[i + 1 :] if ln.strip()]
+    rest = [ln for ln in marks[end + 1 :] if ln]
     if rest:
         raise ParseError(f"text after the signature: {rest[0][:60]!r}")
     # the line break before the signature belongs to the signature (RFC 4880 7.1)
     return "\n".join(body) + "\n"
+
+
+def _armor_headers_end(marks: list[str]) -> int:
+    """The empty line after the BEGIN line (only blank lines before it) and its armor headers."""
+    begin = next((i for i, m in enumerate(marks) if m), len(marks))
+    if marks[begin : begin + 1] != [_BEGIN]:
+        raise ParseError(f"not a clear-signed message (no {_BEGIN!r} line)")
+    blank = _index(marks, "", begin + 1)
+    for i in range(begin + 1, blank):
+        if not _ARMOR_HEADER.fullmatch(marks[i]):
+            raise ParseError(f"line {i + 1}: bad armor header {marks[i][:60]!r}")
+    if blank == len(marks):
+        raise ParseError("clear-signed message ends in its armor headers")
+    return blank
+
+
+def _index(lines: list[str], wanted: str, start: int) -> int:
+    """Where ``wanted`` is first at or after ``start``; len(lines) when nowhere."""
+    return next((i for i in range(start, len(lines)) if lines[i] == wanted), len(lines))
+
+
+def _undash(line: str, n: int) -> str:
+    """Line ``n`` of the signed text with its dash-escaping ("- ") undone."""
+    if line.startswith("- "):
+        return line[2:]
+    if line.startswith("-"):
+        raise ParseError(f"line {n}: unescaped dash line {line[:60]!r} in signed text")
+    return line
 
 
 def _date(name: str, value: str) -> dt.datetime:
@@ -112,31 +120,7 @@ def parse_release(text: str) -> Release:
     """Parse a Release file (the signed text of InRelease, or Release itself)."""
     if "\x00" in text:
         raise ParseError("Release contains a NUL byte")
-    fields: dict[str, str] = {}
-    current: str | None = None
-    for n, raw in enumerate(text.replace("\r\n", "\n").split("\n"), start=1):
-        line = raw.rstrip()
-        if not line:
-            if fields:
-                current = None
-            continue
-        if raw[:1] in (" ", "\t"):
-            if current is None:
-                raise ParseError(f"line {n}: continuation line without a field")
-            fields[current] += "\n" + line.strip()
-            continue
-        if line.startswith("#"):
-            continue
-        m = _FIELD.fullmatch(line)
-        if m is None:
-            raise ParseError(f"line {n}: not a 'Field: value' line: {line[:60]!r}")
-        if current is None and fields:
-            raise ParseError(f"line {n}: a second paragraph (Release has one)")
-        name = m[1].lower()
-        if name in fields:
-            raise ParseError(f"line {n}: field {m[1]} appears twice")
-        fields[name] = m[2].strip()
-        current = name
+    fields = _paragraph(text)
     if not fields:
         raise ParseError("Release is empty")
     sums: dict[str, ReleaseFile] = {}
@@ -146,13 +130,37 @@ def parse_release(text: str) -> Release:
         m = _HASH_LINE.fullmatch(entry.strip())
         if m is None:
             raise ParseError(f"SHA256 entry {n}: expected '<sha256> <size> <path>': {entry[:80]!r}")
-        path = m[3]
-        if path in sums:
-            raise ParseError(f"SHA256 lists {path} twice")
-        sums[path] = ReleaseFile(m[1].lower(), int(m[2]))
+        if m[3] in sums:
+            raise ParseError(f"SHA256 lists {m[3]} twice")
+        sums[m[3]] = ReleaseFile(m[1].lower(), int(m[2]))
     date = _date("Date", fields["date"]) if "date" in fields else None
     until = _date("Valid-Until", fields["valid-until"]) if "valid-until" in fields else None
     return Release(date, until, sums, fields)
+
+
+def _paragraph(text: str) -> dict[str, str]:
+    """The one deb822 paragraph's fields by lower-cased name, continuation lines joined."""
+    fields: dict[str, str] = {}
+    current: str | None = None  # the field a continuation line continues
+    for n, raw in enumerate(text.replace("\r\n", "\n").split("\n"), start=1):
+        line = raw.rstrip()
+        if not line:
+            current = None
+        elif raw[:1] in (" ", "\t"):
+            if current is None:
+                raise ParseError(f"line {n}: continuation line without a field")
+            fields[current] += "\n" + line.strip()
+        elif not line.startswith("#"):
+            m = _FIELD.fullmatch(line)
+            if m is None:
+                raise ParseError(f"line {n}: not a 'Field: value' line: {line[:60]!r}")
+            if current is None and fields:
+                raise ParseError(f"line {n}: a second paragraph (Release has one)")
+            current = m[1].lower()
+            if current in fields:
+                raise ParseError(f"line {n}: field {m[1]} appears twice")
+            fields[current] = m[2].strip()
+    return fields
 
 
 @dataclass(frozen=True)
@@ -174,47 +182,44 @@ class GpgvStatus:
 
 # gnupg's doc/DETAILS: hash algorithm ids of VALIDSIG's 8th field (RFC 4880 9.4)
 _WEAK_HASHES = {"1": "MD5", "2": "SHA1"}
-_BAD = {
+_BAD = {  # formatted with the key id and ERRSIG's rc
     "BADSIG": "bad signature (the signed text was changed) by key {0}",
     "EXPSIG": "the signature by key {0} has expired",
     "EXPKEYSIG": "key {0} that made the signature has expired",
     "REVKEYSIG": "key {0} that made the signature is revoked",
+    "ERRSIG": "signature by key {0} cannot be checked (rc {1})",
+}
+_KEY_IDS = {"GOODSIG": "good", "NO_PUBKEY": "missing_keys"}  # GpgvStatus field of the key id
+_FIELDS_NEEDED = {  # the fewest fields a status line must have, and the error without them
+    "VALIDSIG": (9, "VALIDSIG with {} fields (DETAILS lists 9-10)"),
+    "GOODSIG": (1, "GOODSIG without a key id"),
 }
 
 
 def parse_gpgv_status(output: str) -> GpgvStatus:
     """The ``[GNUPG:]`` lines of ``output`` (other lines, gpgv's own messages, ignored)."""
-    valid: list[str] = []
-    good: list[str] = []
-    problems: list[str] = []
-    missing: list[str] = []
-    weak: list[str] = []
+    found: dict[str, list[str]] = {f.name: [] for f in fields(GpgvStatus)}
     for line in output.splitlines():
-        if not line.startswith("[GNUPG:] "):
-            continue
-        words = line[9:].split()
-        if not words:
-            continue
-        kw, args = words[0], words[1:]
-        if kw == "VALIDSIG":
-            if len(args) < 9:
-                raise ParseError(f"VALIDSIG with {len(args)} fields (DETAILS lists 9-10)")
-            valid.append(args[0])
-            if args[7] in _WEAK_HASHES:
-                weak.append(f"{args[0]} ({_WEAK_HASHES[args[7]]})")
-        elif kw == "GOODSIG":
-            if not args:
-                raise ParseError("GOODSIG without a key id")
-            good.append(args[0])
-        elif kw in _BAD:
-            problems.append(_BAD[kw].format(args[0] if args else "?"))
-        elif kw == "NO_PUBKEY":
-            missing.append(args[0] if args else "?")
-        elif kw == "ERRSIG":
-            # rc 9: no public key (also reported as NO_PUBKEY); anything else is an error
-            if len(args) >= 6 and args[5] == "9":
-                continue
-            rc = args[5] if len(args) >= 6 else "?"
-            who = args[0] if args else "?"
-            problems.append(f"signature by key {who} cannot be checked (rc {rc})")
-    return GpgvStatus(tuple(valid), tuple(good), tuple(problems), tuple(missing), tuple(weak))
+        if line.startswith("[GNUPG:] "):
+            kw, *args = line[9:].split() or [""]
+            for name, entry in _findings(kw, args):
+                found[name].append(entry)
+    return GpgvStatus(**{name: tuple(entries) for name, entries in found.items()})
+
+
+def _findings(kw: str, args: list[str]) -> Iterator[tuple[str, str]]:
+    """What one status line adds to a GpgvStatus: (field name, entry) pairs."""
+    need, why = _FIELDS_NEEDED.get(kw, (0, ""))
+    if len(args) < need:
+        raise ParseError(why.format(len(args)))
+    who = args[0] if args else "?"
+    rc = args[5] if len(args) >= 6 else "?"
+    if kw == "VALIDSIG":
+        yield "valid", who
+        if args[7] in _WEAK_HASHES:
+            yield "weak", f"{who} ({_WEAK_HASHES[args[7]]})"
+    elif kw in _KEY_IDS:
+        yield _KEY_IDS[kw], who
+    elif kw in _BAD and not (kw == "ERRSIG" and rc == "9"):
+        # ERRSIG rc 9: no public key (also reported as NO_PUBKEY); anything else is an error
+        yield "problems", _BAD[kw].format(who, rc)

@@ -72,25 +72,30 @@ _LCI_ROW = re.compile(rf"\|\s+(\d+)\s+(\d+)\s+{_NAME}\s+(\d+)\s+(\d+)\s+(\d+:\d+
 _HEADER = re.compile(r"\|[A-Za-z0-9/:\s]*\|")
 
 
-def _body(text: str, what: str, title: str, none: str | None) -> list[str] | None:
-    """The row lines after the ``|===|`` rule, rules dropped; None for the "none" line."""
+def _body(text: str, what: str, title: str, none: str | None) -> list[str]:
+    """The row lines after the ``|===|`` rule, rules dropped; [] for the "none" line."""
     lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
-    if none is not None and [ln.strip() for ln in lines] == [none]:
-        return None
+    if [ln.strip() for ln in lines] == [none]:
+        return []
     if not lines:
         raise ParseError(f"nvidia-smi mig {what}: empty output")
-    if len(lines) < 4 or not lines[1].startswith("|") or title not in lines[1]:
-        raise ParseError(f"nvidia-smi mig {what}: no {title!r} table: {lines[0][:80]!r}")
-    try:
-        start = next(i for i, ln in enumerate(lines) if ln.startswith("|==="))
-    except StopIteration:
-        raise ParseError(f"nvidia-smi mig {what}: no '|===|' rule under the header") from None
-    for ln in lines[2:start]:
-        if _HEADER.fullmatch(ln) is None:
-            raise ParseError(f"nvidia-smi mig {what}: unexpected header line {ln[:80]!r}")
+    rule = _header_rule(lines, what, title)
     if not lines[-1].startswith("+-"):
         raise ParseError(f"nvidia-smi mig {what}: table not closed (truncated output?)")
-    return [ln for ln in lines[start + 1 :] if _RULE.fullmatch(ln) is None]
+    return [ln for ln in lines[rule + 1 :] if _RULE.fullmatch(ln) is None]
+
+
+def _header_rule(lines: list[str], what: str, title: str) -> int:
+    """Where the ``|===|`` rule is that ends the title line and the header lines."""
+    if len(lines) < 4 or not lines[1].startswith("|") or title not in lines[1]:
+        raise ParseError(f"nvidia-smi mig {what}: no {title!r} table: {lines[0][:80]!r}")
+    rule = next((i for i, ln in enumerate(lines) if ln.startswith("|===")), None)
+    if rule is None:
+        raise ParseError(f"nvidia-smi mig {what}: no '|===|' rule under the header")
+    for ln in lines[2:rule]:
+        if _HEADER.fullmatch(ln) is None:
+            raise ParseError(f"nvidia-smi mig {what}: unexpected header line {ln[:80]!r}")
+    return rule
 
 
 def _bad(what: str, line: str) -> ParseError:
@@ -100,7 +105,6 @@ def _bad(what: str, line: str) -> ParseError:
 def parse_lgip(text: str) -> list[GiProfile]:
     """The profiles `nvidia-smi mig -lgip` lists, in its order (every GPU's)."""
     body = _body(text, "-lgip", "GPU instance profiles:", None)
-    assert body is not None
     out: list[GiProfile] = []
     expect_second = False
     for line in body:
@@ -126,7 +130,7 @@ def parse_lgi(text: str) -> list[GpuInstance]:
     """The GPU instances `nvidia-smi mig -lgi` lists; [] for "No GPU instances found"."""
     body = _body(text, "-lgi", "GPU instances:", "No GPU instances found: Not Found")
     out: list[GpuInstance] = []
-    for line in body or []:
+    for line in body:
         m = _LGI_ROW.fullmatch(line)
         if m is None:
             raise _bad("-lgi", line)
@@ -139,7 +143,7 @@ def parse_lci(text: str) -> list[ComputeInstance]:
     found"."""
     body = _body(text, "-lci", "Compute instances:", "No compute instances found: Not Found")
     out: list[ComputeInstance] = []
-    for line in body or []:
+    for line in body:
         m = _LCI_ROW.fullmatch(line)
         if m is None:
             raise _bad("-lci", line)

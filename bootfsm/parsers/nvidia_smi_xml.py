@@ -34,12 +34,13 @@ __all__ = ["parse_smi_xml"]
 _DOCTYPE = re.compile(r'<!DOCTYPE\s+nvidia_smi_log\s+SYSTEM\s+"nvsmi_device_v\d{1,3}\.dtd"\s*>')
 _MARKUP_DECL = re.compile(r"<!(?!--)")
 _PI = re.compile(r"<\?(?!xml[\s?])")
+_COUNT = re.compile(r"[0-9]+")
 _BUS_ID = re.compile(r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]")
 
 
-def _check_markup(text: str) -> str:
-    """Refuse DTDs other than the known external one, entities and stray PIs; return text
-    with the known DOCTYPE blanked out."""
+def _root(text: str) -> ET.Element:
+    """The ``<nvidia_smi_log>`` element of ``text``, parsed only after refusing DTDs other
+    than the known external one (which is blanked out), entities and stray PIs."""
     known = _DOCTYPE.search(text)
     body = text
     if known is not None:
@@ -52,7 +53,13 @@ def _check_markup(text: str) -> str:
     if pi is not None:
         snippet = body[pi.start() : pi.start() + 40]
         raise ParseError(f"nvidia-smi -q -x: refusing processing instruction {snippet!r}")
-    return body
+    try:
+        root = ET.fromstring(body)  # noqa: S314 - DTDs/entities refused above
+    except ET.ParseError as exc:
+        raise ParseError(f"nvidia-smi -q -x: not well-formed XML: {exc}") from exc
+    if root.tag != "nvidia_smi_log":
+        raise ParseError(f"nvidia-smi -q -x: root element is <{root.tag}>, not <nvidia_smi_log>")
+    return root
 
 
 def _text(node: ET.Element | None, path: str) -> str:
@@ -67,40 +74,14 @@ def parse_smi_xml(text: str) -> SmiReport:
     ``inforom_corrupted``.
     """
     warnings = tuple(m[1] for m in _INFOROM_WARNING.finditer(text))
-    body = _check_markup(_INFOROM_WARNING.sub("", text).strip())
-    try:
-        root = ET.fromstring(body)  # noqa: S314 - DTDs/entities refused by _check_markup
-    except ET.ParseError as exc:
-        raise ParseError(f"nvidia-smi -q -x: not well-formed XML: {exc}") from exc
-    if root.tag != "nvidia_smi_log":
-        raise ParseError(f"nvidia-smi -q -x: root element is <{root.tag}>, not <nvidia_smi_log>")
+    root = _root(_INFOROM_WARNING.sub("", text).strip())
     driver = _text(root, "driver_version") or _text(root, "kmd_version")
     if not driver:
         raise ParseError("nvidia-smi -q -x: no <driver_version> (or <kmd_version>)")
     attached = _text(root, "attached_gpus")
-    if not attached.isascii() or not attached.isdigit():
+    if _COUNT.fullmatch(attached) is None:
         raise ParseError(f"nvidia-smi -q -x: <attached_gpus> is not a number: {attached!r}")
-    gpus: list[SmiGpu] = []
-    for gpu in root.findall("gpu"):
-        bus_id = gpu.get("id", "")
-        if _BUS_ID.fullmatch(bus_id) is None:
-            raise ParseError(f"nvidia-smi -q -x: <gpu id={bus_id!r}> is not a PCI bus id")
-        fabric = gpu.find("fabric")
-        gpus.append(
-            SmiGpu(
-                bus_id=bus_id,
-                product_name=_text(gpu, "product_name"),
-                fabric_state=_text(fabric, "state"),
-                fabric_status=_text(fabric, "status"),
-                device_id=device_id_of(_text(gpu, "pci/pci_device_id")),
-                clique_id=_text(fabric, "cliqueId"),
-                cluster_uuid=_text(fabric, "clusterUuid"),
-                health_summary=_text(fabric, "health/summary"),
-                mig_current=_text(gpu, "mig_mode/current_mig"),
-                mig_pending=_text(gpu, "mig_mode/pending_mig"),
-                license_status=_text(gpu, "vgpu_software_licensed_product/license_status"),
-            )
-        )
+    gpus = [_gpu(gpu) for gpu in root.findall("gpu")]
     if int(attached) != len(gpus):
         raise ParseError(
             f"nvidia-smi -q -x: <attached_gpus> says {int(attached)} but {len(gpus)} <gpu>"
@@ -115,4 +96,25 @@ def parse_smi_xml(text: str) -> SmiReport:
         attached_gpus=int(attached),
         gpus=tuple(gpus),
         inforom_corrupted=warnings,
+    )
+
+
+def _gpu(gpu: ET.Element) -> SmiGpu:
+    """One ``<gpu id=BUS>`` element; ParseError when its id is not a PCI bus id."""
+    bus_id = gpu.get("id", "")
+    if _BUS_ID.fullmatch(bus_id) is None:
+        raise ParseError(f"nvidia-smi -q -x: <gpu id={bus_id!r}> is not a PCI bus id")
+    fabric = gpu.find("fabric")
+    return SmiGpu(
+        bus_id=bus_id,
+        product_name=_text(gpu, "product_name"),
+        fabric_state=_text(fabric, "state"),
+        fabric_status=_text(fabric, "status"),
+        device_id=device_id_of(_text(gpu, "pci/pci_device_id")),
+        clique_id=_text(fabric, "cliqueId"),
+        cluster_uuid=_text(fabric, "clusterUuid"),
+        health_summary=_text(fabric, "health/summary"),
+        mig_current=_text(gpu, "mig_mode/current_mig"),
+        mig_pending=_text(gpu, "mig_mode/pending_mig"),
+        license_status=_text(gpu, "vgpu_software_licensed_product/license_status"),
     )

@@ -10,8 +10,16 @@ from bootfsm.parsers import ParseError
 __all__ = ["OsRelease", "parse_os_release"]
 
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# One segment of a value: 'single-quoted', "double-quoted", a backslash-escaped
+# character, or plain characters; a value is these, concatenated.
+_SEGMENT = re.compile(r"""'([^']*)'|"((?:[^"\\]|\\.)*)"|\\(.)|([^'"\\]+)""", re.DOTALL)
 # Inside double quotes the shell only treats these characters as escapable.
-_DQ_ESCAPABLE = frozenset('"\\$`')
+_DQ_ESCAPE = re.compile(r'\\(["\\$`])')
+_UNTERMINATED = {
+    "'": "unterminated single quote",
+    '"': "unterminated double quote",
+    "\\": "trailing backslash",
+}
 
 
 @dataclass(frozen=True)
@@ -28,38 +36,14 @@ class OsRelease:
 def _unquote(raw: str, lineno: int) -> str:
     """Decode one shell-style value: quoted and unquoted segments are concatenated."""
     out: list[str] = []
-    i, n = 0, len(raw)
-    while i < n:
-        ch = raw[i]
-        if ch == "'":
-            end = raw.find("'", i + 1)
-            if end < 0:
-                raise ParseError(f"os-release line {lineno}: unterminated single quote")
-            out.append(raw[i + 1 : end])
-            i = end + 1
-        elif ch == '"':
-            i += 1
-            while True:
-                if i >= n:
-                    raise ParseError(f"os-release line {lineno}: unterminated double quote")
-                ch = raw[i]
-                if ch == '"':
-                    i += 1
-                    break
-                if ch == "\\" and i + 1 < n and raw[i + 1] in _DQ_ESCAPABLE:
-                    out.append(raw[i + 1])
-                    i += 2
-                else:
-                    out.append(ch)
-                    i += 1
-        elif ch == "\\":
-            if i + 1 >= n:
-                raise ParseError(f"os-release line {lineno}: trailing backslash")
-            out.append(raw[i + 1])
-            i += 2
-        else:
-            out.append(ch)
-            i += 1
+    pos = 0
+    while pos < len(raw):
+        m = _SEGMENT.match(raw, pos)
+        if m is None:
+            raise ParseError(f"os-release line {lineno}: {_UNTERMINATED[raw[pos]]}")
+        text = m[m.lastindex or 0]
+        out.append(_DQ_ESCAPE.sub(r"\1", text) if m.lastindex == 2 else text)
+        pos = m.end()
     return "".join(out)
 
 
