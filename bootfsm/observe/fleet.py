@@ -65,6 +65,11 @@ _FINISHED = ("done", "failed")
 _MAX_SAMPLES = 10
 
 
+def _ranked(counts: Counter[Any]) -> list[tuple[Any, int]]:
+    """Most first; a tie by key."""
+    return sorted(counts.items(), key=lambda x: (-x[1], x[0]))
+
+
 def percentile(sorted_values: list[float], p: float) -> float | None:
     """Nearest-rank percentile of already sorted values (None when empty)."""
     if not sorted_values:
@@ -248,17 +253,14 @@ class FleetStats:
             "recovered_nodes": self.recovered,
             "failures_by_code": [
                 {"code": c, "code_name": n, "runs": k}
-                for (c, n), k in sorted(self.failures_by_code.items(), key=lambda x: (-x[1], x[0]))
+                for (c, n), k in _ranked(self.failures_by_code)
             ],
             "failures_by_state": [
-                {"state": s, "runs": k}
-                for s, k in sorted(self.failures_by_state.items(), key=lambda x: (-x[1], x[0]))
+                {"state": s, "runs": k} for s, k in _ranked(self.failures_by_state)
             ],
             "failures_by_state_code": [
                 {"state": s, "code_name": n, "runs": k}
-                for (s, n), k in sorted(
-                    self.failures_by_state_code.items(), key=lambda x: (-x[1], x[0])
-                )
+                for (s, n), k in _ranked(self.failures_by_state_code)
             ],
             "durations": self.state_percentiles(),
             "slowest": [
@@ -274,7 +276,7 @@ class FleetStats:
                     "sleep_s": round(self.retry_sleep.get((s, c), 0.0), 3),
                     "example": self.retry_example.get((s, c), ""),
                 }
-                for (s, c), k in sorted(self.retries.items(), key=lambda x: (-x[1], x[0]))
+                for (s, c), k in _ranked(self.retries)
             ],
             "models": {m: dict(sorted(c.items())) for m, c in sorted(self.models.items())},
             "warned_files": self.warned_files,

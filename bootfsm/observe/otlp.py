@@ -242,14 +242,16 @@ def _resource(r: TraceReport, env: Mapping[str, str]) -> list[dict[str, Any]]:
     return _attrs(sorted({**detected, **_from_env(env)}.items()))
 
 
+def _pairs(text: str) -> dict[str, str]:
+    """The ``key=value`` pairs of a comma-separated, percent-encoded OTel variable."""
+    pairs = (item.partition("=") for item in text.split(","))
+    return {unquote(k.strip()): unquote(v.strip()) for k, sep, v in pairs if sep and k.strip()}
+
+
 def _from_env(env: Mapping[str, str]) -> dict[str, str]:
     """Resource attributes the environment sets, over the detected ones: the
     ``OTEL_RESOURCE_ATTRIBUTES`` pairs (percent-encoded), then ``OTEL_SERVICE_NAME``."""
-    out = {}
-    for item in env.get("OTEL_RESOURCE_ATTRIBUTES", "").split(","):
-        key, sep, value = item.partition("=")
-        if sep and key.strip():
-            out[unquote(key.strip())] = unquote(value.strip())
+    out = _pairs(env.get("OTEL_RESOURCE_ATTRIBUTES", ""))
     if env.get("OTEL_SERVICE_NAME"):
         out["service.name"] = env["OTEL_SERVICE_NAME"]
     return out
@@ -320,11 +322,7 @@ def target_from_env(env: Mapping[str, str]) -> OtlpTarget | None:
 
 def target_for(url: str, env: Mapping[str, str], note: str = "") -> OtlpTarget:
     """A target at ``url`` with the headers, timeout and CA file the environment sets."""
-    headers = {"Content-Type": "application/json"}
-    for item in _env(env, "HEADERS").split(","):
-        key, sep, value = item.partition("=")
-        if sep and key.strip():
-            headers[unquote(key.strip())] = unquote(value.strip())
+    headers = {"Content-Type": "application/json", **_pairs(_env(env, "HEADERS"))}
     try:
         timeout = float(_env(env, "TIMEOUT") or 10000) / 1000.0
     except ValueError:

@@ -32,21 +32,20 @@ def blame(report: TraceReport) -> list[dict[str, Any]]:
 
 def _command_of(report: TraceReport, state: str) -> dict[str, Any] | None:
     """The command that failed the state (from the error), else the state's last command."""
-    d = report.detail
+    d, last = report.detail, report.state_last_command.get(state)
     if isinstance(d.get("argv"), list) and "returncode" in d:
-        last = report.state_last_command.get(state, {})
+        seen = last or {}
+        same = seen.get("argv") == d["argv"]  # the journal has the failed command's timing
         return {
             "argv": [str(a) for a in d["argv"]],
             "rc": d["returncode"],
-            "duration_s": last.get("duration_s") if last.get("argv") == d["argv"] else None,
-            "timed_out": bool(last.get("timed_out")) if last.get("argv") == d["argv"] else False,
-            "output_tail": report.failure_output or str(last.get("output", "")),
+            "duration_s": seen.get("duration_s") if same else None,
+            "timed_out": same and bool(seen.get("timed_out")),
+            "output_tail": report.failure_output or str(seen.get("output", "")),
             "caused_failure": True,
         }
-    final = report.state_last_command.get(state)
-    if final is None:
+    if last is None:
         return None
-    last = final
     return {
         "argv": list(last["argv"]),
         "rc": last["rc"],
@@ -70,15 +69,11 @@ def _verdict(report: TraceReport, state: str) -> tuple[int | None, str, str, str
         return report.code, report.code_name, report.hint, died
     if report.outcome == "running" and report.alive is not False:
         return None
-    return (
-        None,
-        "",
-        _KILLED_HINT,
-        (
-            f"the run ended without a verdict during state {state or '?'} "
-            f"(last event at {report.last_t:.2f} s): killed, crashed or the node lost power"
-        ),
+    lost = (
+        f"the run ended without a verdict during state {state or '?'} "
+        f"(last event at {report.last_t:.2f} s): killed, crashed or the node lost power"
     )
+    return None, "", _KILLED_HINT, lost
 
 
 def root_cause(report: TraceReport) -> dict[str, Any] | None:
@@ -88,14 +83,9 @@ def root_cause(report: TraceReport) -> dict[str, Any] | None:
     if verdict is None:
         return None
     code, name, hint, message = verdict
-    guards = {
-        f"{t['source']} -> {t['dest']}": dict(t["guards"])
-        for t in report.transitions
-        if t.get("guards")
-    }
     span = report.span(state)
     detail = dict(report.detail)
-    detail.pop("output", None)
+    detail.pop("output", None)  # the command's output_tail has it
     return {
         "state": state,
         "code": code,
@@ -103,7 +93,11 @@ def root_cause(report: TraceReport) -> dict[str, Any] | None:
         "message": message,
         "hint": hint,
         "path": [s.state for s in report.spans],
-        "guards": guards,
+        "guards": {
+            f"{t['source']} -> {t['dest']}": dict(t["guards"])
+            for t in report.transitions
+            if t.get("guards")
+        },
         "command": _command_of(report, state),
         "retries": list(span.retries) if span else [],
         "notes": [n for n in report.notes if n.get("state") == state],
