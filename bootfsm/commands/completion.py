@@ -46,16 +46,15 @@ def _commands(parser: argparse.ArgumentParser) -> list[_Command]:
         for a in p._actions:
             if isinstance(a, argparse._HelpAction) or a.help == argparse.SUPPRESS:
                 continue
-            opt = _Option(
-                tuple(a.option_strings),
-                a.help or "",
-                tuple(str(c) for c in a.choices or ()),
-                a.nargs != 0,
-                a.metavar or a.dest.upper(),
-            )
-            (options if a.option_strings else positionals).append(opt)
+            (options if a.option_strings else positionals).append(_option(a))
         out.append(_Command(name, helps.get(name, ""), tuple(options), tuple(positionals)))
     return out
+
+
+def _option(a: argparse.Action) -> _Option:
+    choices = tuple(str(c) for c in a.choices or ())
+    metavar = a.metavar or a.dest.upper()
+    return _Option(tuple(a.option_strings), a.help or "", choices, a.nargs != 0, str(metavar))
 
 
 _PATHLIKE = frozenset({"FILE", "DIR", "PATH", "FILE|URL"})
@@ -82,26 +81,24 @@ def bash(parser: argparse.ArgumentParser) -> str:
         words = " ".join(f for o in c.options for f in o.flags) + " --help"
         lines.append(f"        {c.name})")
         lines.append('            case "$prev" in')
-        for o in c.options:
-            if o.choices:
-                flags = "|".join(o.flags)
-                lines.append(
-                    f'                {flags}) COMPREPLY=($(compgen -W "{" ".join(o.choices)}"'
-                    ' -- "$cur")); return ;;'
-                )
-            elif o.takes_value and (
-                o.metavar in _PATHLIKE or {"--root", "--config"} & set(o.flags)
-            ):
-                flags = "|".join(o.flags)
-                lines.append(
-                    f'                {flags}) COMPREPLY=($(compgen -f -- "$cur")); return ;;'
-                )
+        lines += [arm for arm in map(_arm, c.options) if arm]
         lines.append("            esac")
         choice_words = " ".join(ch for p in c.positionals for ch in p.choices)
         all_words = f"{words} {choice_words}".strip()
         lines.append(f'            COMPREPLY=($(compgen -W "{all_words}" -- "$cur")) ;;')
     lines += ["    esac", "}", "complete -F _bootfsm bootfsm", ""]
     return "\n".join(lines)
+
+
+def _arm(o: _Option) -> str:
+    """The case arm completing the value of option ``o``: its choices or file names
+    ('' for an option without either)."""
+    arm = f"                {'|'.join(o.flags)}) COMPREPLY=($(compgen "
+    if o.choices:
+        return arm + f'-W "{" ".join(o.choices)}" -- "$cur")); return ;;'
+    if o.takes_value and (o.metavar in _PATHLIKE or {"--root", "--config"} & set(o.flags)):
+        return arm + '-f -- "$cur")); return ;;'
+    return ""
 
 
 def _zq(text: str) -> str:

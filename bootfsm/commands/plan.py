@@ -22,7 +22,7 @@ from bootfsm.host.host import Host
 from bootfsm.host.http import check_url
 from bootfsm.machine.context import Context
 from bootfsm.machine.table import TRANSITIONS
-from bootfsm.node.facts import gather_facts
+from bootfsm.node.facts import NodeFacts, gather_facts
 from bootfsm.node.guards import GUARDS
 from bootfsm.node.verdict import judge, no_gpu_reason
 from bootfsm.observe.journal import Journal
@@ -68,12 +68,7 @@ def make_plan(ctx: Context, offline: bool) -> dict[str, Any]:
     try:
         judge(ctx.config, facts)
     except BootError as exc:
-        plan["fail_fast"] = {
-            "state": "detect",
-            "code": int(exc.code),
-            "name": exc.code.name,
-            "message": redact_text(exc.message),
-        }
+        plan["fail_fast"] = _fail_fast("detect", exc)
         return plan
     ctx.facts_ = facts
     plan["guards"] = {name: fn(facts) for name, fn in GUARDS.items()}
@@ -84,25 +79,48 @@ def make_plan(ctx: Context, offline: bool) -> dict[str, Any]:
     try:
         urls = index_urls(ctx.config, facts)  # a URL template that does not expand: 10
         plan["indexes"] = {k: redact_url(v) for k, v in urls.items()}
-        if offline:
-            return plan
-        texts = {}
-        for key, url in urls.items():
-            check_url(url, ctx.config.fetch.allow_http_hosts)
-            texts[key] = ctx.http.get(url, timeout=10).body.decode("utf-8", "replace")
-        arts = resolve(ctx.config, facts, texts)
-        plan["artifacts"] = [
-            {**a.to_json(), "url": redact_url(a.url), "mirrors": [redact_url(m) for m in a.mirrors]}
-            for a in arts
-        ]
+        if not offline:
+            plan["artifacts"] = _artifacts(ctx, facts, urls)
     except (BootError, TransientError) as exc:
-        plan["fail_fast"] = {
-            "state": "fetch",
-            "code": int(exc.code),
-            "name": exc.code.name,
-            "message": redact_text(exc.message),
-        }
+        plan["fail_fast"] = _fail_fast("fetch", exc)
     return plan
+
+
+def _artifacts(ctx: Context, facts: NodeFacts, urls: dict[str, str]) -> list[dict[str, Any]]:
+    """The artifacts a run would fetch, resolved from the indexes at ``urls`` (GETs)."""
+    texts = {}
+    for key, url in urls.items():
+        check_url(url, ctx.config.fetch.allow_http_hosts)
+        texts[key] = ctx.http.get(url, timeout=10).body.decode("utf-8", "replace")
+    return [
+        {**a.to_json(), "url": redact_url(a.url), "mirrors": [redact_url(m) for m in a.mirrors]}
+        for a in resolve(ctx.config, facts, texts)
+    ]
+
+
+def _fail_fast(state: str, exc: BootError | TransientError) -> dict[str, Any]:
+    message = redact_text(exc.message)
+    return {"state": state, "code": int(exc.code), "name": exc.code.name, "message": message}
+
+
+def _show(plan: dict[str, Any]) -> None:
+    """The plan for people: node, guards, states, artifacts, the fail-fast verdict."""
+    f = plan["facts"]
+    print(
+        f"node: {f['arch']} {f['os']} kernel {f['kernel']} {f['gpu_count']}x "
+        f"{f['gpu_model']} nvswitches={f['nvswitches']} nvlink5={f['nvlink5']}"
+    )
+    for name, value in plan["guards"].items():
+        print(f"guard {name} = {value}")
+    for s in plan["states"]:
+        print(f"  {s['state']:<8} {'run' if s['would_run'] else 'skip (satisfied)'}")
+    if f["no_gpu"]:
+        print(f"nothing to provision: {f['no_gpu']}")
+    for a in plan["artifacts"]:
+        print(f"  artifact {a['name']}: {a['url']} sha256={a['sha256'] or '(none)'}")
+    ff = plan["fail_fast"]
+    if ff:
+        print(f"would fail in {ff['state']}: {ff['code']} {ff['name']}: {ff['message']}")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -116,21 +134,6 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"schema": 1, "kind": "plan", **plan}, indent=1, default=str))
     else:
-        f = plan["facts"]
-        print(
-            f"node: {f['arch']} {f['os']} kernel {f['kernel']} {f['gpu_count']}x "
-            f"{f['gpu_model']} nvswitches={f['nvswitches']} nvlink5={f['nvlink5']}"
-        )
-        for name, value in plan["guards"].items():
-            print(f"guard {name} = {value}")
-        for s in plan["states"]:
-            print(f"  {s['state']:<8} {'run' if s['would_run'] else 'skip (satisfied)'}")
-        if f["no_gpu"]:
-            print(f"nothing to provision: {f['no_gpu']}")
-        for a in plan["artifacts"]:
-            print(f"  artifact {a['name']}: {a['url']} sha256={a['sha256'] or '(none)'}")
-        if plan["fail_fast"]:
-            ff = plan["fail_fast"]
-            print(f"would fail in {ff['state']}: {ff['code']} {ff['name']}: {ff['message']}")
+        _show(plan)
     ff = plan["fail_fast"]
     return int(ff["code"]) if ff else int(Code.OK)

@@ -13,7 +13,7 @@ from pathlib import Path
 from bootfsm.commands.common import config_path
 from bootfsm.core import caller
 from bootfsm.core.codes import Code, failure_line
-from bootfsm.core.config import ConfigError
+from bootfsm.core.config import Config, ConfigError
 from bootfsm.core.config_files import load_config_sources
 from bootfsm.core.cse import CSE_NAMES, cse_exit
 from bootfsm.machine.engine import Outcome
@@ -69,24 +69,34 @@ def _refused(code: Code, message: str, exit_codes: str) -> int:
     return exit_code(outcome, exit_codes)
 
 
-def main(args: argparse.Namespace) -> int:
-    """Run the machine, notify systemd of each state, print the summary line."""
-    hook = getattr(args, "hook", False)
-    exit_codes = "cse" if hook else getattr(args, "exit_codes", "bootfsm")
-    path, required = config_path(args)
+def _config(
+    path: Path, required: bool, hook: bool
+) -> tuple[Config, list[caller.Override], dict[str, str]] | str:
+    """The config with the provisioning hook's overrides, and the file that set each
+    value; or why it is invalid."""
     try:
         loaded = load_config_sources(path, required=required)
     except ConfigError as exc:
-        print(f"bootfsm: config invalid: {exc}", file=sys.stderr)
-        return _refused(Code.CONFIG_INVALID, f"config invalid: {exc}", exit_codes)
+        return f"config invalid: {exc}"
     cfg, overrides = loaded.config, list[caller.Override]()
     if hook:
         try:
             cfg, overrides = caller.apply(cfg, caller.hook_overrides(cfg, os.environ))
         except ConfigError as exc:
-            message = f"the provisioning hook's environment is invalid: {exc}"
-            print(f"bootfsm: {message}", file=sys.stderr)
-            return _refused(Code.CONFIG_INVALID, message, exit_codes)
+            return f"the provisioning hook's environment is invalid: {exc}"
+    return cfg, overrides, dict(loaded.sources)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the machine, notify systemd of each state, print the summary line."""
+    hook = getattr(args, "hook", False)
+    exit_codes = "cse" if hook else getattr(args, "exit_codes", "bootfsm")
+    path, required = config_path(args)
+    configured = _config(path, required, hook)
+    if isinstance(configured, str):
+        print(f"bootfsm: {configured}", file=sys.stderr)
+        return _refused(Code.CONFIG_INVALID, configured, exit_codes)
+    cfg, overrides, sources = configured
     deadline = _deadline(args)
     if isinstance(deadline, str):
         return _refused(Code.CONFIG_INVALID, deadline, exit_codes)
@@ -113,7 +123,7 @@ def main(args: argparse.Namespace) -> int:
         on_status=notifier.status if notifier.enabled else None,
         hook=hook,
         overrides=tuple(overrides),
-        config_sources=dict(loaded.sources),
+        config_sources=sources,
     )
     result = execute(cfg, opts)
     line = summary_line(result, result.duration_s, exit_codes)

@@ -111,38 +111,48 @@ def _finished(cp: dict[str, Any]) -> Status:
     return Status(outcome, int(c), code=int(c), code_name=c.name, hint=info(c).hint)
 
 
+def _record(host: Host, cfg: Config) -> dict[str, Any] | None:
+    """The checkpoint, else a checkpoint-like record from the newest journal."""
+    return _checkpoint(host, cfg) or _from_journal(host, cfg)
+
+
 def probe(host: Host, cfg: Config) -> Status:
     """The status right now (no waiting)."""
     # the record first, the lock second: a run takes the lock before it writes its first
     # record and writes its last before it lets the lock go, so a free lock seen after a
     # "running" record means that run ended in between: read the record again
-    cp = _checkpoint(host, cfg) or _from_journal(host, cfg)
+    cp = _record(host, cfg)
     holders = lock_holders(host.path(f"{cfg.run.state_dir}/lock"))
     if not holders and cp is not None and cp.get("outcome") == "running":
-        cp = _checkpoint(host, cfg) or _from_journal(host, cfg)
-    if holders:  # someone holds the node lock: a run is in progress (maybe just starting)
-        st = Status("running", RUNNING)
-        if cp and cp.get("outcome") == "running":
-            st.state = str(cp.get("state", ""))
-    elif cp is None:
+        cp = _record(host, cfg)
+    if cp is None and not holders:
         return Status("never-started", NEVER_STARTED, message="no checkpoint and no journal")
-    elif cp.get("outcome") == "running":
-        pid = cp.get("pid")
-        alive = False if holders is not None else pid_exists(pid) if isinstance(pid, int) else None
-        if alive is False:
-            st = Status("killed", KILLED, hint="rerun `bootfsm run`; it resumes where it stopped")
-            st.message = "no process holds the node lock and the run never recorded an end"
-        else:
-            st = Status("running", RUNNING)
+    st = _status(cp, holders)
+    # a run holding the lock may be just starting, the record still the last run's
+    if cp is not None and (not holders or cp.get("outcome") == "running"):
         st.state = str(cp.get("state", ""))
-    else:
-        st = _finished(cp)
-        st.state = str(cp.get("state", ""))
-    if cp is not None and (st.status != "running" or cp.get("outcome") == "running"):
         st.run_id = str(cp.get("run_id", ""))
         st.journal = str(cp.get("journal", ""))
         st.pid = cp.get("pid") if isinstance(cp.get("pid"), int) else None
     return st
+
+
+def _status(cp: dict[str, Any] | None, holders: set[int] | None) -> Status:
+    """What the record (None: none yet) and the lock's holders (None: unknown) tell."""
+    if holders or cp is None:  # someone holds the node lock: a run is in progress
+        return Status("running", RUNNING)
+    if cp.get("outcome") != "running":
+        return _finished(cp)
+    pid = cp.get("pid")
+    alive = False if holders is not None else pid_exists(pid) if isinstance(pid, int) else None
+    if alive is not False:
+        return Status("running", RUNNING)
+    return Status(
+        "killed",
+        KILLED,
+        message="no process holds the node lock and the run never recorded an end",
+        hint="rerun `bootfsm run`; it resumes where it stopped",
+    )
 
 
 def _details(st: Status) -> None:
@@ -153,25 +163,26 @@ def _details(st: Status) -> None:
             st.message = redact_text(r.message.splitlines()[0])
 
 
+#: The one-line form of each status; any other is a failed or interrupted run's.
+_LINES = {
+    "done": "{run} provisioned the node (code 0)",
+    "running": "{run} pid {pid} in state {state}{late}",
+    "never-started": "no bootfsm run on this node yet{late}",
+    "killed": "{run} stopped in state {state} without a verdict | hint: {hint}",
+}
+_FAILED = "{run} code={code} {code_name} state={where}: {message} | hint: {hint}"
+_LATE = {
+    "running": " (still running after --timeout {:g} s)",
+    "never-started": " (none started within --timeout {:g} s)",
+}
+
+
 def _line(st: Status, timeout: float) -> str:
-    run = f"run {st.run_id}" if st.run_id else "run ?"
-    if st.status == "done":
-        return f"bootfsm: done: {run} provisioned the node (code 0)"
-    if st.status == "running":
-        late = f" (still running after --timeout {timeout:g} s)" if st.timed_out else ""
-        return f"bootfsm: running: {run} pid {st.pid or '?'} in state {st.state or '?'}{late}"
-    if st.status == "never-started":
-        late = f" (none started within --timeout {timeout:g} s)" if st.timed_out else ""
-        return f"bootfsm: never started: no bootfsm run on this node yet{late}"
-    if st.status == "killed":
-        return (
-            f"bootfsm: killed: {run} stopped in state {st.state or '?'} without a verdict"
-            f" | hint: {st.hint}"
-        )
-    return (
-        f"bootfsm: {st.status}: {run} code={st.code} {st.code_name} state={st.state or '-'}: "
-        f"{st.message} | hint: {st.hint}"
-    )
+    late = _LATE.get(st.status, "").format(timeout) if st.timed_out else ""
+    shown = {**asdict(st), "pid": st.pid or "?", "state": st.state or "?"}
+    run = f"run {st.run_id or '?'}"
+    text = _LINES.get(st.status, _FAILED).format(**shown, run=run, where=st.state or "-", late=late)
+    return f"bootfsm: {st.status.replace('-', ' ')}: {text}"
 
 
 def main(args: argparse.Namespace) -> int:

@@ -106,17 +106,22 @@ def render_history(data: dict[str, Any], where: str) -> str:
     for r in runs:
         if r["after"]:
             out.append(f"    -- {r['after']} --")
-        dur = f"{r['duration_s']:8.2f} s" if r["duration_s"] is not None else "       ? "
-        code = "" if r["outcome"] == "done" else f"{r['code'] if r['code'] is not None else '-'} "
-        code += r["code_name"] if r["outcome"] != "done" else ""
-        where_ = f" in {r['state']}" if r["state"] else ""
-        retries = f"  ({r['retries']} retries)" if r["retries"] else ""
-        out.append(
-            f"  {r['started'] or '?':<28} {r['run_id'] or '?':<8}  {dur}  {r['outcome']:<11}  "
-            f"{code}{where_}{retries}"
-        )
+        out.append(_history_row(r))
     out += ["", f"story: {data['story'].strip() or '-'}"]
     return "\n".join(out) + "\n"
+
+
+def _history_row(r: dict[str, Any]) -> str:
+    """One run's line: start, id, duration, outcome, and what failed where."""
+    dur = f"{r['duration_s']:8.2f} s" if r["duration_s"] is not None else "       ? "
+    code = "-" if r["code"] is None else r["code"]
+    verdict = "" if r["outcome"] == "done" else f"{code} {r['code_name']}"
+    where_ = f" in {r['state']}" if r["state"] else ""
+    retries = f"  ({r['retries']} retries)" if r["retries"] else ""
+    return (
+        f"  {r['started'] or '?':<28} {r['run_id'] or '?':<8}  {dur}  {r['outcome']:<11}  "
+        f"{verdict}{where_}{retries}"
+    )
 
 
 def _fleet(args: argparse.Namespace) -> int:
@@ -181,6 +186,19 @@ def _otlp(path: Path, where: str) -> int:
     return 0
 
 
+def _html(report: TraceReport, out: Path) -> int:
+    """Write the run's page to ``out``."""
+    from bootfsm.observe.trace_html import render_html
+
+    try:
+        out.write_text(render_html(report), encoding="utf-8")
+    except OSError as exc:
+        print(f"bootfsm: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
+        return NOTHING
+    print(f"bootfsm: wrote {out} (run {report.run_id or '?'}, {report.outcome})", file=sys.stderr)
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
     """Dispatch to the run, history or fleet view."""
     if getattr(args, "fleet", None):
@@ -200,18 +218,7 @@ def main(args: argparse.Namespace) -> int:
         return _otlp(path, args.otlp)
     report = _load(path, log_dir, state_dir)
     if getattr(args, "html", None):
-        from bootfsm.observe.trace_html import render_html
-
-        out = Path(args.html)
-        try:
-            out.write_text(render_html(report), encoding="utf-8")
-        except OSError as exc:
-            print(f"bootfsm: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
-            return NOTHING
-        print(
-            f"bootfsm: wrote {out} (run {report.run_id or '?'}, {report.outcome})", file=sys.stderr
-        )
-        return 0
+        return _html(report, Path(args.html))
     from bootfsm.observe.trace import render, to_json
 
     if args.json:

@@ -154,6 +154,17 @@ def _reload(host: Host, log: list[str]) -> None:
         log.append("systemctl daemon-reload" + ("" if r.ok else f" failed: {r.output.strip()}"))
 
 
+def _place(host: Host, src: Path, dest: str, exec_path: str) -> str:
+    """Write one of the unit's files (the unit itself with its ExecStart); say what was done."""
+    if dest == RESTART_MODE_PATH and not has_restart_mode(host):
+        return f"skipped {dest} (systemd older than 254 restarts directly)"
+    if dest == ENV_FILE and host.exists(dest):
+        return f"kept {dest} (already there)"
+    text = src.read_text(encoding="utf-8")
+    host.write_atomic(dest, render_unit(text, exec_path) if dest == UNIT_PATH else text, 0o644)
+    return f"wrote {dest}"
+
+
 def install(host: Host, exec_path: str, *, after_hook: bool = False) -> list[str]:
     """Place the unit files under ``host.root`` and enable the unit; return what was done.
     ``after_hook``: the unit waits for the provisioning hook's first run (the module's doc).
@@ -169,19 +180,7 @@ def install(host: Host, exec_path: str, *, after_hook: bool = False) -> list[str
             "install bootfsm there first or pass --exec PATH",
         )
     src = source_dir()
-    log: list[str] = []
-    for name, dest in _FILES.items():
-        text = (src / name).read_text(encoding="utf-8")
-        if dest == UNIT_PATH:
-            text = render_unit(text, exec_path)
-        elif dest == RESTART_MODE_PATH and not has_restart_mode(host):
-            log.append(f"skipped {dest} (systemd older than 254 restarts directly)")
-            continue
-        elif dest == ENV_FILE and host.exists(dest):
-            log.append(f"kept {dest} (already there)")
-            continue
-        host.write_atomic(dest, text, 0o644)
-        log.append(f"wrote {dest}")
+    log = [_place(host, src / name, dest, exec_path) for name, dest in _FILES.items()]
     if after_hook:
         host.write_atomic(AFTER_HOOK_PATH, AFTER_HOOK_TEXT, 0o644)
         log.append(f"wrote {AFTER_HOOK_PATH}")

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bootfsm.observe.trace import TraceReport, parse_events
+from bootfsm.observe.trace import Span, TraceReport, parse_events
 
 __all__ = [
     "FLEET_EVENTS",
@@ -63,6 +63,11 @@ FLEET_EVENTS = frozenset(
 )
 _FINISHED = ("done", "failed")
 _MAX_SAMPLES = 10
+
+
+def _ranked(counts: Counter[Any]) -> list[tuple[Any, int]]:
+    """Most first; a tie by key."""
+    return sorted(counts.items(), key=lambda x: (-x[1], x[0]))
 
 
 def percentile(sorted_values: list[float], p: float) -> float | None:
@@ -97,14 +102,20 @@ def _walk(
         return
     stack.add(here)
     for e in entries:
-        name = e.name
         if e.is_dir():
-            yield from _walk(e.path, rel + name + "/", node or name, stack)
-        elif name.endswith(".jsonl") and e.is_file():
-            if node is not None and name.startswith(NOT_BOOTS):
-                continue  # an image build's bake or fetch journal is not a boot
-            yield (node or name[: -len(".jsonl")], e.path, rel + name)
+            yield from _walk(e.path, rel + e.name + "/", node or e.name, stack)
+        elif _boot_journal(e, node):
+            yield (node or e.name[: -len(".jsonl")], e.path, rel + e.name)
     stack.discard(here)
+
+
+def _boot_journal(e: os.DirEntry[str], node: str | None) -> bool:
+    """A journal file, but not an image build's bake or fetch journal in a node's directory."""
+    return (
+        e.name.endswith(".jsonl")
+        and e.is_file()
+        and not (node is not None and e.name.startswith(NOT_BOOTS))
+    )
 
 
 def _read(path: str, source: str) -> TraceReport:
@@ -153,41 +164,50 @@ class FleetStats:
         self.runs += 1
         self._node_runs.append(outcome)
         self.run_outcomes[outcome] += 1
-        if outcome in ("failed", "interrupted") and r.code is not None:
-            state = r.failed_state or "?"
-            self.failures_by_code[(r.code, r.code_name)] += 1
-            self.failures_by_state[state] += 1
-            self.failures_by_state_code[(state, r.code_name)] += 1
+        self._count_failure(outcome, r)
         for s in r.spans:
-            if s.outcome == "skipped":
-                self.skipped[s.state] += 1
-                continue
-            self.attempts[s.state] += s.attempts
-            if s.outcome in _FINISHED:
-                self.durations.setdefault(s.state, array("d")).append(s.duration_s)
-            seen: set[tuple[str, str]] = set()
-            for rt in s.retries:
-                key = (s.state, str(rt.get("code", "")))
-                self.retries[key] += 1
-                sleep = float(rt.get("sleep_s") or 0.0)
-                self.retry_sleep[key] = self.retry_sleep.get(key, 0.0) + sleep
-                self.retry_example.setdefault(key, str(rt.get("error", ""))[:160])
-                seen.add(key)
-            for key in seen:
-                self.retry_runs[key] += 1
+            self._count_span(s)
         model = str(r.facts.get("gpu_model") or "?")
         self.models.setdefault(model, Counter())[outcome] += 1
         if r.outcome != "running" and r.duration_s is not None:
             self.run_durations.append(float(r.duration_s))
-            item = (float(r.duration_s), node, r.run_id, outcome, r.code_name)
-            if len(self.slowest) < self.top:
-                heapq.heappush(self.slowest, item)
-            else:
-                heapq.heappushpop(self.slowest, item)
+            heapq.heappush(
+                self.slowest, (float(r.duration_s), node, r.run_id, outcome, r.code_name)
+            )
+            if len(self.slowest) > self.top:
+                heapq.heappop(self.slowest)  # keep the ``top`` slowest
         if r.warnings:
             self.warned_files += 1
             room = _MAX_SAMPLES - len(self.samples)
             self.samples.extend(r.warnings[: max(0, room)])
+
+    def _count_failure(self, outcome: str, r: TraceReport) -> None:
+        """A failed or interrupted run with a verdict: by code, by state and by both."""
+        if outcome not in ("failed", "interrupted") or r.code is None:
+            return
+        state = r.failed_state or "?"
+        self.failures_by_code[(r.code, r.code_name)] += 1
+        self.failures_by_state[state] += 1
+        self.failures_by_state_code[(state, r.code_name)] += 1
+
+    def _count_span(self, s: Span) -> None:
+        """One state of a run: skipped, or its attempts, duration and retries."""
+        if s.outcome == "skipped":
+            self.skipped[s.state] += 1
+            return
+        self.attempts[s.state] += s.attempts
+        if s.outcome in _FINISHED:
+            self.durations.setdefault(s.state, array("d")).append(s.duration_s)
+        seen: set[tuple[str, str]] = set()
+        for rt in s.retries:
+            key = (s.state, str(rt.get("code", "")))
+            self.retries[key] += 1
+            sleep = float(rt.get("sleep_s") or 0.0)
+            self.retry_sleep[key] = self.retry_sleep.get(key, 0.0) + sleep
+            self.retry_example.setdefault(key, str(rt.get("error", ""))[:160])
+            seen.add(key)
+        for key in seen:
+            self.retry_runs[key] += 1
 
     def end_node(self) -> None:
         """Close the current node: its final outcome is that of its last run."""
@@ -233,17 +253,14 @@ class FleetStats:
             "recovered_nodes": self.recovered,
             "failures_by_code": [
                 {"code": c, "code_name": n, "runs": k}
-                for (c, n), k in sorted(self.failures_by_code.items(), key=lambda x: (-x[1], x[0]))
+                for (c, n), k in _ranked(self.failures_by_code)
             ],
             "failures_by_state": [
-                {"state": s, "runs": k}
-                for s, k in sorted(self.failures_by_state.items(), key=lambda x: (-x[1], x[0]))
+                {"state": s, "runs": k} for s, k in _ranked(self.failures_by_state)
             ],
             "failures_by_state_code": [
                 {"state": s, "code_name": n, "runs": k}
-                for (s, n), k in sorted(
-                    self.failures_by_state_code.items(), key=lambda x: (-x[1], x[0])
-                )
+                for (s, n), k in _ranked(self.failures_by_state_code)
             ],
             "durations": self.state_percentiles(),
             "slowest": [
@@ -259,7 +276,7 @@ class FleetStats:
                     "sleep_s": round(self.retry_sleep.get((s, c), 0.0), 3),
                     "example": self.retry_example.get((s, c), ""),
                 }
-                for (s, c), k in sorted(self.retries.items(), key=lambda x: (-x[1], x[0]))
+                for (s, c), k in _ranked(self.retries)
             ],
             "models": {m: dict(sorted(c.items())) for m, c in sorted(self.models.items())},
             "warned_files": self.warned_files,
@@ -294,6 +311,35 @@ def _s(v: float | None) -> str:
     return f"{v:8.2f}" if v is not None else "       -"
 
 
+def _failures(data: dict[str, Any]) -> list[str]:
+    """Failed runs by code (with a bar) and by state; nothing when none failed."""
+    failed = sum(f["runs"] for f in data["failures_by_code"])
+    if not failed:
+        return []
+    out = ["", "failures by code"]
+    for f in data["failures_by_code"][:12]:
+        bar = "#" * max(1, round(30 * f["runs"] / failed))
+        name = f"{f['code']} {f['code_name']}"
+        out.append(f"  {name:<32} {f['runs']:6}  {_pct(f['runs'], failed)}  {bar}")
+    out += ["", "failures by state"]
+    return out + [
+        f"  {f['state']:<10} {f['runs']:6}  {_pct(f['runs'], failed)}"
+        for f in data["failures_by_state"]
+    ]
+
+
+def _slowest(data: dict[str, Any]) -> list[str]:
+    """The slowest runs, slowest first; nothing when no run finished."""
+    out = ["", "slowest runs"] if data["slowest"] else []
+    for r in data["slowest"]:
+        code = "" if r["code_name"] in ("", "OK") else f" {r['code_name']}"
+        out.append(
+            f"  {r['node']:<24} run {r['run_id'] or '?':<8} {r['duration_s']:9.2f} s  "
+            f"{r['outcome']}{code}"
+        )
+    return out
+
+
 def render_fleet(data: dict[str, Any]) -> str:
     """The fleet screen from ``FleetStats.to_json`` output."""
     n, runs = data["nodes"], data["runs"]
@@ -305,30 +351,14 @@ def render_fleet(data: dict[str, Any]) -> str:
     out.append(f"nodes   {outs or '-'}")
     out.append(f"        recovered after an earlier failed run: {data['recovered_nodes']}")
     out.append("runs    " + "  ".join(f"{k} {v}" for k, v in data["run_outcomes"].items()))
-    failed = sum(f["runs"] for f in data["failures_by_code"])
-    if failed:
-        out += ["", "failures by code"]
-        for f in data["failures_by_code"][:12]:
-            bar = "#" * max(1, round(30 * f["runs"] / failed))
-            name = f"{f['code']} {f['code_name']}"
-            out.append(f"  {name:<32} {f['runs']:6}  {_pct(f['runs'], failed)}  {bar}")
-        out += ["", "failures by state"]
-        for f in data["failures_by_state"]:
-            out.append(f"  {f['state']:<10} {f['runs']:6}  {_pct(f['runs'], failed)}")
+    out += _failures(data)
     out += ["", "durations (finished spans, s)        n       p50       p95       max  skipped"]
     for state, d in data["durations"].items():
         out.append(
             f"  {state:<28} {d['count']:7}  {_s(d['p50'])}  {_s(d['p95'])}  {_s(d['max'])}"
             f"  {d['skipped']:7}"
         )
-    if data["slowest"]:
-        out += ["", "slowest runs"]
-        for r in data["slowest"]:
-            code = "" if r["code_name"] in ("", "OK") else f" {r['code_name']}"
-            out.append(
-                f"  {r['node']:<24} run {r['run_id'] or '?':<8} {r['duration_s']:9.2f} s  "
-                f"{r['outcome']}{code}"
-            )
+    out += _slowest(data)
     if data["retry_hotspots"]:
         out += ["", "retry hot spots"]
         for h in data["retry_hotspots"][:8]:

@@ -38,24 +38,34 @@ def lock_holders(lock: Path, proc_locks: Path = PROC_LOCKS) -> set[int] | None:
         return None
     exact: set[int] = set()
     by_inode: set[int] = set()
-    dev = (os.major(st.st_dev), os.minor(st.st_dev))
     for line in table.splitlines():
-        parts = line.split()
-        # "1: FLOCK  ADVISORY  WRITE 28018 fe:00:2148802 0 EOF" ("->" marks waiters)
-        if len(parts) < 6 or parts[1] != "FLOCK" or parts[2] == "->":
+        held = _flock(line)
+        if held is None or held[2] != st.st_ino:
             continue
-        dev_ino = parts[5].split(":")
-        if len(dev_ino) != 3 or not dev_ino[2].isdigit() or int(dev_ino[2]) != st.st_ino:
-            continue
-        pid = int(parts[4]) if parts[4].isdigit() else -1
+        pid, dev, _ = held
         by_inode.add(pid)
-        try:
-            if (int(dev_ino[0], 16), int(dev_ino[1], 16)) == dev:
-                exact.add(pid)
-        except ValueError:
-            continue
+        if dev == (os.major(st.st_dev), os.minor(st.st_dev)):
+            exact.add(pid)
     # overlay filesystems report another device than stat(); trust the inode alone then
     return exact or by_inode
+
+
+def _flock(line: str) -> tuple[int, tuple[int, int] | None, int] | None:
+    """(pid, device, inode) of a held flock in a /proc/locks line, e.g.
+    "1: FLOCK  ADVISORY  WRITE 28018 fe:00:2148802 0 EOF"; None for any other line (a
+    POSIX lock, a waiter marked "->"). The pid is -1 and the device None when unreadable."""
+    parts = line.split()
+    if len(parts) < 6 or parts[1] != "FLOCK" or parts[2] == "->":
+        return None
+    dev_ino = parts[5].split(":")
+    if len(dev_ino) != 3 or not dev_ino[2].isdigit():
+        return None
+    pid = int(parts[4]) if parts[4].isdigit() else -1
+    try:
+        dev: tuple[int, int] | None = (int(dev_ino[0], 16), int(dev_ino[1], 16))
+    except ValueError:
+        dev = None
+    return pid, dev, int(dev_ino[2])
 
 
 def pid_exists(pid: int) -> bool | None:

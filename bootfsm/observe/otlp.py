@@ -148,41 +148,22 @@ class _Builder:
         return span
 
     def add(self, m: Mark) -> None:
-        f, name = m.fields, m.event
         span = self.run if m.span is None else self._state(m.span)
-        if name in ("state.enter", "state.skip"):
+        if m.event in ("state.enter", "state.skip"):
             span.start = self.base + m.t  # the postcondition checks before it are the run's
-        if name == "run.start":
-            self.run.attributes = _fields(f)
-        elif name == "run.end":
-            self._run_end(f)
-        elif name == "state.enter":
-            span.attributes += _attrs(
-                [(f"bootfsm.{k}", f.get(k)) for k in ("time_limit_s", "attempts_max")]
-            )
-        elif name in ("state.done", "state.failed"):
-            failed = name == "state.failed"
-            span.end = self.base + m.t  # the journal's time of it, as the run's own events
-            span.attributes += _attrs(
-                [("bootfsm.outcome", "failed" if failed else "done")]
-                + [(f"bootfsm.{k}", f.get(k)) for k in ("attempts", "code", "code_name")]
-            )
-            if failed:
-                span.status = {"code": _STATUS_ERROR, "message": str(f.get("message") or "failed")}
-        elif name == "command" or {"artifact", "duration_s", "size"} <= f.keys():
-            self._child(span, f, m.t, fetch=name != "command")
+        handler = _ADD.get(m.event)
+        if handler is not None:
+            handler(self, span, m)
+        elif m.event == "command" or {"artifact", "duration_s", "size"} <= m.fields.keys():
+            self._child(span, m.fields, m.t, fetch=m.event != "command")
         else:
-            span.events.append(
-                {
-                    "timeUnixNano": _nanos(self.base + m.t),
-                    "name": _EVENT_NAMES.get(name, name),
-                    "attributes": _fields(f),
-                }
-            )
-            if name == "state.skip":
-                span.attributes += _attrs([("bootfsm.outcome", "skipped")])
+            self._event(span, m)
 
-    def _run_end(self, f: Mapping[str, Any]) -> None:
+    def _run_start(self, span: _Span, m: Mark) -> None:
+        self.run.attributes = _fields(m.fields)
+
+    def _run_end(self, span: _Span, m: Mark) -> None:
+        f = m.fields
         self.run.attributes += _fields(f)
         ok = f.get("code") == 0
         self.run.status = {"code": _STATUS_OK} if ok else {"code": _STATUS_ERROR}
@@ -191,6 +172,29 @@ class _Builder:
             i, message = len(self.r.spans) - 1, str(f.get("message") or "")
             if message and i in self.states and self.r.spans[i].outcome in _OPEN:
                 self.states[i].status = {"code": _STATUS_ERROR, "message": message}
+
+    def _enter(self, span: _Span, m: Mark) -> None:
+        keys = ("time_limit_s", "attempts_max")
+        span.attributes += _attrs([(f"bootfsm.{k}", m.fields.get(k)) for k in keys])
+
+    def _close(self, span: _Span, m: Mark) -> None:
+        """state.done or state.failed: the span ends at the journal's time of it."""
+        f, failed = m.fields, m.event == "state.failed"
+        span.end = self.base + m.t
+        span.attributes += _attrs(
+            [("bootfsm.outcome", "failed" if failed else "done")]
+            + [(f"bootfsm.{k}", f.get(k)) for k in ("attempts", "code", "code_name")]
+        )
+        if failed:
+            span.status = {"code": _STATUS_ERROR, "message": str(f.get("message") or "failed")}
+
+    def _event(self, span: _Span, m: Mark) -> None:
+        """Another event of the span (an attempt, a retry, a skip...): a span event."""
+        name = _EVENT_NAMES.get(m.event, m.event)
+        at = _nanos(self.base + m.t)
+        span.events.append({"timeUnixNano": at, "name": name, "attributes": _fields(m.fields)})
+        if m.event == "state.skip":
+            span.attributes += _attrs([("bootfsm.outcome", "skipped")])
 
     def _child(self, parent: _Span, f: Mapping[str, Any], t: float, fetch: bool) -> None:
         """A command's span, or a download's (``_FETCH`` names its attributes)."""
@@ -205,6 +209,17 @@ class _Builder:
         span.attributes = _attrs([*command, ("bootfsm.timed_out", f.get("timed_out"))])
         if f.get("timed_out"):
             span.status = {"code": _STATUS_ERROR, "message": "timed out"}
+
+
+#: What each event kind adds to the spans; a command or a download is a child span, any
+#: other event a span event.
+_ADD = {
+    "run.start": _Builder._run_start,
+    "run.end": _Builder._run_end,
+    "state.enter": _Builder._enter,
+    "state.done": _Builder._close,
+    "state.failed": _Builder._close,
+}
 
 
 def _resource(r: TraceReport, env: Mapping[str, str]) -> list[dict[str, Any]]:
@@ -224,13 +239,22 @@ def _resource(r: TraceReport, env: Mapping[str, str]) -> list[dict[str, Any]]:
         "bootfsm.gpu.family": f.get("gpu_family"),
         "bootfsm.driver.version": driver or f.get("loaded_driver") or None,
     }
-    for item in env.get("OTEL_RESOURCE_ATTRIBUTES", "").split(","):
-        key, sep, value = item.partition("=")
-        if sep and key.strip():
-            detected[unquote(key.strip())] = unquote(value.strip())
+    return _attrs(sorted({**detected, **_from_env(env)}.items()))
+
+
+def _pairs(text: str) -> dict[str, str]:
+    """The ``key=value`` pairs of a comma-separated, percent-encoded OTel variable."""
+    pairs = (item.partition("=") for item in text.split(","))
+    return {unquote(k.strip()): unquote(v.strip()) for k, sep, v in pairs if sep and k.strip()}
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, str]:
+    """Resource attributes the environment sets, over the detected ones: the
+    ``OTEL_RESOURCE_ATTRIBUTES`` pairs (percent-encoded), then ``OTEL_SERVICE_NAME``."""
+    out = _pairs(env.get("OTEL_RESOURCE_ATTRIBUTES", ""))
     if env.get("OTEL_SERVICE_NAME"):
-        detected["service.name"] = env["OTEL_SERVICE_NAME"]
-    return _attrs(sorted(detected.items()))
+        out["service.name"] = env["OTEL_SERVICE_NAME"]
+    return out
 
 
 def trace_request(report: TraceReport, env: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -298,11 +322,7 @@ def target_from_env(env: Mapping[str, str]) -> OtlpTarget | None:
 
 def target_for(url: str, env: Mapping[str, str], note: str = "") -> OtlpTarget:
     """A target at ``url`` with the headers, timeout and CA file the environment sets."""
-    headers = {"Content-Type": "application/json"}
-    for item in _env(env, "HEADERS").split(","):
-        key, sep, value = item.partition("=")
-        if sep and key.strip():
-            headers[unquote(key.strip())] = unquote(value.strip())
+    headers = {"Content-Type": "application/json", **_pairs(_env(env, "HEADERS"))}
     try:
         timeout = float(_env(env, "TIMEOUT") or 10000) / 1000.0
     except ValueError:

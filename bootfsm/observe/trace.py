@@ -12,7 +12,7 @@ docs/trace.md), ``bootfsm.observe.trace_html`` the picture.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +82,30 @@ def parse_events(
     """
     folder = Folder(source, marks=marks)
     r = folder.report
+    for n, ev in _events(lines, r, kinds):
+        if kinds is not None and not (isinstance(ev["event"], str) and ev["event"] in kinds):
+            r.events += 1
+            continue
+        try:
+            folder.add(ev)
+        except (TypeError, ValueError, AttributeError, OverflowError) as exc:
+            r.bad_lines += 1
+            if kinds is None:
+                r.warnings.append(
+                    f"{source}:{n}: event {ev.get('event')!r} unreadable ({exc}); skipped"
+                )
+    folder.finish()
+    if kinds is not None and r.bad_lines:
+        r.warnings.append(f"{source}: {r.bad_lines} unreadable line(s) skipped")
+    return r
+
+
+def _events(
+    lines: Iterable[str], r: TraceReport, kinds: Collection[str] | None
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The event objects of ``lines`` with their line numbers. A line of a kind outside
+    ``kinds`` is counted in ``r.events`` undecoded; a line that is no event is counted in
+    ``r.bad_lines`` and, without ``kinds``, warned about once all lines are read."""
     bad: list[int] = []
     n = 0
     for n, line in enumerate(lines, 1):
@@ -97,24 +121,10 @@ def parse_events(
             if kinds is None:
                 bad.append(n)
             continue
-        if kinds is not None and not (isinstance(ev["event"], str) and ev["event"] in kinds):
-            r.events += 1
-            continue
-        try:
-            folder.add(ev)
-        except (TypeError, ValueError, AttributeError, OverflowError) as exc:
-            r.bad_lines += 1
-            if kinds is None:
-                r.warnings.append(
-                    f"{source}:{n}: event {ev.get('event')!r} unreadable ({exc}); skipped"
-                )
+        yield n, ev
     for b in bad:
         what = "torn last line (crash or power loss?)" if b == n else "not a JSON event"
-        r.warnings.append(f"{source}:{b}: {what}; skipped")
-    folder.finish()
-    if kinds is not None and r.bad_lines:
-        r.warnings.append(f"{source}: {r.bad_lines} unreadable line(s) skipped")
-    return r
+        r.warnings.append(f"{r.source}:{b}: {what}; skipped")
 
 
 def load_run(path: Path) -> TraceReport:

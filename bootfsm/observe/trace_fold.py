@@ -200,30 +200,34 @@ class Folder:
         r = self.report
         state = self._state(ev)
         rc = ev.get("rc")
-        probe = bool(ev.get("probe")) and not ev.get("timed_out")
+        timed_out = bool(ev.get("timed_out"))
         # a probe's non-zero answer is expected (package not installed yet...): no fault
-        bad = (rc != 0 and not probe) or bool(ev.get("timed_out"))
+        probe = bool(ev.get("probe")) and not timed_out
         dur = _num(ev.get("duration_s"), 0.0)
-        if ev.get("state") and all(s.state != state for s in r.spans):
-            # a postcondition check runs commands before state.enter / state.skip
-            self._open(state, round(t - dur, 4))
-        if r.spans and r.spans[-1].state == state:
-            r.spans[-1].commands += 1
-            r.spans[-1].failed_commands += int(bad)
-        argv = [scrub(str(a)) for a in ev.get("argv") or []]
         cmd = {
             "t": round(t - dur, 4),
             "state": state,
-            "argv": argv,
+            "argv": [scrub(str(a)) for a in ev.get("argv") or []],
             "rc": rc,
             "duration_s": dur,
-            "timed_out": bool(ev.get("timed_out")),
+            "timed_out": timed_out,
             "probe": probe,
         }
+        self._count_command(cmd, bool(ev.get("state")), timed_out or (rc != 0 and not probe))
         r.commands.append(cmd)
         last = {**cmd, "output": scrub(str(ev.get("output", "") or ""))[-TAIL_CHARS:]}
         r.last_command = last
         r.state_last_command[state] = last
+
+    def _count_command(self, cmd: dict[str, Any], named: bool, bad: bool) -> None:
+        """The command counts in its state's span; a command that names a state not
+        entered yet (a postcondition check runs before state.enter or state.skip) opens it."""
+        spans, state = self.report.spans, cmd["state"]
+        if named and all(s.state != state for s in spans):
+            self._open(state, cmd["t"])
+        if spans and spans[-1].state == state:
+            spans[-1].commands += 1
+            spans[-1].failed_commands += int(bad)
 
     def _transition(self, ev: dict[str, Any], t: float) -> None:
         r = self.report

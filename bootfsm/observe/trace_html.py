@@ -23,7 +23,7 @@ import math
 from typing import Any
 
 from bootfsm.core.node_paths import INSTALLER_LOG
-from bootfsm.observe.trace import TraceReport
+from bootfsm.observe.trace import Span, TraceReport
 from bootfsm.observe.trace_view import report_json, root_cause
 
 __all__ = ["near_misses", "render_html"]
@@ -117,13 +117,13 @@ def _json_script(data: dict[str, Any]) -> str:
     return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
 
 
+def _x(t: float, scale: float) -> float:
+    return round(_LABEL_W + max(0.0, t) * scale, 2)
+
+
 def _svg(r: TraceReport) -> str:
     total = max(r.duration_s or 0.0, r.last_t, *(s.end_t for s in r.spans), 1e-3)
     scale = _CHART_W / total
-
-    def x(t: float) -> float:
-        return round(_LABEL_W + max(0.0, t) * scale, 2)
-
     height = _TOP + _ROW_H * max(1, len(r.spans)) + 8
     width = _LABEL_W + _CHART_W + 250
     parts = [
@@ -135,7 +135,7 @@ def _svg(r: TraceReport) -> str:
     step = _nice_step(total)
     k = 0
     while k * step <= total + 1e-9:
-        tx = x(k * step)
+        tx = _x(k * step, scale)
         parts.append(
             f'<line x1="{tx}" y1="{_TOP - 6}" x2="{tx}" y2="{height - 4}"/>'
             f'<text x="{tx}" y="{_TOP - 10}" text-anchor="middle">{k * step:g} s</text>'
@@ -143,59 +143,91 @@ def _svg(r: TraceReport) -> str:
         k += 1
     parts.append("</g>")
     for i, s in enumerate(r.spans):
-        y = _TOP + i * _ROW_H
-        w = max(2.0, round(s.duration_s * scale, 2))
-        tip = (
-            f"{s.state}: {s.outcome}, starts at {s.start_t:.2f} s, {s.duration_s:.2f} s, "
-            f"attempts {s.attempts or '-'}{'/' + str(s.attempts_max) if s.attempts_max else ''}, "
-            f"{len(s.retries)} retries, slept {s.sleep_s:.2f} s, {s.commands} commands"
-        )
-        parts.append(f'<g class="row" data-state="{_e(s.state)}">')
-        parts.append(f'<text class="label" x="6" y="{y + 14}">{_e(s.state)}</text>')
-        parts.append(
-            f'<rect class="bar {_e(s.outcome)}" data-state="{_e(s.state)}" x="{x(s.start_t)}" '
-            f'y="{y}" width="{w}" height="{_BAR_H}" rx="3"><title>{_e(tip)}</title></rect>'
-        )
-        for rt in s.retries:
-            t0 = float(rt.get("t") or s.start_t)
-            sw = max(1.0, round(float(rt.get("sleep_s") or 0.0) * scale, 2))
-            what = f"retry after attempt {rt.get('attempt')}: {rt.get('code')} {rt.get('error')}"
-            sleep = f"back-off sleep {rt.get('sleep_s')} s; {what}"
-            parts.append(
-                f'<rect class="sleep" x="{x(t0)}" y="{y + 3}" width="{sw}" height="{_BAR_H - 6}">'
-                f"<title>{_e(sleep)}</title></rect>"
-                f'<line class="retry" x1="{x(t0)}" y1="{y - 2}" x2="{x(t0)}" y2="{y + _BAR_H + 2}">'
-                f"<title>{_e(what)}</title></line>"
-            )
-        for c in r.commands:
-            if c["state"] != s.state or not (s.start_t - 1e-6 <= c["t"] <= s.end_t + 1e-3):
-                continue
-            probe = bool(c.get("probe")) and not c["timed_out"]
-            bad = (c["rc"] != 0 and not probe) or c["timed_out"]
-            cw = max(1.5, round(float(c["duration_s"]) * scale, 2))
-            tip = f"{' '.join(c['argv'])[:300]} -> exit {c['rc']} in {c['duration_s']} s"
-            if probe:
-                tip += " (probe: a non-zero answer is expected, not a fault)"
-            cls = "cmd bad" if bad else ("cmd probe" if probe else "cmd")
-            parts.append(
-                f'<rect class="{cls}" x="{x(c["t"])}" y="{y + _BAR_H + 3}" '
-                f'width="{cw}" height="5"><title>{_e(tip)}</title></rect>'
-            )
-        if s.outcome in ("failed", "interrupted"):
-            label = r.code_name if s.outcome == "failed" else "interrupted"
-            parts.append(
-                f'<text class="fail-label" x="{x(s.start_t) + w + 6}" y="{y + 14}">'
-                f"\u2717 {_e(label)}</text>"
-            )
-        parts.append("</g>")
+        parts += _row(r, s, _TOP + i * _ROW_H, scale)
     parts.append("</svg>")
     return "\n".join(parts)
+
+
+def _row(r: TraceReport, s: Span, y: int, scale: float) -> list[str]:
+    """One state's row: its label, its bar, its retries and commands, its failure."""
+    w = max(2.0, round(s.duration_s * scale, 2))
+    tip = (
+        f"{s.state}: {s.outcome}, starts at {s.start_t:.2f} s, {s.duration_s:.2f} s, "
+        f"attempts {s.attempts or '-'}{'/' + str(s.attempts_max) if s.attempts_max else ''}, "
+        f"{len(s.retries)} retries, slept {s.sleep_s:.2f} s, {s.commands} commands"
+    )
+    parts = [
+        f'<g class="row" data-state="{_e(s.state)}">',
+        f'<text class="label" x="6" y="{y + 14}">{_e(s.state)}</text>',
+        f'<rect class="bar {_e(s.outcome)}" data-state="{_e(s.state)}" x="{_x(s.start_t, scale)}" '
+        f'y="{y}" width="{w}" height="{_BAR_H}" rx="3"><title>{_e(tip)}</title></rect>',
+    ]
+    parts += [_retry(rt, s.start_t, y, scale) for rt in s.retries]
+    parts += [
+        _command(c, y, scale)
+        for c in r.commands
+        if c["state"] == s.state and s.start_t - 1e-6 <= c["t"] <= s.end_t + 1e-3
+    ]
+    if s.outcome in ("failed", "interrupted"):
+        label = r.code_name if s.outcome == "failed" else "interrupted"
+        parts.append(
+            f'<text class="fail-label" x="{_x(s.start_t, scale) + w + 6}" y="{y + 14}">'
+            f"\u2717 {_e(label)}</text>"
+        )
+    return [*parts, "</g>"]
+
+
+def _retry(rt: dict[str, Any], start_t: float, y: int, scale: float) -> str:
+    """A retry's back-off sleep and its mark."""
+    t0 = _x(float(rt.get("t") or start_t), scale)
+    sw = max(1.0, round(float(rt.get("sleep_s") or 0.0) * scale, 2))
+    what = f"retry after attempt {rt.get('attempt')}: {rt.get('code')} {rt.get('error')}"
+    sleep = f"back-off sleep {rt.get('sleep_s')} s; {what}"
+    return (
+        f'<rect class="sleep" x="{t0}" y="{y + 3}" width="{sw}" height="{_BAR_H - 6}">'
+        f"<title>{_e(sleep)}</title></rect>"
+        f'<line class="retry" x1="{t0}" y1="{y - 2}" x2="{t0}" y2="{y + _BAR_H + 2}">'
+        f"<title>{_e(what)}</title></line>"
+    )
+
+
+def _command(c: dict[str, Any], y: int, scale: float) -> str:
+    """A command under its state's bar: dark, red when it failed, hollow for a probe."""
+    probe = bool(c.get("probe")) and not c["timed_out"]
+    bad = (c["rc"] != 0 and not probe) or c["timed_out"]
+    cw = max(1.5, round(float(c["duration_s"]) * scale, 2))
+    tip = f"{' '.join(c['argv'])[:300]} -> exit {c['rc']} in {c['duration_s']} s"
+    if probe:
+        tip += " (probe: a non-zero answer is expected, not a fault)"
+    cls = "cmd bad" if bad else ("cmd probe" if probe else "cmd")
+    return (
+        f'<rect class="{cls}" x="{_x(c["t"], scale)}" y="{y + _BAR_H + 3}" '
+        f'width="{cw}" height="5"><title>{_e(tip)}</title></rect>'
+    )
 
 
 def _cause(r: TraceReport) -> str:
     rc = root_cause(r)
     if rc is None:
         return ""
+    out = ['<section class="cause" id="root-cause"><h2>Root cause</h2><dl>']
+    out += [f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in _cause_rows(r, rc)]
+    out.append("</dl>")
+    cmd = rc["command"]
+    if cmd:
+        label = "failed command" if cmd["caused_failure"] else "last command"
+        out.append(
+            f"<p><b>{label}</b>: <code>{_e(' '.join(cmd['argv']))}</code> "
+            f"\u2192 exit {_e(cmd['rc'])}{' (timed out)' if cmd['timed_out'] else ''}</p>"
+        )
+        if cmd["output_tail"]:
+            out.append(f"<pre>{_e(cmd['output_tail'])}</pre>")
+    out.append("</section>")
+    return "\n".join(out)
+
+
+def _cause_rows(r: TraceReport, rc: dict[str, Any]) -> list[tuple[str, str]]:
+    """The root cause as (term, text): what failed, the way there, then where to look."""
     code = f"{rc['code']} {rc['code_name']}" if rc["code"] is not None else "none (no verdict)"
     rows = [
         ("state", rc["state"]),
@@ -213,21 +245,7 @@ def _cause(r: TraceReport) -> str:
         for t in rc["retries"]
     ]
     rows += [("note", n["message"]) for n in rc["notes"]]
-    rows += [("log", p) for p in log_paths(r, rc["state"])]
-    out = ['<section class="cause" id="root-cause"><h2>Root cause</h2><dl>']
-    out += [f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in rows]
-    out.append("</dl>")
-    cmd = rc["command"]
-    if cmd:
-        label = "failed command" if cmd["caused_failure"] else "last command"
-        out.append(
-            f"<p><b>{label}</b>: <code>{_e(' '.join(cmd['argv']))}</code> "
-            f"\u2192 exit {_e(cmd['rc'])}{' (timed out)' if cmd['timed_out'] else ''}</p>"
-        )
-        if cmd["output_tail"]:
-            out.append(f"<pre>{_e(cmd['output_tail'])}</pre>")
-    out.append("</section>")
-    return "\n".join(out)
+    return rows + [("log", p) for p in log_paths(r, rc["state"])]
 
 
 def _on_node(r: TraceReport, node_path: str) -> str:

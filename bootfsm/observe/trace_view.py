@@ -32,21 +32,20 @@ def blame(report: TraceReport) -> list[dict[str, Any]]:
 
 def _command_of(report: TraceReport, state: str) -> dict[str, Any] | None:
     """The command that failed the state (from the error), else the state's last command."""
-    d = report.detail
+    d, last = report.detail, report.state_last_command.get(state)
     if isinstance(d.get("argv"), list) and "returncode" in d:
-        last = report.state_last_command.get(state, {})
+        seen = last or {}
+        same = seen.get("argv") == d["argv"]  # the journal has the failed command's timing
         return {
             "argv": [str(a) for a in d["argv"]],
             "rc": d["returncode"],
-            "duration_s": last.get("duration_s") if last.get("argv") == d["argv"] else None,
-            "timed_out": bool(last.get("timed_out")) if last.get("argv") == d["argv"] else False,
-            "output_tail": report.failure_output or str(last.get("output", "")),
+            "duration_s": seen.get("duration_s") if same else None,
+            "timed_out": same and bool(seen.get("timed_out")),
+            "output_tail": report.failure_output or str(seen.get("output", "")),
             "caused_failure": True,
         }
-    final = report.state_last_command.get(state)
-    if final is None:
+    if last is None:
         return None
-    last = final
     return {
         "argv": list(last["argv"]),
         "rc": last["rc"],
@@ -57,43 +56,52 @@ def _command_of(report: TraceReport, state: str) -> dict[str, Any] | None:
     }
 
 
+def _verdict(report: TraceReport, state: str) -> tuple[int | None, str, str, str] | None:
+    """Code, name, hint and message of a run that failed or died; None when there is
+    nothing to explain (provisioned, unknown, or running without a verdict yet)."""
+    if report.outcome in ("done", "unknown"):
+        return None
+    if report.outcome not in ("killed", "running"):
+        return report.code, report.code_name, report.hint, report.message
+    if report.code is not None:
+        # state.failed was recorded, the run died before run.end: the verdict stands
+        died = f"{report.message} (the run died before recording its end)"
+        return report.code, report.code_name, report.hint, died
+    if report.outcome == "running" and report.alive is not False:
+        return None
+    lost = (
+        f"the run ended without a verdict during state {state or '?'} "
+        f"(last event at {report.last_t:.2f} s): killed, crashed or the node lost power"
+    )
+    return None, "", _KILLED_HINT, lost
+
+
 def root_cause(report: TraceReport) -> dict[str, Any] | None:
     """What failed, why and what to do; None for a provisioned or still running run."""
-    running = report.outcome == "running" and report.alive is not False
-    if report.outcome in ("done", "unknown") or (running and report.code is None):
-        return None
     state = report.failed_state or (report.spans[-1].state if report.spans else "")
-    if report.outcome in ("killed", "running") and report.code is not None:
-        # state.failed was recorded, the run died before run.end: the verdict stands
-        code, name, hint = report.code, report.code_name, report.hint
-        message = f"{report.message} (the run died before recording its end)"
-    elif report.outcome in ("killed", "running"):
-        code, name, hint = None, "", _KILLED_HINT
-        message = (
-            f"the run ended without a verdict during state {state or '?'} "
-            f"(last event at {report.last_t:.2f} s): killed, crashed or the node lost power"
-        )
-    else:
-        code, name, hint, message = report.code, report.code_name, report.hint, report.message
-    path = [s.state for s in report.spans]
-    guards = {
-        f"{t['source']} -> {t['dest']}": dict(t["guards"])
-        for t in report.transitions
-        if t.get("guards")
-    }
+    verdict = _verdict(report, state)
+    if verdict is None:
+        return None
+    code, name, hint, message = verdict
     span = report.span(state)
+    detail = dict(report.detail)
+    detail.pop("output", None)  # the command's output_tail has it
     return {
         "state": state,
         "code": code,
         "code_name": name,
         "message": message,
         "hint": hint,
-        "path": path,
-        "guards": guards,
+        "path": [s.state for s in report.spans],
+        "guards": {
+            f"{t['source']} -> {t['dest']}": dict(t["guards"])
+            for t in report.transitions
+            if t.get("guards")
+        },
         "command": _command_of(report, state),
         "retries": list(span.retries) if span else [],
         "notes": [n for n in report.notes if n.get("state") == state],
-        "detail": {k: v for k, v in report.detail.items() if k not in ("output",)},
+        "detail": detail,
     }
 
 
@@ -222,31 +230,44 @@ def _root(r: TraceReport) -> list[str]:
             s = r.spans[-1]
             return ["", f"in progress: state {s.state} for {s.duration_s:.1f} s"]
         return []
-    msg = rc["message"].splitlines() or [""]
-    out = ["", "root cause"]
-    out.append(f"  state:    {rc['state'] or '-'}   (path {' -> '.join(rc['path']) or '-'})")
+    out = ["", "root cause"] + [f"  {k + ':':<10}{v}" for k, v in _root_rows(rc)]
+    return out + _command_lines(rc["command"])
+
+
+def _root_rows(rc: dict[str, Any]) -> list[tuple[str, str]]:
+    """The root cause as (term, text): what failed, then the way there."""
     code = f"{rc['code']} {rc['code_name']}" if rc["code"] is not None else "- (no verdict)"
-    out.append(f"  code:     {code}")
-    out.append(f"  message:  {_clip(msg[0])}")
-    out.append(f"  hint:     {rc['hint']}")
-    for edge, g in rc["guards"].items():
-        values = ", ".join(f"{k}={v}" for k, v in g.items())
-        out.append(f"  guards:   {edge}: {values}")
-    for rt in rc["retries"]:
-        out.append(
-            f"  retry:    attempt {rt.get('attempt')} at {rt.get('t', 0):.2f} s: "
-            f"{rt.get('code')} {_clip(str(rt.get('error')), 80)} (slept {rt.get('sleep_s')} s)"
+    rows = [
+        ("state", f"{rc['state'] or '-'}   (path {' -> '.join(rc['path']) or '-'})"),
+        ("code", code),
+        ("message", _clip((rc["message"].splitlines() or [""])[0])),
+        ("hint", rc["hint"]),
+    ]
+    rows += [
+        ("guards", f"{edge}: " + ", ".join(f"{k}={v}" for k, v in g.items()))
+        for edge, g in rc["guards"].items()
+    ]
+    rows += [
+        (
+            "retry",
+            f"attempt {rt.get('attempt')} at {rt.get('t', 0):.2f} s: {rt.get('code')} "
+            f"{_clip(str(rt.get('error')), 80)} (slept {rt.get('sleep_s')} s)",
         )
-    for n in rc["notes"]:
-        out.append(f"  note:     at {n['t']:.2f} s: {_clip(n['message'], 110)}")
-    cmd = rc["command"]
-    if cmd:
-        label = "failed command" if cmd["caused_failure"] else "last command"
-        flags = " (timed out)" if cmd["timed_out"] else ""
-        out.append(f"  {label}: {_argv(cmd['argv'])} -> exit {cmd['rc']}{flags}")
-        tail = str(cmd["output_tail"] or "").strip().splitlines()[-6:]
-        out += [f"    | {_clip(line, 140)}" for line in tail]
-    return out
+        for rt in rc["retries"]
+    ]
+    return rows + [("note", f"at {n['t']:.2f} s: {_clip(n['message'], 110)}") for n in rc["notes"]]
+
+
+def _command_lines(cmd: dict[str, Any] | None) -> list[str]:
+    """The command that failed the state (or its last one) and its output's last lines."""
+    if not cmd:
+        return []
+    label = "failed command" if cmd["caused_failure"] else "last command"
+    flags = " (timed out)" if cmd["timed_out"] else ""
+    tail = str(cmd["output_tail"] or "").strip().splitlines()[-6:]
+    return [f"  {label}: {_argv(cmd['argv'])} -> exit {cmd['rc']}{flags}"] + [
+        f"    | {_clip(line, 140)}" for line in tail
+    ]
 
 
 def render_text(r: TraceReport) -> str:

@@ -96,6 +96,11 @@ def textfile(r: TraceReport, *, now: float, started: float | None = None) -> str
         "Retries (back-offs) over all states of the last run.",
         [("", sum(len(s.retries) for s in r.spans))],
     )
+    return "\n".join(lines + _state_metrics(r)) + "\n"
+
+
+def _state_metrics(r: TraceReport) -> list[str]:
+    """Every state of the table, then any other the run visited: one series each."""
     by_state = {s.state: s for s in r.spans}
     spans = [(name, by_state.get(name)) for name in [st.name for st in STATES]]
     spans += [(s.state, s) for s in r.spans if s.state not in {st.name for st in STATES}]
@@ -103,7 +108,7 @@ def textfile(r: TraceReport, *, now: float, started: float | None = None) -> str
     def per_state(value: Callable[[Span], float]) -> list[tuple[str, float]]:
         return [(f'{{state="{_label(n)}"}}', value(sp) if sp else 0) for n, sp in spans]
 
-    lines += _metric(
+    lines = _metric(
         "bootfsm_state_duration_seconds",
         "Seconds each state took in the last run (skipped states are ~0, not run 0).",
         per_state(lambda sp: sp.duration_s),
@@ -130,7 +135,7 @@ def textfile(r: TraceReport, *, now: float, started: float | None = None) -> str
             for o in STATE_OUTCOMES
         ],
     )
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def publish_start(host: Host, cfg: Config, *, boot_id: str, version: str) -> list[str]:

@@ -72,7 +72,7 @@ def checkpoint_problem(data: object) -> str:
         return f"unknown outcome {data['outcome'][:40]!r}"
     for key in ("pid", "code"):
         v = data.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+        if v is not None and (type(v) is not int or v < 0):  # a bool is no count
             return f"{key!r} is not a non-negative integer"
     if not isinstance(data.get("code_name", ""), str):
         return "'code_name' is not a string"
