@@ -38,6 +38,9 @@ __all__ = [
     "Watch",
     "check_redirect",
     "check_url",
+    "read_body",
+    "read_errors",
+    "read_failed",
     "receive",
     "session_class",
     "short",
@@ -263,12 +266,51 @@ class Bounds:
     watch: Watch
     expect_size: int | None
 
+    def check(self, url: str, so_far: int) -> None:
+        """DOWNLOAD_TIMEOUT once the watch fired or the deadline passed."""
+        if self.watch.fired or (self.deadline is not None and time.monotonic() > self.deadline):
+            raise TransientError(
+                Code.DOWNLOAD_TIMEOUT,
+                f"{redact_url(url)} did not finish within its time limit ({so_far} B so far)",
+            )
+
+    def room(self, url: str, done: int, cap: int) -> int:
+        """How much of a ``cap`` B buffer the next read may fill: never more than one byte
+        past the size the index states; a body already past it is refused."""
+        if self.expect_size is None:
+            return cap
+        if done > self.expect_size:
+            raise BootError(
+                Code.CHECKSUM_MISMATCH,
+                f"{redact_url(url)} sent more than the {self.expect_size} B its "
+                "index says (stopped one byte past it)",
+                wrong_size=True,
+            )
+        return min(cap, self.expect_size + 1 - done)
+
 
 def too_slow(url: str, watch: Watch) -> TransientError:
     return TransientError(
         Code.DOWNLOAD_TIMEOUT,
         f"{redact_url(url)} did not finish within its total time limit "
         f"({round(watch.seconds or 0, 1):g} s)",
+    )
+
+
+def read_errors() -> tuple[type[BaseException], ...]:
+    """What reading a body raises when the peer or the watch ends it."""
+    import urllib3
+
+    return (http.client.HTTPException, OSError, urllib3.exceptions.HTTPError)
+
+
+def read_failed(url: str, watch: Watch, exc: BaseException, where: str) -> TransientError:
+    """The error for a failed body read (``where``: how far it got)."""
+    if watch.fired:  # the watch shut the socket: the time is up
+        return too_slow(url, watch)
+    return TransientError(
+        Code.DOWNLOAD_RETRIES_EXHAUSTED,
+        f"{type(exc).__name__} reading {redact_url(url)} {where}: {short(exc)}",
     )
 
 
@@ -290,15 +332,9 @@ def receive(
     the underlying http.client response: no allocation or extra copy per chunk);
     content-encoded ones go through urllib3's decoder.
     """
-    import urllib3
-
-    read_errors = (http.client.HTTPException, OSError, urllib3.exceptions.HTTPError)
     digest = hashlib.sha256()
     flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | (0 if resumed else os.O_TRUNC)
     encoded = r.headers.get("Content-Encoding", "identity") not in ("", "identity")
-    fp = getattr(r.raw, "_fp", None)
-    read_into = None if encoded else getattr(fp, "readinto", None)
-    transferred = 0
     with open(os.open(part, flags, 0o600), "r+b") as fh:
         if resumed:
             while block := fh.read(min(1 << 20, resumed - fh.tell())):
@@ -307,73 +343,66 @@ def receive(
             fh.truncate()
         writer = pf.PartWriter(fh, digest)
         try:
-            while True:
-                if cancel is not None and cancel.is_set():
-                    raise Cancelled(f"download of {redact_url(url)} cancelled")
-                if bounds.watch.fired or (
-                    bounds.deadline is not None and time.monotonic() > bounds.deadline
-                ):
-                    raise TransientError(
-                        Code.DOWNLOAD_TIMEOUT,
-                        f"{redact_url(url)} did not finish within its time limit "
-                        f"({resumed + transferred} B so far)",
-                    )
-                done = resumed + transferred
-                if bounds.expect_size is not None and done > bounds.expect_size:
-                    raise BootError(
-                        Code.CHECKSUM_MISMATCH,
-                        f"{redact_url(url)} sent more than the {bounds.expect_size} B its "
-                        "index says (stopped one byte past it)",
-                        wrong_size=True,
-                    )
-                buf = writer.buffer()
-                cap = len(buf)
-                if bounds.expect_size is not None:  # never read more than one byte past
-                    cap = min(cap, bounds.expect_size + 1 - done)
-                try:
-                    n = _read(r, read_into, buf, cap)
-                except read_errors as exc:
-                    writer.give_back(buf)
-                    if bounds.watch.fired:  # the watch shut the socket: the time is up
-                        raise too_slow(url, bounds.watch) from exc
-                    raise TransientError(
-                        Code.DOWNLOAD_RETRIES_EXHAUSTED,
-                        f"{type(exc).__name__} reading {redact_url(url)} after "
-                        f"{resumed + transferred} B: {short(exc)}",
-                    ) from exc
-                if not n:
-                    writer.give_back(buf)
-                    break
-                writer.put(buf, n)
-                transferred += n
-                if progress is not None:
-                    progress(resumed + transferred, total)
+            done = _pump(r, encoded, writer, resumed, total, url, bounds, progress, cancel)
         finally:
-            try:
-                writer.close()
-            except OSError as exc:
-                raise pf.write_error(part, exc) from exc
-        try:
-            fh.flush()
-            if fsync:
-                os.fsync(fh.fileno())
-        except OSError as exc:
-            raise pf.write_error(part, exc) from exc
+            pf.guarded_io(part, writer.close)
+        pf.guarded_io(part, lambda: _flush(fh, fsync))
     if bounds.watch.fired:
         raise too_slow(url, bounds.watch)
-    if not encoded and total is not None and resumed + transferred != total:
+    if not encoded and total is not None and done != total:
         raise TransientError(
             Code.DOWNLOAD_RETRIES_EXHAUSTED,
-            f"short body from {redact_url(url)}: {resumed + transferred} of {total} B",
+            f"short body from {redact_url(url)}: {done} of {total} B",
         )
-    return StreamResult(resumed + transferred, digest.hexdigest(), resumed, transferred)
+    return StreamResult(done, digest.hexdigest(), resumed, done - resumed)
 
 
-def _read(r: Any, read_into: Callable[[Any], int] | None, buf: bytearray, cap: int) -> int:
+def _pump(
+    r: Any,
+    encoded: bool,
+    writer: pf.PartWriter,
+    done: int,
+    total: int | None,
+    url: str,
+    bounds: Bounds,
+    progress: Progress | None,
+    cancel: threading.Event | None,
+) -> int:
+    """Read the body into ``writer`` to its end; the bytes in the file after it."""
+    read_into = None if encoded else getattr(getattr(r.raw, "_fp", None), "readinto", None)
+    while True:
+        if cancel is not None and cancel.is_set():
+            raise Cancelled(f"download of {redact_url(url)} cancelled")
+        bounds.check(url, done)
+        cap = bounds.room(url, done, pf.CHUNK)
+        buf = writer.buffer()
+        try:
+            n = read_body(r, read_into, buf, cap, decode=True)
+        except read_errors() as exc:
+            writer.give_back(buf)
+            raise read_failed(url, bounds.watch, exc, f"after {done} B") from exc
+        if not n:
+            writer.give_back(buf)
+            return done
+        writer.put(buf, n)
+        done += n
+        if progress is not None:
+            progress(done, total)
+
+
+def _flush(fh: Any, fsync: bool) -> None:
+    fh.flush()
+    if fsync:
+        os.fsync(fh.fileno())
+
+
+def read_body(
+    r: Any, read_into: Callable[[Any], int] | None, buf: bytearray, cap: int, *, decode: bool
+) -> int:
     """Fill at most ``cap`` bytes of ``buf`` from the body; 0 at the end."""
     if read_into is not None:
         return int(read_into(memoryview(buf)[:cap] if cap < len(buf) else buf))
-    data = r.raw.read(cap, decode_content=True)
+    data = r.raw.read(cap, decode_content=decode)
     buf[: len(data)] = data  # decoded bodies are rare: one copy keeps memory bounded
     return len(data)
 

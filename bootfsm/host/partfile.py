@@ -16,10 +16,10 @@ import os
 import queue
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError, TransientError
@@ -34,6 +34,7 @@ __all__ = [
     "check_space",
     "content_range",
     "discard",
+    "guarded_io",
     "if_range",
     "meta_path",
     "partial_source",
@@ -48,6 +49,7 @@ __all__ = [
 
 CHUNK = 256 << 10  # fits the CPU cache while it is hashed and written; 1 MiB was slower
 _BUFFERS = 16  # read-ahead between the socket and the writer (4 MiB)
+_T = TypeVar("_T")
 _Chunk = tuple[bytes | bytearray, int]  # a buffer and how many of its bytes count
 
 
@@ -198,6 +200,14 @@ def check_space(part: Path, need: int, *, freed: int) -> None:
             Code.INSUFFICIENT_SPACE,
             f"{part.name} needs {need} B; {part.parent} has {free} B free",
         )
+
+
+def guarded_io(part: Path, fn: Callable[[], _T]) -> _T:
+    """``fn()``, its OSError raised as ``write_error``'s."""
+    try:
+        return fn()
+    except OSError as exc:
+        raise write_error(part, exc) from exc
 
 
 def write_error(part: Path, exc: OSError) -> BootError:

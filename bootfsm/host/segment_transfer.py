@@ -14,7 +14,6 @@ sha256 covers the whole file on disk. ``bootfsm.host.segments`` probes and plans
 from __future__ import annotations
 
 import errno
-import http.client
 import os
 import threading
 import time
@@ -30,10 +29,19 @@ from bootfsm.host import partfile as pf
 from bootfsm.host import segment_meta as sm
 from bootfsm.host.http import Http, left_s
 from bootfsm.host.http_errors import check_status
-from bootfsm.host.http_wire import Cancelled, Progress, Watch, short, too_slow
+from bootfsm.host.http_wire import (
+    Bounds,
+    Cancelled,
+    Progress,
+    Watch,
+    read_body,
+    read_errors,
+    read_failed,
+    too_slow,
+)
 from bootfsm.host.partfile import CHUNK, StreamResult
 
-__all__ = ["SAVE_EVERY_S", "Plan", "SegmentTransfer", "guarded_io"]
+__all__ = ["SAVE_EVERY_S", "Plan", "SegmentTransfer"]
 
 
 @dataclass(frozen=True)
@@ -93,12 +101,10 @@ class SegmentTransfer:
         their own connections) into ``part``; hash the file in order as its prefix
         completes."""
         part, plan, size = self.part, self.plan, self.size
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW
+        fd = pf.guarded_io(part, lambda: os.open(part, flags, 0o600))
         try:
-            fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        except OSError as exc:
-            raise pf.write_error(part, exc) from exc
-        try:
-            guarded_io(part, lambda: preallocate(fd, size))
+            pf.guarded_io(part, lambda: preallocate(fd, size))
             fr = sm.Frontier(fd, segs, size)
             self.frontier, self.fd = fr, fd
             resumed = fr.done()
@@ -119,12 +125,9 @@ class SegmentTransfer:
                 else:
                     self.save(force=True)
                 raise first_error(self.errors)
-            try:
-                sha = fr.finish()
-                if plan.fsync:
-                    os.fsync(fd)
-            except OSError as exc:
-                raise pf.write_error(part, exc) from exc
+            sha = pf.guarded_io(part, fr.finish)
+            if plan.fsync:
+                pf.guarded_io(part, lambda: os.fsync(fd))
             self.save(force=True)
             return StreamResult(size, sha, resumed, size - resumed)
         finally:
@@ -173,7 +176,7 @@ class SegmentTransfer:
                 return
             self._saved = now
             segs = self.frontier.snapshot()
-            guarded_io(
+            pf.guarded_io(
                 self.part,
                 lambda: sm.write_segments(
                     pf.meta_path(self.part), self.entity, self.size, self.url, segs
@@ -287,41 +290,22 @@ class SegmentTransfer:
         self._window = (now, 0) if self._gap_from is None else (since + now - self._gap_from, got)
 
     def _piece(self, r: Any, fp: Any, i: int, watch: Watch, first: bool) -> None:
-        import urllib3
-
-        read_errors = (http.client.HTTPException, OSError, urllib3.exceptions.HTTPError)
         fr, plan, url = self.frontier, self.plan, self.url
         assert fr is not None
         start, end, _ = fr.segments[i]
+        bounds = Bounds(plan.deadline, watch, None)
         read_into = getattr(fp, "readinto", None)
         buf = bytearray(CHUNK)
-        view = memoryview(buf)
         while (pos := start + fr.segments[i][2]) < end:
             if plan.cancel is not None and plan.cancel.is_set():
                 raise Cancelled(f"download of {redact_url(url)} cancelled")
             if self._halt.is_set():
                 raise Aborted
-            if watch.fired or (plan.deadline is not None and time.monotonic() > plan.deadline):
-                raise TransientError(
-                    Code.DOWNLOAD_TIMEOUT,
-                    f"{redact_url(url)} did not finish within its time limit "
-                    f"({fr.done()} B so far)",
-                )
-            cap = min(len(buf), end - pos)
+            bounds.check(url, fr.done())
             try:
-                if read_into is not None:
-                    n = int(read_into(view[:cap]))
-                else:
-                    data = r.raw.read(cap, decode_content=False)
-                    n = len(data)
-                    buf[:n] = data
-            except read_errors as exc:
-                if watch.fired:
-                    raise too_slow(url, watch) from exc
-                raise TransientError(
-                    Code.DOWNLOAD_RETRIES_EXHAUSTED,
-                    f"{type(exc).__name__} reading {redact_url(url)} at byte {pos}: {short(exc)}",
-                ) from exc
+                n = read_body(r, read_into, buf, min(len(buf), end - pos), decode=False)
+            except read_errors() as exc:
+                raise read_failed(url, watch, exc, f"at byte {pos}") from exc
             if not n:
                 if watch.fired:
                     raise too_slow(url, watch)
@@ -329,12 +313,7 @@ class SegmentTransfer:
                     Code.DOWNLOAD_RETRIES_EXHAUSTED,
                     f"short body from {redact_url(url)}: bytes {start}-{end - 1} stopped at {pos}",
                 )
-            written = 0
-            while written < n:
-                try:
-                    written += os.pwrite(self.fd, view[written:n], pos + written)
-                except OSError as exc:
-                    raise pf.write_error(self.part, exc) from exc
+            _pwrite_all(self.part, self.fd, memoryview(buf)[:n], pos)
             fr.advance(i, n)
             if first and not self._opened:
                 self.pace(n)
@@ -343,9 +322,11 @@ class SegmentTransfer:
             self.save()
 
 
-def guarded_io(part: Path, fn: Callable[[], None]) -> None:
+def _pwrite_all(part: Path, fd: int, data: memoryview, pos: int) -> None:
+    written = 0
     try:
-        fn()
+        while written < len(data):
+            written += os.pwrite(fd, data[written:], pos + written)
     except OSError as exc:
         raise pf.write_error(part, exc) from exc
 

@@ -23,9 +23,9 @@ from bootfsm.host import partfile as pf
 from bootfsm.host import segment_meta as sm
 from bootfsm.host.http import Http, left_s
 from bootfsm.host.http_errors import check_status
-from bootfsm.host.http_wire import Bounds, Progress, receive
+from bootfsm.host.http_wire import Bounds, Progress, Watch, receive
 from bootfsm.host.partfile import StreamResult, url_id
-from bootfsm.host.segment_transfer import Plan, SegmentTransfer, guarded_io
+from bootfsm.host.segment_transfer import Plan, SegmentTransfer
 
 __all__ = ["NoTotal", "stream_segmented"]
 
@@ -100,73 +100,127 @@ def _attempt(
     (``indexed`` B per its index, None: unknown); None when the entity changed under a
     resume (the part is gone: the caller starts over once). Raises ``NoTotal`` for an
     unsized file whose 206 gives no total."""
-    deadline, count = plan.deadline, plan.connections
-
-    meta_file = pf.meta_path(part)
-    meta = pf.read_meta(meta_file) if part.exists() else {}
-    size = indexed if indexed is not None else _recorded_size(meta)
-    segs = sm.resume_segments(meta, size) if meta and size is not None else None
-    validator = pf.if_range(meta) if segs is not None else None
-    if size is not None and (
-        segs is None or validator is None or meta.get("source") != url_id(url)
-    ):
-        segs, validator = sm.segment_plan(size, count), None
-    if size is None or segs is None:  # no size known: the probe asks for all of it
-        size, segs, first = None, [], 0
-        headers = {"Accept-Encoding": "identity", "Range": "bytes=0-"}
-    else:
-        first = next((i for i, (s, e, d) in enumerate(segs) if s + d < e), -1)
-        if first < 0:  # every segment on disk: hash it as it is
-            return SegmentTransfer(client, url, part, plan, {}, size).run(None, segs, [])
-        start, end, done = segs[first]
-        headers = {"Accept-Encoding": "identity", "Range": f"bytes={start + done}-{end - 1}"}
+    meta, size, segs, validator = _resume_plan(part, url, indexed, plan.connections)
+    first, want = _probe_range(size, segs)
+    if first < 0:  # every segment on disk: hash it as it is
+        return SegmentTransfer(client, url, part, plan, {}, size or 0).run(None, segs, [])
+    headers = {"Accept-Encoding": "identity", "Range": want}
     if validator:
         headers["If-Range"] = validator
     with client.request(
-        url, headers, limit=left_s(url, deadline), allow_http_hosts=plan.allow_http_hosts
+        url, headers, limit=left_s(url, plan.deadline), allow_http_hosts=plan.allow_http_hosts
     ) as (r, watch):
         check_status(r.status_code, r.headers, url)
         if r.status_code == 200 and validator:
             pf.discard(part)  # the entity changed: start over
             return None
-        bounds = Bounds(deadline, watch, size)
         if r.status_code != 206:  # Range ignored: this response is the download
-            return _whole(r, part, url, plan, size, bounds)
-        got, total = pf.content_range(r.headers.get("Content-Range", ""))
+            return _whole(r, part, url, plan, size, Bounds(plan.deadline, watch, size))
         if size is None:
-            if got != 0 or not total:  # no total to plan from: one connection
-                raise NoTotal
-            size = total
-            segs = sm.segment_plan(size, count) if size >= min_size else [[0, size, 0]]
-            start, end, done = segs[0]
-        elif total != size:
-            if indexed is None or validator:  # a resume that does not continue
-                pf.discard(part)  # the bytes on disk: start over, from byte 0
-                return None
-            raise BootError(
-                Code.CHECKSUM_MISMATCH,
-                f"{redact_url(url)} is {total} B but its index says {size} B",
-                wrong_size=True,
-            )
-        if got != start + done or (validator and not pf.same_entity(meta, r.headers)):
-            pf.discard(part)
-            if validator:  # a resume answered with other bytes: start over
-                return None
-            raise TransientError(
-                Code.DOWNLOAD_RETRIES_EXHAUSTED,
-                f"cannot resume {redact_url(url)} in segments: the server "
-                "answered another range or entity; partial file discarded",
-            )
-        if not validator:
-            pf.check_space(part, size, freed=file_size(part))
-            pf.discard(part)
-        known: int = size
-        guarded_io(part, lambda: sm.write_segments(meta_file, r.headers, known, url, segs))
-        ids = [first]
-        if indexed is None and not validator and plan.below_rate > 0:
-            ids = list(range(len(segs)))  # it was asked for all of them
-        transfer = SegmentTransfer(client, url, part, plan, dict(r.headers), size)
-        return transfer.run((r, watch), segs, ids)
+            size, segs = _plan_from_total(r.headers, plan.connections, min_size)
+        elif not _continues(r.headers, part, url, meta, size, segs[first], indexed, validator):
+            return None  # a resume that does not continue: the part is gone, start over
+        probe = (r, watch)
+        return _segmented(client, url, part, plan, probe, size, segs, first, indexed, validator)
+
+
+def _resume_plan(
+    part: Path, url: str, indexed: int | None, count: int
+) -> tuple[dict[str, Any], int | None, list[list[int]], str | None]:
+    """The sidecar, the size (the index's, else the one the sidecar recorded), the
+    segments and the ``If-Range`` validator: the sidecar's when it records this URL's
+    entity at this size, else a fresh plan (no size: none yet)."""
+    meta = pf.read_meta(pf.meta_path(part)) if part.exists() else {}
+    size = indexed if indexed is not None else _recorded_size(meta)
+    if size is None:
+        return meta, None, [], None
+    segs = sm.resume_segments(meta, size) if meta else None
+    validator = pf.if_range(meta) if segs is not None else None
+    if segs is None or validator is None or meta.get("source") != url_id(url):
+        return meta, size, sm.segment_plan(size, count), None
+    return meta, size, segs, validator
+
+
+def _probe_range(size: int | None, segs: list[list[int]]) -> tuple[int, str]:
+    """The first unfinished segment and the range the probe asks for (-1: none left)."""
+    if size is None:  # no size known: the probe asks for all of it
+        return 0, "bytes=0-"
+    first = next((i for i, (s, e, d) in enumerate(segs) if s + d < e), -1)
+    if first < 0:
+        return -1, ""
+    start, end, done = segs[first]
+    return first, f"bytes={start + done}-{end - 1}"
+
+
+def _segmented(
+    client: Http,
+    url: str,
+    part: Path,
+    plan: Plan,
+    probe: tuple[Any, Watch],
+    size: int,
+    segs: list[list[int]],
+    first: int,
+    indexed: int | None,
+    validator: str | None,
+) -> StreamResult:
+    """The probe's 206 fits the plan: reserve the space (a fresh download), record the
+    plan in the sidecar and receive the segments (the probe's on its connection)."""
+    headers = probe[0].headers
+    if not validator:
+        pf.check_space(part, size, freed=file_size(part))
+        pf.discard(part)
+    pf.guarded_io(part, lambda: sm.write_segments(pf.meta_path(part), headers, size, url, segs))
+    ids = [first]
+    if indexed is None and not validator and plan.below_rate > 0:
+        ids = list(range(len(segs)))  # it was asked for all of them
+    return SegmentTransfer(client, url, part, plan, dict(headers), size).run(probe, segs, ids)
+
+
+def _plan_from_total(
+    headers: Mapping[str, str], count: int, min_size: int
+) -> tuple[int, list[list[int]]]:
+    """An unsized probe's 206: the size from its total and the segments planned from it
+    (one under ``min_size``); ``NoTotal`` when it gives none."""
+    got, total = pf.content_range(headers.get("Content-Range", ""))
+    if got != 0 or not total:  # no total to plan from: one connection
+        raise NoTotal
+    return total, sm.segment_plan(total, count) if total >= min_size else [[0, total, 0]]
+
+
+def _continues(
+    headers: Mapping[str, str],
+    part: Path,
+    url: str,
+    meta: Mapping[str, Any],
+    size: int,
+    seg: list[int],
+    indexed: int | None,
+    validator: str | None,
+) -> bool:
+    """Whether a sized probe's 206 continues segment ``seg``; False (the part discarded)
+    for a resume it does not continue; a fresh download it does not fit is refused."""
+    got, total = pf.content_range(headers.get("Content-Range", ""))
+    if total != size:
+        if indexed is None or validator:  # a resume that does not continue
+            pf.discard(part)  # the bytes on disk: start over, from byte 0
+            return False
+        raise BootError(
+            Code.CHECKSUM_MISMATCH,
+            f"{redact_url(url)} is {total} B but its index says {size} B",
+            wrong_size=True,
+        )
+    start, _, done = seg
+    if got != start + done or (validator and not pf.same_entity(meta, headers)):
+        pf.discard(part)
+        if validator:  # a resume answered with other bytes: start over
+            return False
+        raise TransientError(
+            Code.DOWNLOAD_RETRIES_EXHAUSTED,
+            f"cannot resume {redact_url(url)} in segments: the server "
+            "answered another range or entity; partial file discarded",
+        )
+    return True
 
 
 def _whole(
