@@ -14,7 +14,6 @@ from bootfsm.core.errors import BootError
 __all__ = [
     "FILTER_ERRORS",
     "HAS_EXTRACTION_FILTER",
-    "archive_bounds",
     "check_member",
     "check_members",
     "extract_bounded",
@@ -120,15 +119,6 @@ def check_members(members: Iterable[tuple[str, bytes, str]]) -> str | None:
     return None
 
 
-def archive_bounds(members: int, total: int, *, max_members: int, max_bytes: int) -> str | None:
-    """Why an archive listing is too large to extract, or None."""
-    if members > max_members:
-        return f"more than {max_members} members"
-    if total > max_bytes:
-        return f"more than {max_bytes} bytes uncompressed (its size with a margin)"
-    return None
-
-
 def _sanitized(member: tarfile.TarInfo) -> tarfile.TarInfo:
     """What the ``data`` filter does to a member already judged safe: no setuid, setgid
     or sticky bit, no group/other write, owned by whoever extracts (root here)."""
@@ -200,11 +190,12 @@ def extract_bounded(
                 check_time()
                 members.append(m)
                 total += m.size if m.isreg() else 0
-                big = archive_bounds(
-                    len(members), total, max_members=max_members, max_bytes=max_bytes
-                )
-                if big:
-                    raise refuse(big)
+                if len(members) > max_members:
+                    raise refuse(f"more than {max_members} members")
+                if total > max_bytes:
+                    raise refuse(
+                        f"more than {max_bytes} bytes uncompressed (its size with a margin)"
+                    )
             problem = check_members((m.name, m.type, m.linkname) for m in members)
             if problem:
                 raise refuse(problem)

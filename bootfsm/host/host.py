@@ -18,13 +18,15 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeVar
 
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError
 from bootfsm.host.atomic import append_line, fsync_dir, publish, sweep
 from bootfsm.host.owndir import check_chain, check_dir
 from bootfsm.host.process import OUTPUT_LIMIT_BYTES, OUTPUT_TAIL_BYTES, CommandResult, Commands
+
+_T = TypeVar("_T")
 
 __all__ = ["OUTPUT_LIMIT_BYTES", "OUTPUT_TAIL_BYTES", "CommandResult", "Host", "fsync_dir"]
 
@@ -67,22 +69,12 @@ class Host(Commands):
     # -- reading -----------------------------------------------------------------------
     def read_text(self, node_path: str) -> str | None:
         """File content, or None when the file does not exist."""
-        try:
-            return self.path(node_path).read_text(encoding="utf-8", errors="replace")
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        except OSError as exc:
-            raise BootError(Code.HOST_IO_ERROR, f"cannot read {node_path}: {exc}") from exc
+        p = self.path(node_path)
+        return _or_none(node_path, "read", lambda: p.read_text(encoding="utf-8", errors="replace"))
 
     def read_bytes(self, node_path: str, limit: int = 1 << 20) -> bytes | None:
         """Up to ``limit`` bytes of a file, or None when it does not exist."""
-        try:
-            with self.path(node_path).open("rb") as fh:
-                return fh.read(limit)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        except OSError as exc:
-            raise BootError(Code.HOST_IO_ERROR, f"cannot read {node_path}: {exc}") from exc
+        return _or_none(node_path, "read", partial(_head, self.path(node_path), limit))
 
     def sha256(self, node_path: str) -> str | None:
         """sha256 (hex) of a regular file, links not followed; None when there is none."""
@@ -109,12 +101,8 @@ class Host(Commands):
 
     def stat(self, node_path: str, *, follow: bool = True) -> os.stat_result | None:
         """The node path's stat (``follow=False``: the link itself), or None when absent."""
-        try:
-            return os.stat(self.path(node_path), follow_symlinks=follow)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        except OSError as exc:
-            raise BootError(Code.HOST_IO_ERROR, f"cannot stat {node_path}: {exc}") from exc
+        p = self.path(node_path)
+        return _or_none(node_path, "stat", lambda: os.stat(p, follow_symlinks=follow))
 
     def is_file(self, node_path: str) -> bool:
         """True when the node path is a regular file (links followed)."""
@@ -389,3 +377,18 @@ class Host(Commands):
 
 def _copy_from(inp: IO[bytes], out: IO[bytes]) -> None:
     shutil.copyfileobj(inp, out, 1 << 20)
+
+
+def _or_none(node_path: str, what: str, fn: Callable[[], _T]) -> _T | None:
+    """``fn()``; None when the node path does not exist, HOST_IO_ERROR on other errors."""
+    try:
+        return fn()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        raise BootError(Code.HOST_IO_ERROR, f"cannot {what} {node_path}: {exc}") from exc
+
+
+def _head(p: Path, limit: int) -> bytes:
+    with p.open("rb") as fh:
+        return fh.read(limit)

@@ -35,7 +35,6 @@ from bootfsm.host.http_wire import (
     Cancelled,
     Progress,
     Watch,
-    check_redirect,
     check_url,
     receive,
     session_class,
@@ -53,7 +52,6 @@ __all__ = [
     "Http",
     "HttpResult",
     "StreamResult",
-    "check_redirect",
     "check_url",
     "left_s",
     "partial_source",
@@ -348,11 +346,7 @@ class Http:
                     f"index {expect_size} B; partial file discarded",
                 )
             if expect_size is not None and total is not None and total != expect_size:
-                raise BootError(
-                    Code.CHECKSUM_MISMATCH,
-                    f"{redact_url(url)} is {total} B but its index says {expect_size} B",
-                    wrong_size=True,
-                )
+                raise pf.wrong_size(url, total, expect_size)
             if total is not None:
                 pf.check_space(part, total - resumed, freed=0 if resumed else on_disk)
             if not resumed:

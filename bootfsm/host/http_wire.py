@@ -182,25 +182,19 @@ def session_class() -> Any:
     from urllib3.connection import HTTPConnection, HTTPSConnection
     from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
-    class WatchedHTTP(HTTPConnection):
+    class Watched:
         def connect(self) -> None:
             _register(self)
-            super().connect()
+            super().connect()  # type: ignore[misc]
             _register(self)  # the socket the response is read from (TLS: once wrapped)
 
         def request(self, *args: Any, **kwargs: Any) -> None:
             _register(self)
-            super().request(*args, **kwargs)
+            super().request(*args, **kwargs)  # type: ignore[misc]
 
-    class WatchedHTTPS(HTTPSConnection):
-        def connect(self) -> None:
-            _register(self)
-            super().connect()
-            _register(self)
+    class WatchedHTTP(Watched, HTTPConnection): ...
 
-        def request(self, *args: Any, **kwargs: Any) -> None:
-            _register(self)
-            super().request(*args, **kwargs)
+    class WatchedHTTPS(Watched, HTTPSConnection): ...
 
     class Pool(HTTPConnectionPool):
         ConnectionCls = WatchedHTTP

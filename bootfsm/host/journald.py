@@ -36,7 +36,6 @@ __all__ = [
     "JOURNAL_SOCKET",
     "MAX_ENTRY",
     "Journald",
-    "decode",
     "encode",
     "prefixed",
     "priority",
@@ -51,7 +50,7 @@ _MAX_VALUE = 16 * 1024
 #: syslog priorities (sd-daemon(3) SD_ERR ... SD_DEBUG) of the journal's levels
 PRIORITIES = {"critical": 2, "error": 3, "warning": 4, "info": 6, "debug": 7}
 
-_KEY = re.compile(r"[A-Z0-9_]{1,64}")
+_KEY = re.compile(r"[A-Z][A-Z0-9_]{0,63}")  # not starting with "_" (trusted) or a digit
 
 
 def priority(level: str) -> int:
@@ -78,16 +77,12 @@ def stream_matches(value: str | None, fd: int) -> bool:
     return st.st_dev == int(dev) and st.st_ino == int(ino)
 
 
-def _valid_key(key: str) -> bool:
-    return bool(_KEY.fullmatch(key)) and not key[0].isdigit() and key[0] != "_"
-
-
 def encode(fields: Mapping[str, object]) -> bytes:
     """One native-protocol entry; invalid keys and empty values are dropped, values are
     cut to 16 KiB, and the entry to ``MAX_ENTRY`` bytes (MESSAGE first, then the rest)."""
     out = bytearray()
     for key, raw in fields.items():
-        if raw is None or not _valid_key(key):
+        if raw is None or not _KEY.fullmatch(key):
             continue
         value = str(raw).encode("utf-8", "replace")[:_MAX_VALUE]
         if b"\n" in value:
@@ -98,35 +93,6 @@ def encode(fields: Mapping[str, object]) -> bytes:
             continue
         out += item
     return bytes(out)
-
-
-def decode(data: bytes) -> dict[str, bytes]:
-    """Parse one native-protocol entry (the reverse of :func:`encode`; tests use it and
-    it follows the protocol document, not the encoder). Raises ValueError on garbage."""
-    fields: dict[str, bytes] = {}
-    i = 0
-    while i < len(data):
-        nl = data.find(b"\n", i)
-        if nl < 0:
-            raise ValueError(f"entry ends without a newline at byte {i}")
-        line = data[i:nl]
-        if b"=" in line:
-            key, _, value = line.partition(b"=")
-            i = nl + 1
-        else:
-            key = line
-            if nl + 9 > len(data):
-                raise ValueError(f"{key!r}: binary field without its length")
-            (size,) = struct.unpack("<Q", data[nl + 1 : nl + 9])
-            end = nl + 9 + size
-            if end >= len(data) or data[end : end + 1] != b"\n":
-                raise ValueError(f"{key!r}: binary field of {size} bytes is not closed")
-            value = data[nl + 9 : end]
-            i = end + 1
-        if not _valid_key(key.decode("ascii", "replace")):
-            raise ValueError(f"invalid field name {key!r}")
-        fields[key.decode()] = value
-    return fields
 
 
 class Journald:

@@ -15,7 +15,7 @@ from pathlib import Path
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError
 
-__all__ = ["check_chain", "check_dir", "trusted_uids"]
+__all__ = ["check_chain", "check_dir"]
 
 
 _SYS_GID_MAX = 1000
@@ -24,17 +24,13 @@ _SYS_GID_MAX = 1000
 directory itself must never be group-writable."""
 
 
-def trusted_uids() -> tuple[int, ...]:
-    return (0, os.geteuid())
-
-
 def check_dir(st: os.stat_result, node_path: str, above: str) -> None:
     where = f"{above} (above {node_path})" if above else node_path
     if stat.S_ISLNK(st.st_mode):
         problem = "is a symlink"
     elif not stat.S_ISDIR(st.st_mode):
         problem = "is not a directory"
-    elif st.st_uid not in trusted_uids():
+    elif st.st_uid not in (0, os.geteuid()):
         problem = f"is owned by uid {st.st_uid}, not root"
     elif st.st_mode & 0o002 or (st.st_mode & 0o020 and not (above and st.st_gid < _SYS_GID_MAX)):
         sticky = " (sticky, but its owner is not bootfsm)" if st.st_mode & stat.S_ISVTX else ""

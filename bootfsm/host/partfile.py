@@ -34,8 +34,10 @@ __all__ = [
     "check_space",
     "content_range",
     "discard",
+    "entity",
     "guarded_io",
     "if_range",
+    "int_or_none",
     "meta_path",
     "partial_source",
     "read_meta",
@@ -45,6 +47,7 @@ __all__ = [
     "write_error",
     "write_meta",
     "write_new",
+    "wrong_size",
 ]
 
 CHUNK = 256 << 10  # fits the CPU cache while it is hashed and written; 1 MiB was slower
@@ -95,17 +98,21 @@ def read_meta(path: Path) -> dict[str, Any]:
     return data
 
 
-def write_meta(path: Path, headers: Mapping[str, str], total: int | None, url: str) -> None:
-    """Record the entity the bytes about to be written belong to (before writing them)."""
+def entity(headers: Mapping[str, str], total: int | None, url: str) -> dict[str, Any]:
+    """What a sidecar records of the entity its bytes belong to."""
     etag, modified = headers.get("ETag"), headers.get("Last-Modified")
-    data = {
+    return {
         "validator": etag or modified,
         "etag": etag,
         "last_modified": modified,
         "size": total,
         "source": url_id(url),
     }
-    write_new(path, json.dumps(data))
+
+
+def write_meta(path: Path, headers: Mapping[str, str], total: int | None, url: str) -> None:
+    """Record the entity the bytes about to be written belong to (before writing them)."""
+    write_new(path, json.dumps(entity(headers, total, url)))
 
 
 def write_new(path: Path, text: str) -> None:
@@ -153,7 +160,7 @@ def accept(
     url: str,
 ) -> tuple[int, int | None]:
     """(bytes resumed from disk, total size or None) for a 200/206; never splices."""
-    length = _int(headers.get("Content-Length"))
+    length = int_or_none(headers.get("Content-Length"))
     if status != 206:
         return 0, length
     start, total = content_range(headers.get("Content-Range", ""))
@@ -208,6 +215,15 @@ def guarded_io(part: Path, fn: Callable[[], _T]) -> _T:
         return fn()
     except OSError as exc:
         raise write_error(part, exc) from exc
+
+
+def wrong_size(url: str, got: int | None, want: int | None) -> BootError:
+    """CHECKSUM_MISMATCH: the server's size of ``url`` is not the one its index states."""
+    return BootError(
+        Code.CHECKSUM_MISMATCH,
+        f"{redact_url(url)} is {got} B but its index says {want} B",
+        wrong_size=True,
+    )
 
 
 def write_error(part: Path, exc: OSError) -> BootError:
@@ -297,14 +313,11 @@ def content_range(value: str) -> tuple[int | None, int | None]:
     m = re.fullmatch(r"\s*bytes\s+(?:(\d+)-\d+|\*)/(\d+|\*)\s*", value)
     if m is None:
         return None, None
-    return _int(m.group(1)), _int(m.group(2))
+    return int_or_none(m.group(1)), int_or_none(m.group(2))
 
 
-def _int(value: str | None) -> int | None:
+def int_or_none(value: str | None) -> int | None:
     try:
         return int(value) if value is not None else None
     except ValueError:
         return None
-
-
-# -- segmented downloads -----------------------------------------------------------------

@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Any
 
 __all__ = ["LogWatch", "Progress", "Track", "human_bytes", "last_line"]
@@ -66,14 +65,40 @@ class Track:
 
 def human_bytes(n: float) -> str:
     """``1.5 GB``-style size (decimal units, as download tools print)."""
-    for unit in ("B", "kB", "MB", "GB"):
-        if abs(n) < 1000 or unit == "GB":
+    for unit in ("B", "kB", "MB"):
+        if abs(n) < 1000:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
-    return f"{n:.1f} GB"  # pragma: no cover - loop always returns
+    return f"{n:.1f} GB"
 
 
-class Progress:
+class _StatusLine:
+    """A line redrawn in place on ``tty``; a tty that fails a write is dropped."""
+
+    tty: IO[str] | None
+    _drawn = False
+
+    def _draw(self, text: str, width: int | None = None) -> None:
+        width = width or shutil.get_terminal_size((100, 20)).columns - 1
+        self._write("\r\x1b[K" + text[:width])
+        self._drawn = True
+
+    def clear(self) -> None:
+        """Erase the status line (before a console line or at the end)."""
+        if self.tty is not None and self._drawn:
+            self._write("\r\x1b[K")
+            self._drawn = False
+
+    def _write(self, text: str) -> None:
+        assert self.tty is not None
+        try:
+            self.tty.write(text)
+            self.tty.flush()
+        except (OSError, ValueError):
+            self.tty = None
+
+
+class Progress(_StatusLine):
     """Reports ``Track`` objects: ``artifact.progress`` events every ``every_s`` seconds
     or ``every_frac`` of the file, and a status line on ``tty`` (redrawn at most every
     ``redraw_s``; ``clear`` before anything else is written to that stream)."""
@@ -96,7 +121,6 @@ class Progress:
         self.redraw_s = redraw_s
         self.width = width  # None: the terminal's
         self.clock = clock
-        self._drawn = False
         self._last_draw = 0.0
 
     def tick(self, tracks: Iterable[Track]) -> None:
@@ -112,7 +136,7 @@ class Progress:
                 self.emit("artifact.progress", **self.fields(t, now))
         if self.tty is not None and active and now - self._last_draw >= self.redraw_s:
             self._last_draw = now
-            self._draw(active, now)
+            self._draw(" | ".join(self._part(t, now) for t in active), self.width)
 
     @staticmethod
     def fields(t: Track, now: float) -> dict[str, Any]:
@@ -127,32 +151,13 @@ class Progress:
             "eta_s": round(eta, 1) if eta is not None else None,
         }
 
-    def _draw(self, active: list[Track], now: float) -> None:
-        assert self.tty is not None
-        parts = []
-        for t in active:
-            eta = t.eta(now)
-            pct = f"{100 * t.done / t.total:3.0f}% " if t.total else ""
-            size = f"{human_bytes(t.done)}" + (f"/{human_bytes(t.total)}" if t.total else "")
-            tail = f" ETA {eta:.0f}s" if eta is not None else ""
-            parts.append(f"{t.name} {pct}{size} {human_bytes(t.rate(now))}/s{tail}")
-        width = self.width or shutil.get_terminal_size((100, 20)).columns - 1
-        self._write("\r\x1b[K" + " | ".join(parts)[:width])
-        self._drawn = True
-
-    def clear(self) -> None:
-        """Erase the status line (before a console line or at the end)."""
-        if self.tty is not None and self._drawn:
-            self._write("\r\x1b[K")
-            self._drawn = False
-
-    def _write(self, text: str) -> None:
-        assert self.tty is not None
-        try:
-            self.tty.write(text)
-            self.tty.flush()
-        except (OSError, ValueError):
-            self.tty = None
+    @staticmethod
+    def _part(t: Track, now: float) -> str:
+        eta = t.eta(now)
+        pct = f"{100 * t.done / t.total:3.0f}% " if t.total else ""
+        size = f"{human_bytes(t.done)}" + (f"/{human_bytes(t.total)}" if t.total else "")
+        tail = f" ETA {eta:.0f}s" if eta is not None else ""
+        return f"{t.name} {pct}{size} {human_bytes(t.rate(now))}/s{tail}"
 
 
 _TAIL_BYTES = 4096
@@ -182,7 +187,7 @@ def _tail(path: Path, since: float) -> str:
         return ""
 
 
-class LogWatch:
+class LogWatch(_StatusLine):
     """While a blocking command runs (``with LogWatch(...):``): elapsed time and the last
     line of ``log``, on ``tty`` (redrawn), through ``status`` (systemd STATUS=) every
     ``poll_s``, and as ``<what>.progress`` events (``elapsed_s``, ``log_line``) through
@@ -217,7 +222,6 @@ class LogWatch:
         self._last_emit = self._t0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._drawn = False
         self.ticks = 0
 
     def __enter__(self) -> LogWatch:
@@ -228,16 +232,11 @@ class LogWatch:
         self._thread.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self._clear()
+        self.clear()
 
     def _loop(self) -> None:
         while not self._stop.wait(self.poll_s):
@@ -254,24 +253,9 @@ class LogWatch:
         self.ticks += 1
         text = f"{self.label}: {elapsed:.0f} s" + (f": {line}" if line else "")
         if self.tty is not None:
-            width = shutil.get_terminal_size((100, 20)).columns - 1
-            self._write("\r\x1b[K" + text[:width])
-            self._drawn = True
+            self._draw(text)
         if self.status is not None:
             self.status(text)
         if now - self._last_emit >= self.every_s:
             self._last_emit = now
             self.emit(f"{self.what}.progress", elapsed_s=round(elapsed, 1), log_line=line)
-
-    def _clear(self) -> None:
-        if self.tty is not None and self._drawn:
-            self._write("\r\x1b[K")
-            self._drawn = False
-
-    def _write(self, text: str) -> None:
-        assert self.tty is not None
-        try:
-            self.tty.write(text)
-            self.tty.flush()
-        except (OSError, ValueError):
-            self.tty = None

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from bootfsm.host.partfile import CHUNK, meta_path, read_meta, url_id, write_new
+from bootfsm.host.partfile import CHUNK, entity, meta_path, read_meta, write_error, write_new
 
 _PIECE_MIN, _PIECE_MAX = 1 << 20, 32 << 20  # one ranged request each
 
@@ -35,21 +35,18 @@ def segment_plan(size: int, count: int) -> list[list[int]]:
 
 
 def write_segments(
-    path: Path, headers: Mapping[str, str], size: int, url: str, segments: list[list[int]]
+    part: Path, headers: Mapping[str, str], size: int, url: str, segments: list[list[int]]
 ) -> None:
-    """Record the entity and each segment's progress, atomically (tmp, rename)."""
-    etag, modified = headers.get("ETag"), headers.get("Last-Modified")
-    data = {
-        "validator": etag or modified,
-        "etag": etag,
-        "last_modified": modified,
-        "size": size,
-        "source": url_id(url),
-        "segments": segments,
-    }
+    """Record the entity and each segment's progress in ``part``'s sidecar, atomically
+    (tmp, rename); a failure is ``write_error``'s."""
+    path = meta_path(part)
     tmp = path.with_name(path.name + ".tmp")
-    write_new(tmp, json.dumps(data))  # never through a planted link
-    os.replace(tmp, path)
+    data = {**entity(headers, size, url), "segments": segments}
+    try:
+        write_new(tmp, json.dumps(data))  # never through a planted link
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise write_error(part, exc) from exc
 
 
 def resume_segments(meta: Mapping[str, Any], size: int) -> list[list[int]] | None:

@@ -176,12 +176,7 @@ class SegmentTransfer:
                 return
             self._saved = now
             segs = self.frontier.snapshot()
-            pf.guarded_io(
-                self.part,
-                lambda: sm.write_segments(
-                    pf.meta_path(self.part), self.entity, self.size, self.url, segs
-                ),
-            )
+            sm.write_segments(self.part, self.entity, self.size, self.url, segs)
 
     def halt(self) -> None:
         """Stop every receiver at its next chunk (no-op once they are done)."""
@@ -345,10 +340,6 @@ def preallocate(fd: int, size: int) -> None:
 
 def first_error(errors: list[BaseException]) -> BaseException:
     """The error to raise for a failed segmented download: a permanent one first."""
-    for e in errors:
-        if isinstance(e, BootError):
-            return e
-    for e in errors:
-        if not isinstance(e, Cancelled):
-            return e
-    return errors[0]
+    permanent = [e for e in errors if isinstance(e, BootError)]
+    other = [e for e in errors if not isinstance(e, Cancelled)]
+    return (permanent or other or errors)[0]

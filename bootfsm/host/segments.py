@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bootfsm.core.codes import Code
-from bootfsm.core.errors import BootError, TransientError
+from bootfsm.core.errors import TransientError
 from bootfsm.core.redact import redact_url
 from bootfsm.host import partfile as pf
 from bootfsm.host import segment_meta as sm
@@ -170,7 +170,7 @@ def _segmented(
     if not validator:
         pf.check_space(part, size, freed=file_size(part))
         pf.discard(part)
-    pf.guarded_io(part, lambda: sm.write_segments(pf.meta_path(part), headers, size, url, segs))
+    sm.write_segments(part, headers, size, url, segs)
     ids = [first]
     if indexed is None and not validator and plan.below_rate > 0:
         ids = list(range(len(segs)))  # it was asked for all of them
@@ -205,11 +205,7 @@ def _continues(
         if indexed is None or validator:  # a resume that does not continue
             pf.discard(part)  # the bytes on disk: start over, from byte 0
             return False
-        raise BootError(
-            Code.CHECKSUM_MISMATCH,
-            f"{redact_url(url)} is {total} B but its index says {size} B",
-            wrong_size=True,
-        )
+        raise pf.wrong_size(url, total, size)
     start, _, done = seg
     if got != start + done or (validator and not pf.same_entity(meta, headers)):
         pf.discard(part)
@@ -227,13 +223,9 @@ def _whole(
     r: Any, part: Path, url: str, plan: Plan, size: int | None, bounds: Bounds
 ) -> StreamResult:
     """A 200 to the probe: the whole body on this connection, as ``stream_to`` reads it."""
-    total = int_or_none(r.headers.get("Content-Length"))
+    total = pf.int_or_none(r.headers.get("Content-Length"))
     if total is not None and size is not None and total != size:
-        raise BootError(
-            Code.CHECKSUM_MISMATCH,
-            f"{redact_url(url)} is {total} B but its index says {size} B",
-            wrong_size=True,
-        )
+        raise pf.wrong_size(url, total, size)
     pf.check_space(part, size if size is not None else total or 0, freed=file_size(part))
     pf.discard(part)
     pf.write_meta(pf.meta_path(part), r.headers, total, url)
@@ -245,13 +237,6 @@ def file_size(p: Path) -> int:
         return p.stat().st_size
     except OSError:
         return 0
-
-
-def int_or_none(value: str | None) -> int | None:
-    try:
-        return int(value) if value is not None else None
-    except ValueError:
-        return None
 
 
 def _recorded_size(meta: Mapping[str, Any]) -> int | None:
