@@ -136,7 +136,7 @@ class Progress(_StatusLine):
                 self.emit("artifact.progress", **self.fields(t, now))
         if self.tty is not None and active and now - self._last_draw >= self.redraw_s:
             self._last_draw = now
-            self._draw(" | ".join(self._part(t, now) for t in active), self.width)
+            self._draw(self._line(active, now), self.width)
 
     @staticmethod
     def fields(t: Track, now: float) -> dict[str, Any]:
@@ -152,12 +152,15 @@ class Progress(_StatusLine):
         }
 
     @staticmethod
-    def _part(t: Track, now: float) -> str:
-        eta = t.eta(now)
-        pct = f"{100 * t.done / t.total:3.0f}% " if t.total else ""
-        size = f"{human_bytes(t.done)}" + (f"/{human_bytes(t.total)}" if t.total else "")
-        tail = f" ETA {eta:.0f}s" if eta is not None else ""
-        return f"{t.name} {pct}{size} {human_bytes(t.rate(now))}/s{tail}"
+    def _line(active: list[Track], now: float) -> str:
+        parts = []
+        for t in active:
+            eta = t.eta(now)
+            pct = f"{100 * t.done / t.total:3.0f}% " if t.total else ""
+            size = f"{human_bytes(t.done)}" + (f"/{human_bytes(t.total)}" if t.total else "")
+            tail = f" ETA {eta:.0f}s" if eta is not None else ""
+            parts.append(f"{t.name} {pct}{size} {human_bytes(t.rate(now))}/s{tail}")
+        return " | ".join(parts)
 
 
 _TAIL_BYTES = 4096
