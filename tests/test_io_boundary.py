@@ -25,7 +25,6 @@ SOCKET = {
 HTTP_LIBRARY = {
     "bootfsm/host/http.py": "GET, POST, resumable downloads",
     "bootfsm/host/http_wire.py": "the watched session, the body reader",
-    "bootfsm/host/segment_transfer.py": "reads each segment off its response (urllib3's errors)",
 }
 #: Besides every module in bootfsm/host/: who else writes files, and why.
 WRITES = {

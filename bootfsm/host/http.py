@@ -30,7 +30,6 @@ from bootfsm.core.redact import redact_url
 from bootfsm.host import partfile as pf
 from bootfsm.host.http_errors import check_status, classify
 from bootfsm.host.http_wire import (
-    SYSTEM_CA_BUNDLES,
     Bounds,
     Cancelled,
     Progress,
@@ -57,6 +56,14 @@ __all__ = [
     "partial_source",
     "url_id",
 ]
+
+
+#: Where distributions keep the system trust store (the first one present is used).
+SYSTEM_CA_BUNDLES = (
+    "/etc/ssl/certs/ca-certificates.crt",  # Debian, Ubuntu (ca-certificates)
+    "/etc/pki/tls/certs/ca-bundle.crt",  # RHEL, Fedora, Azure Linux, Mariner
+    "/etc/ssl/ca-bundle.pem",  # openSUSE, SLES
+)
 
 
 @dataclass(frozen=True)

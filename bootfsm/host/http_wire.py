@@ -1,5 +1,5 @@
-"""The wire under ``bootfsm.host.http``: the watched requests Session, redirect policy,
-trust store locations and the streaming body reader.
+"""The wire under ``bootfsm.host.http``: the watched requests Session, redirect policy
+and the streaming body reader.
 
 Every connection a request uses registers with that request's ``Watch``; when the
 request's total time is up the watch shuts the sockets down, so a peer that trickles
@@ -31,7 +31,6 @@ from bootfsm.host import partfile as pf
 from bootfsm.host.partfile import StreamResult
 
 __all__ = [
-    "SYSTEM_CA_BUNDLES",
     "Bounds",
     "Cancelled",
     "Progress",
@@ -244,14 +243,6 @@ def check_redirect(src: str, dest: str, allow_http_hosts: Sequence[str] | None) 
         check_url(dest, allow_http_hosts)
 
 
-#: Where distributions keep the system trust store (the first one present is used).
-SYSTEM_CA_BUNDLES = (
-    "/etc/ssl/certs/ca-certificates.crt",  # Debian, Ubuntu (ca-certificates)
-    "/etc/pki/tls/certs/ca-bundle.crt",  # RHEL, Fedora, Azure Linux, Mariner
-    "/etc/ssl/ca-bundle.pem",  # openSUSE, SLES
-)
-
-
 @dataclass(frozen=True)
 class Bounds:
     """What limits one body: its deadline, its watchdog, the size its index states."""
@@ -269,8 +260,8 @@ class Bounds:
             )
 
     def room(self, url: str, done: int, cap: int) -> int:
-        """How much of a ``cap`` B buffer the next read may fill: never more than one byte
-        past the size the index states; a body already past it is refused."""
+        """How much of a ``cap`` B buffer the next read may fill (one byte past the index's
+        size at most); a body already past it is refused."""
         if self.expect_size is None:
             return cap
         if done > self.expect_size:
@@ -340,7 +331,9 @@ def receive(
             done = _pump(r, encoded, writer, resumed, total, url, bounds, progress, cancel)
         finally:
             pf.guarded_io(part, writer.close)
-        pf.guarded_io(part, lambda: _flush(fh, fsync))
+        pf.guarded_io(part, fh.flush)
+        if fsync:
+            pf.guarded_io(part, lambda: os.fsync(fh.fileno()))
     if bounds.watch.fired:
         raise too_slow(url, bounds.watch)
     if not encoded and total is not None and done != total:
@@ -382,12 +375,6 @@ def _pump(
         done += n
         if progress is not None:
             progress(done, total)
-
-
-def _flush(fh: Any, fsync: bool) -> None:
-    fh.flush()
-    if fsync:
-        os.fsync(fh.fileno())
 
 
 def read_body(
