@@ -18,12 +18,13 @@ from bootfsm.core.config_files import load_config_sources
 from bootfsm.core.cse import CSE_NAMES, cse_exit
 from bootfsm.machine.engine import Outcome
 from bootfsm.run.notify import Notifier, state_status
-from bootfsm.run.runner import RunOptions, RunResult, execute
+from bootfsm.run.runner import RunOptions, execute
+from bootfsm.run.session import SessionResult
 
 __all__ = ["exit_code", "main", "summary_line"]
 
 
-def summary_line(result: RunResult, seconds: float, exit_codes: str = "bootfsm") -> str:
+def summary_line(result: SessionResult, seconds: float, exit_codes: str = "bootfsm") -> str:
     """One line a human sees at the end (and the provisioning hook shows):
     verdict, code, code name, state, message, hint, [the CSE exit code,] run id."""
     o = result.outcome
@@ -65,7 +66,7 @@ def _deadline(args: argparse.Namespace) -> float | str:
 def _refused(code: Code, message: str, exit_codes: str) -> int:
     """Print the summary line for a run that never started (bad arguments)."""
     outcome = Outcome(code, "", message)
-    print(summary_line(RunResult(outcome, "", None), 0.0, exit_codes))
+    print(summary_line(SessionResult(outcome, "", None), 0.0, exit_codes))
     return exit_code(outcome, exit_codes)
 
 

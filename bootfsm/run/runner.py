@@ -24,9 +24,9 @@ from bootfsm.machine.engine import Outcome
 from bootfsm.observe.liveness import boot_id
 from bootfsm.run import metrics
 from bootfsm.run.cse_events import CseEvents
-from bootfsm.run.session import Session, SessionOptions, run_session
+from bootfsm.run.session import Session, SessionOptions, SessionResult, run_session
 
-__all__ = ["RunOptions", "RunResult", "checkpoint_problem", "execute"]
+__all__ = ["RunOptions", "checkpoint_problem", "execute"]
 
 
 @dataclass(frozen=True)
@@ -44,16 +44,6 @@ class RunOptions:
     hook: bool = False  # `run --hook`: the provisioning hook (docs/provisioning-hook.md)
     overrides: tuple[caller.Override, ...] = ()  # what the hook set over the config
     config_sources: Mapping[str, str] | None = None  # "section.key" -> the file that set it
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """The outcome, where its journal is, and the run's duration (``run.end``'s)."""
-
-    outcome: Outcome
-    run_id: str
-    journal: Path | None
-    duration_s: float = 0.0
 
 
 CHECKPOINT_OUTCOMES = ("running", "done", "failed", "interrupted")
@@ -79,7 +69,7 @@ def checkpoint_problem(data: object) -> str:
     return ""
 
 
-def execute(cfg: Config, opts: RunOptions) -> RunResult:
+def execute(cfg: Config, opts: RunOptions) -> SessionResult:
     """Run the machine on the node at ``opts.root``; never raises for node problems."""
     session = SessionOptions(
         kind="run",
@@ -92,8 +82,7 @@ def execute(cfg: Config, opts: RunOptions) -> RunResult:
         checkpoint=True,
         start_fields={"hook": opts.hook, "config_sources": _sources(opts)},
     )
-    r = run_session(cfg, session, lambda s: _machine(s, opts))
-    return RunResult(r.outcome, r.run_id, r.journal, r.duration_s)
+    return run_session(cfg, session, lambda s: _machine(s, opts))
 
 
 def _sources(opts: RunOptions) -> dict[str, str]:
