@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
-from bootfsm.commands.common import load_or_exit
+from bootfsm.commands.common import load_or_exit, node_env
 from bootfsm.core.codes import Code, failure_line
 from bootfsm.core.config import Config
 from bootfsm.core.errors import BootError, TransientError
@@ -35,12 +34,8 @@ __all__ = ["main"]
 SCHEMA = 1
 
 
-def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}
-
-
 def _plan(cfg: Config, args: argparse.Namespace) -> int:
-    host = Host(Path(args.root), env=_env())
+    host = Host(Path(args.root), env=node_env())
     ctx = Context.create(cfg, host, Journal(None, run_id="plan"))
     try:
         steps = plan(ctx, records.load(host, cfg))
@@ -96,7 +91,7 @@ def _uninstall(cfg: Config, args: argparse.Namespace) -> int:
         return Outcome(Code.OK, "done", "uninstalled")
 
     opts = SessionOptions(kind="uninstall", root=Path(args.root), wait_lock=args.wait_lock,
-                          env=_env(), console=None)  # fmt: skip
+                          env=node_env(), console=None)  # fmt: skip
     r = run_session(cfg, opts, body)
     if not r.outcome.ok:
         return _failed(args, r.outcome.code, r.outcome.message)
