@@ -88,8 +88,7 @@ def summary_line(outcome: Outcome, prefetch: bool) -> str:
 
 def main(args: argparse.Namespace) -> int:
     """Fetch into the cache of ``--root``; print one summary line; exit with the code."""
-    cfg = load_or_exit(args)
-    if isinstance(cfg, int):
+    if isinstance(cfg := load_or_exit(args), int):
         return cfg
     result = fetch_cache(cfg, Path(args.root), prefetch=args.prefetch, console=sys.stderr)
     print(summary_line(result.outcome, args.prefetch))

@@ -31,11 +31,8 @@ def state_status(state: str) -> str:
 
 
 def socket_address(value: str | None) -> str | None:
-    """The AF_UNIX address of a ``$NOTIFY_SOCKET`` value, or None when unusable.
-
-    ``/path`` is a filesystem socket; ``@name`` is the abstract name ``\\0name``. Other
-    forms (``vsock:...``) are not supported here and give None.
-    """
+    """The AF_UNIX address of a ``$NOTIFY_SOCKET`` value: ``/path`` as is, ``@name`` as the
+    abstract ``\\0name``; None for anything else (``vsock:...``) or nothing."""
     if not value:
         return None
     if value.startswith("/"):

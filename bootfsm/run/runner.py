@@ -72,23 +72,16 @@ def execute(cfg: Config, opts: RunOptions) -> SessionResult:
     return run_session(cfg, session, lambda s: _machine(s, opts))
 
 
-def _node_path(root: Path, path: str) -> str | None:
-    """``path`` (a host path) as a node path under ``root``, or None when outside it."""
-    try:
-        return "/" + str(Path(path).relative_to(root))
-    except ValueError:
-        return None
-
-
 def _persist_caller(s: Session, opts: RunOptions) -> None:
     """`run --hook`: keep the caller's choices for later runs (the unit at the next
     boot), as a drop-in beside the config file; rewritten only when they changed."""
-    config = _node_path(opts.root.resolve(), str(Path(opts.config_path).resolve()))
-    if config is None or not any(o.persist for o in opts.overrides):
+    root, config = opts.root.resolve(), Path(opts.config_path).resolve()
+    if not config.is_relative_to(root) or not any(o.persist for o in opts.overrides):
         return
     from bootfsm.install import records
 
-    path = f"{config.rsplit('/', 1)[0]}/{DROPIN_DIR}/{caller.HOOK_DROPIN}"
+    config_dir = ("/" + str(config.relative_to(root))).rsplit("/", 1)[0]  # a node path
+    path = f"{config_dir}/{DROPIN_DIR}/{caller.HOOK_DROPIN}"
     text = caller.dropin_text(opts.overrides, s.run_id)
     if _settings(s.host.read_text(path)) != _settings(text):
         s.host.makedirs(path.rsplit("/", 1)[0])
