@@ -115,8 +115,7 @@ def _machine(s: Session, opts: RunOptions) -> Outcome:
 
     host, cfg, ctx = s.host, s.cfg, s.ctx
     ctx.status = opts.on_status
-    this_boot = boot_id(host)
-    for problem in metrics.publish_start(host, cfg, boot_id=this_boot, version=__version__):
+    for problem in metrics.publish_start(host, cfg, boot_id=boot_id(host), version=__version__):
         s.journal.event("warning", level="warning", message=problem)
     cse = CseEvents(host, cfg.run.cse_events_dir, s.run_id)
 

@@ -61,8 +61,7 @@ class SessionOptions:
 
 @dataclass(frozen=True)
 class SessionResult:
-    """The outcome, the run id, where the journal is (None: refused, or console only) and
-    the run's duration as ``run.end`` records it (0 for a refused run)."""
+    """Outcome, run id, journal (None: refused or console only), ``run.end``'s duration."""
 
     outcome: Outcome
     run_id: str
