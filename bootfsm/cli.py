@@ -19,14 +19,6 @@ from typing import Any, NoReturn
 __all__ = ["EXIT_CODES", "build_parser", "main"]
 
 
-_STATUS_EPILOG = """exit codes (bootfsm/commands/status.py, docs/trace.md):
-  0       the last run provisioned the node (done)
-  3       a run is in progress (with --wait: still running when the timeout passed)
-  4       no run has started on this node (with --wait: none started before the timeout)
-  5       the last run ended without a verdict (killed, crashed or power lost)
-  10-110  the last run failed or was interrupted: its own exit code (bootfsm codes)
-"""
-
 _COMMON_CODES = "  2       usage error\n  130     interrupted (Ctrl-C) outside a run\n"
 
 #: The "exit codes" section of each command's --help (and of the man page).
@@ -38,7 +30,11 @@ EXIT_CODES: dict[str, str] = {
     "plan": "  0       a run would proceed\n  10-110  the code a run would fail fast with\n",
     "trace": "  0       printed or written (whatever the run's outcome)\n  1       nothing to "
     "read, or the OTLP file or endpoint failed\n  10      invalid config\n",
-    "status": _STATUS_EPILOG.split("\n", 1)[1],
+    "status": "  0       the last run provisioned the node (done)\n  3       a run is in progress "
+    "(with --wait: still running when the timeout passed)\n  4       no run has started on "
+    "this node (with --wait: none started before the timeout)\n  5       the last run ended "
+    "without a verdict (killed, crashed or power lost)\n  10-110  the last run failed or was "
+    "interrupted: its own exit code (bootfsm codes)\n",
     "codes": "  0       printed\n",
     "explain": "  0       printed\n  1       no such code\n",
     "graph": "  0       printed\n",
@@ -77,7 +73,8 @@ def _finite(minimum: float) -> Callable[[str], float]:
     return parse
 
 
-def _cmd(sub: Any, name: str, help_: str) -> argparse.ArgumentParser:
+def _cmd(sub: Any, name: str, help_: str, common: bool = False) -> argparse.ArgumentParser:
+    """A command's parser; ``common``: with --root and --config, the node's."""
     p: argparse.ArgumentParser = sub.add_parser(
         name,
         help=help_,
@@ -85,16 +82,14 @@ def _cmd(sub: Any, name: str, help_: str) -> argparse.ArgumentParser:
         epilog="exit codes:\n" + EXIT_CODES[name] + _COMMON_CODES,
         formatter_class=_Help,
     )
+    if common:
+        p.add_argument("--root", default="/", help="node root directory")
+        p.add_argument(
+            "--config",
+            default=None,
+            help="config file (default: ROOT/etc/bootfsm/config.toml, optional)",
+        )
     return p
-
-
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--root", default="/", help="node root directory")
-    p.add_argument(
-        "--config",
-        default=None,
-        help="config file (default: ROOT/etc/bootfsm/config.toml, optional)",
-    )
 
 
 def _wait_lock(p: argparse.ArgumentParser) -> None:
@@ -117,8 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    p = _cmd(sub, "run", "provision this node (detect -> ... -> join)")
-    _common(p)
+    p = _cmd(sub, "run", "provision this node (detect -> ... -> join)", common=True)
     p.add_argument("--json", action="store_true", help="JSON lines on the console")
     p.add_argument(
         "--deadline",
@@ -150,13 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
         "(docs/provisioning-hook.md)",
     )
 
-    p = _cmd(sub, "plan", "what a run would do, without side effects")
-    _common(p)
+    p = _cmd(sub, "plan", "what a run would do, without side effects", common=True)
     p.add_argument("--json", action="store_true")
     p.add_argument("--offline", action="store_true", help="do not fetch manifests or indexes")
 
-    p = _cmd(sub, "trace", "postmortem of a run from its journal")
-    _common(p)
+    p = _cmd(sub, "trace", "postmortem of a run from its journal", common=True)
     p.add_argument(
         "target", nargs="?", default=None, help="run id or journal file (default: latest)"
     )
@@ -182,8 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--top", type=int, default=10, help="with --fleet: slowest runs to list")
 
-    p = _cmd(sub, "status", "state and outcome of the current or last run")
-    _common(p)
+    p = _cmd(sub, "status", "state and outcome of the current or last run", common=True)
     p.add_argument("--json", action="store_true")
     p.add_argument("--wait", action="store_true", help="block until the run ends")
     p.add_argument(
@@ -200,8 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _cmd(sub, "graph", "render the machine table")
     p.add_argument("--format", choices=("mermaid", "json", "markdown"), default="mermaid")
 
-    p = _cmd(sub, "validate", "validate a config file")
-    _common(p)
+    _cmd(sub, "validate", "validate a config file", common=True)
 
     p = _cmd(sub, "demo", "boot a simulated node end to end and print the trace")
     p.add_argument("--sku", default="gb300", help="h100-hgx, h100-pcie, b200-hgx, gb200, gb300")
@@ -216,14 +206,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", default=None, metavar="DIR", help="build the node in DIR and keep it")
     p.add_argument("--json", action="store_true", help="print the trace as JSON")
 
-    p = _cmd(sub, "fetch", "fetch and verify this node's artifacts into the cache")
-    _common(p)
+    p = _cmd(sub, "fetch", "fetch and verify this node's artifacts into the cache", common=True)
     p.add_argument(
         "--prefetch", action="store_true", help="image build: fill the offline cache ahead of time"
     )
 
-    p = _cmd(sub, "bake", "image build: prefetch artifacts and prebuild the driver")
-    _common(p)
+    p = _cmd(sub, "bake", "image build: prefetch artifacts and prebuild the driver", common=True)
     p.add_argument("--kernel", default=None, help="target kernel (default: newest with headers)")
 
     p = _cmd(sub, "install-unit", "install and enable systemd/bootfsm.service")
@@ -243,8 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = _cmd(sub, "uninstall-unit", "disable and remove the bootfsm unit")
     p.add_argument("--root", default="/", help="image root")
 
-    p = _cmd(sub, "uninstall", "remove what bootfsm installed, as its install records list")
-    _common(p)
+    p = _cmd(
+        sub, "uninstall", "remove what bootfsm installed, as its install records list", common=True
+    )
     p.add_argument("--plan", action="store_true", help="print what would be done; change nothing")
     p.add_argument("--json", action="store_true", help="one JSON document")
     _wait_lock(p)
@@ -255,22 +244,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_COMMANDS = {
-    "run": "run",
-    "plan": "plan",
-    "trace": "trace",
-    "status": "status",
-    "codes": "codes",
+# the module of each command not named as its module
+_MODULES = {
     "explain": "codes",
-    "graph": "graph",
-    "validate": "validate",
-    "demo": "demo",
-    "fetch": "fetch",
-    "bake": "bake",
     "install-unit": "unit",
     "uninstall-unit": "unit",
-    "uninstall": "uninstall",
-    "completion": "completion",
     "manpage": "completion",
 }
 
@@ -288,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     args.cli_parser, args.cli_exit_codes = parser, EXIT_CODES  # commands never import the CLI
-    module = importlib.import_module(f"bootfsm.commands.{_COMMANDS[args.command]}")
+    module = importlib.import_module(f"bootfsm.commands.{_MODULES.get(args.command, args.command)}")
     try:
         rc: int = module.main(args)
     except KeyboardInterrupt:  # a run handles SIGINT itself (INTERRUPTED, 12)

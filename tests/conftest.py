@@ -13,7 +13,8 @@ import pytest
 from hypothesis import settings
 
 from bootfsm.core.config_files import load_config
-from bootfsm.run.runner import RunOptions, RunResult, execute
+from bootfsm.run.runner import RunOptions, execute
+from bootfsm.run.session import SessionResult
 from bootfsm.sim.world import World
 
 settings.register_profile("default", max_examples=100, deadline=None)
@@ -53,7 +54,7 @@ def processes_naming(base: Path) -> list[int]:
     return out
 
 
-def run_in_process(w: World, **opts: Any) -> RunResult:
+def run_in_process(w: World, **opts: Any) -> SessionResult:
     """Run the machine on the world's node in this process (faster than the CLI)."""
     cfg = load_config(w.config_path, required=True)
     opts.setdefault("env", w.env())

@@ -17,7 +17,7 @@ from bootfsm.core.errors import BootError
 from bootfsm.host.host import Host
 from bootfsm.image.bake import BakeOptions, BakeResult, bake, target_kernel
 from bootfsm.install.marker import Marker, check_marker, parse_marker, parse_modinfo, render_marker
-from bootfsm.run.runner import RunResult
+from bootfsm.run.session import SessionResult
 from bootfsm.sim.node import simulate_reboot
 from bootfsm.sim.world import DRIVER_VERSION, World
 from tests.conftest import MakeWorld, installer_calls, no_gpus, run_in_process
@@ -33,7 +33,7 @@ def _bake(w: World, **kw: Any) -> BakeResult:
     return bake(cfg, BakeOptions(root=w.root, env=w.env(), **kw))
 
 
-def _events(result: RunResult | BakeResult, name: str) -> list[dict[str, Any]]:
+def _events(result: SessionResult | BakeResult, name: str) -> list[dict[str, Any]]:
     assert result.journal is not None
     lines = result.journal.read_text().splitlines()
     return [e for e in map(json.loads, lines) if e["event"] == name]

@@ -19,7 +19,7 @@ import pytest
 from bootfsm.core.codes import Code
 from bootfsm.core.hardware import model_for
 from bootfsm.install.driver_steps import fallback_module_type, parse_module_type
-from bootfsm.run.runner import RunResult
+from bootfsm.run.session import SessionResult
 from bootfsm.sim.node import simulate_reboot
 from bootfsm.sim.skus import STALE_DRIVER_VERSION
 from bootfsm.sim.world import World
@@ -29,7 +29,7 @@ from tests.samples import sample
 INSTALLER_SAMPLE = "installer/nvidia-run_help_info_advanced_excerpts.txt"
 
 
-def _events(result: RunResult, name: str) -> list[dict[str, Any]]:
+def _events(result: SessionResult, name: str) -> list[dict[str, Any]]:
     assert result.journal is not None
     lines = Path(result.journal).read_text().splitlines()
     return [e for e in map(json.loads, lines) if e["event"] == name]

@@ -16,7 +16,7 @@ import pytest
 from bootfsm.cli import main
 from bootfsm.core.codes import Code
 from bootfsm.core.config import ConfigError, parse_config
-from bootfsm.run.runner import RunResult
+from bootfsm.run.session import SessionResult
 from bootfsm.sim import artifacts as art
 from bootfsm.sim.mirror import Mirror
 from bootfsm.sim.world import TOOLKIT_VERSION, World
@@ -25,7 +25,7 @@ from tests.conftest import MakeWorld, no_gpus, run_in_process
 CACHE = "var/cache/bootfsm"
 
 
-def _events(result: RunResult | Path, name: str | None = None) -> list[dict[str, Any]]:
+def _events(result: SessionResult | Path, name: str | None = None) -> list[dict[str, Any]]:
     path = result if isinstance(result, Path) else result.journal
     assert path is not None
     evs = [json.loads(x) for x in path.read_text().splitlines()]

@@ -17,7 +17,7 @@ import pytest
 from bootfsm.core.codes import Code
 from bootfsm.core.config_files import load_config
 from bootfsm.image.bake import BakeOptions, bake
-from bootfsm.run.runner import RunResult
+from bootfsm.run.session import SessionResult
 from bootfsm.sim.world import World
 from tests.conftest import MakeWorld, installer_calls, run_in_process
 
@@ -55,13 +55,13 @@ def _assert_driver_order(w: World, calls: list[dict[str, Any]]) -> None:
 
 
 @pytest.fixture(scope="module")
-def booted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[World, RunResult]]:
+def booted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[World, SessionResult]]:
     """One fresh h100-pcie node booted end to end (shared by the order tests)."""
     with World(tmp_path_factory.mktemp("order"), "h100-pcie") as w:
         yield w, run_in_process(w)
 
 
-def test_driver_initialization_order_on_a_fresh_node(booted: tuple[World, RunResult]) -> None:
+def test_driver_initialization_order_on_a_fresh_node(booted: tuple[World, SessionResult]) -> None:
     w, result = booted
     assert result.outcome.ok, result.outcome.message
     calls = w.calls()
@@ -70,7 +70,7 @@ def test_driver_initialization_order_on_a_fresh_node(booted: tuple[World, RunRes
     _assert_driver_order(w, calls)
 
 
-def test_container_runtime_order(booted: tuple[World, RunResult]) -> None:
+def test_container_runtime_order(booted: tuple[World, SessionResult]) -> None:
     w, result = booted
     assert result.outcome.ok, result.outcome.message
     calls = w.calls()

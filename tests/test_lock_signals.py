@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from bootfsm.host.lock import NodeLock
-from bootfsm.run.runner import RunResult
+from bootfsm.run.session import SessionResult
 from bootfsm.sim.mirror import Fault, Stall, Status
 from bootfsm.sim.nodestate import SIM_STATE
 from bootfsm.sim.world import World
@@ -334,7 +334,7 @@ def test_signal_between_states(make_world: MakeWorld) -> None:
         if state == "driver":
             os.kill(os.getpid(), signal.SIGTERM)
 
-    result: RunResult = run_in_process(w, on_state=on_state)
+    result: SessionResult = run_in_process(w, on_state=on_state)
     assert result.outcome.code == 12 and result.outcome.state == "driver"
     assert "between states (fetch done, driver not started)" in result.outcome.message
     [what] = [e for e in events(w) if e["event"] == "run.interrupted"]

@@ -25,7 +25,7 @@ from bootfsm.install.marker import (
     render_peer_marker,
     required_module_type,
 )
-from bootfsm.run.runner import RunResult
+from bootfsm.run.session import SessionResult
 from bootfsm.sim.node import simulate_reboot
 from bootfsm.sim.world import DRIVER_VERSION, World
 from tests.conftest import MakeWorld, installer_calls, no_gpus, run_in_process
@@ -76,7 +76,7 @@ def _bake(w: World) -> BakeResult:
     return bake(cfg, BakeOptions(root=w.root, env=w.env()))
 
 
-def _events(result: RunResult, name: str) -> list[dict[str, Any]]:
+def _events(result: SessionResult, name: str) -> list[dict[str, Any]]:
     assert result.journal is not None
     return [
         e for e in map(json.loads, result.journal.read_text().splitlines()) if e["event"] == name

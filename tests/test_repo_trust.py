@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from bootfsm.core.codes import Code
-from bootfsm.run.runner import RunResult
+from bootfsm.run.session import SessionResult
 from bootfsm.sim.world import World
 from tests.conftest import MakeWorld, run_in_process
 
@@ -136,13 +136,13 @@ def resign(
     return repo
 
 
-def events(result: RunResult, name: str) -> list[dict[str, Any]]:
+def events(result: SessionResult, name: str) -> list[dict[str, Any]]:
     assert result.journal is not None
     evs = [json.loads(x) for x in result.journal.read_text().splitlines()]
     return [e for e in evs if e["event"] == name]
 
 
-def gpgv_calls(result: RunResult) -> list[list[str]]:
+def gpgv_calls(result: SessionResult) -> list[list[str]]:
     return [e["argv"] for e in events(result, "command") if e["argv"][0] == "gpgv"]
 
 
@@ -150,7 +150,7 @@ def debs_fetched(w: World) -> list[str]:
     return [e.path for e in w.mirror.log if e.path.endswith(".deb")]
 
 
-def refused(result: RunResult, code: Code) -> str:
+def refused(result: SessionResult, code: Code) -> str:
     assert (result.outcome.code, result.outcome.state) == (code, "fetch"), result.outcome
     return result.outcome.message
 

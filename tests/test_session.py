@@ -167,7 +167,7 @@ def test_a_held_lock_refuses_run_bake_and_prefetch_alike(
     finally:
         holder.release()
     refused = [(run.code, run.message), (baked.code, baked.message)]
-    refused.append((fetched.code, fetched.message))
+    refused.append((fetched.outcome.code, fetched.outcome.message))
     assert refused == [(Code.ANOTHER_RUN_IN_PROGRESS, message)] * 3
     assert exits == [11, 11, 11, 11]
     assert len(lines) == 4 and all("code=11 ANOTHER_RUN_IN_PROGRESS" in ln for ln in lines)

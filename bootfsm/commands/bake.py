@@ -34,8 +34,7 @@ def summary_line(result: BakeResult, marker: str) -> str:
 
 def main(args: argparse.Namespace) -> int:
     """Bake the image root ``--root`` for ``--kernel`` (default: newest with headers)."""
-    cfg = load_or_exit(args)
-    if isinstance(cfg, int):
+    if isinstance(cfg := load_or_exit(args), int):
         return cfg
     result = bake(
         cfg,

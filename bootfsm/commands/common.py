@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from bootfsm.core.codes import Code
 from bootfsm.core.config import DEFAULT_PATH, Config, ConfigError
 from bootfsm.core.config_files import load_config
 
-__all__ = ["config_path", "load_or_exit"]
+__all__ = ["config_path", "load_or_exit", "node_env"]
 
 
 def config_path(args: argparse.Namespace) -> tuple[Path, bool]:
@@ -28,3 +29,9 @@ def load_or_exit(args: argparse.Namespace) -> Config | int:
     except ConfigError as exc:
         print(f"bootfsm: config invalid: {exc}", file=sys.stderr)
         return int(Code.CONFIG_INVALID)
+
+
+def node_env() -> dict[str, str]:
+    """The environment of the commands bootfsm runs: they must not talk to systemd on its
+    behalf (no NOTIFY_SOCKET)."""
+    return {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}

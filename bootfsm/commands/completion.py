@@ -91,8 +91,7 @@ def bash(parser: argparse.ArgumentParser) -> str:
 
 
 def _arm(o: _Option) -> str:
-    """The case arm completing the value of option ``o``: its choices or file names
-    ('' for an option without either)."""
+    """The case arm completing ``o``'s value: its choices, file names, or '' for neither."""
     arm = f"                {'|'.join(o.flags)}) COMPREPLY=($(compgen "
     if o.choices:
         return arm + f'-W "{" ".join(o.choices)}" -- "$cur")); return ;;'

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -25,22 +24,11 @@ from bootfsm.core.config import Config
 from bootfsm.machine.context import Context
 from bootfsm.machine.engine import Outcome
 from bootfsm.node.facts import NodeFacts
-from bootfsm.run.session import Session, SessionOptions, run_session
+from bootfsm.run.session import Session, SessionOptions, SessionResult, run_session
 
-__all__ = ["FetchResult", "fetch_cache", "main", "summary_line"]
+__all__ = ["fetch_cache", "main", "summary_line"]
 
 PREFETCH_DEADLINE_S = 3600.0  # image builds are off the node's critical path
-
-
-@dataclass(frozen=True)
-class FetchResult:
-    """How a fetch ended: code, message, artifacts in the cache, how many were downloaded."""
-
-    code: Code
-    message: str
-    artifacts: int = 0
-    downloaded: int = 0
-    journal: Path | None = None
 
 
 def fetch_cache(
@@ -51,7 +39,7 @@ def fetch_cache(
     console: IO[str] | None = None,
     env: Mapping[str, str] | None = None,
     wait_lock: float = 0.0,
-) -> FetchResult:
+) -> SessionResult:
     """Run detect -> fetch (``stop_after("fetch")``) in a run session for the node (or,
     ``prefetch``, the image) at ``root``; never raises."""
     from bootfsm.fetch.store import resolved
@@ -60,8 +48,6 @@ def fetch_cache(
     from bootfsm.machine.table import stop_after
     from bootfsm.node.facts import gather_facts
     from bootfsm.states import fetch
-
-    counts: list[int] = []
 
     def facts(ctx: Context) -> NodeFacts:
         return image_facts(ctx.host, kernel="") if prefetch else gather_facts(ctx.host)
@@ -75,7 +61,6 @@ def fetch_cache(
             return outcome
         total = len(resolved(s.ctx) or [])
         downloaded = len(fetching.attempts)
-        counts[:] = [total, downloaded]
         s.end_fields.update(artifacts=total, downloaded=downloaded)
         msg = f"{total} artifacts verified in {cfg.fetch.cache_dir} ({downloaded} downloaded)"
         return Outcome(Code.OK, "done", msg)
@@ -90,24 +75,21 @@ def fetch_cache(
         dirs=(cfg.fetch.cache_dir,),
         start_fields={"prefetch": prefetch},
     )
-    r = run_session(cfg, session, body)
-    total, downloaded = counts or [0, 0]
-    return FetchResult(r.outcome.code, r.outcome.message, total, downloaded, r.journal)
+    return run_session(cfg, session, body)
 
 
-def summary_line(result: FetchResult, prefetch: bool) -> str:
+def summary_line(outcome: Outcome, prefetch: bool) -> str:
     """The one line a build log or a terminal shows at the end."""
     what = "prefetch" if prefetch else "fetch"
-    if result.code is Code.OK:
-        return f"bootfsm: {what} OK: {result.message}"
-    return failure_line(result.code, result.message, command=what)
+    if outcome.ok:
+        return f"bootfsm: {what} OK: {outcome.message}"
+    return failure_line(outcome.code, outcome.message, command=what)
 
 
 def main(args: argparse.Namespace) -> int:
     """Fetch into the cache of ``--root``; print one summary line; exit with the code."""
-    cfg = load_or_exit(args)
-    if isinstance(cfg, int):
+    if isinstance(cfg := load_or_exit(args), int):
         return cfg
     result = fetch_cache(cfg, Path(args.root), prefetch=args.prefetch, console=sys.stderr)
-    print(summary_line(result, args.prefetch))
-    return int(result.code)
+    print(summary_line(result.outcome, args.prefetch))
+    return int(result.outcome.code)

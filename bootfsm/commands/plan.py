@@ -34,14 +34,13 @@ def _path(ctx: Context) -> list[str]:
     path, state = [], "detect"
     while state not in ("done", "failed"):
         path.append(state)
-        nxt = next(
+        state = next(
             t.dest
             for t in TRANSITIONS
             if t.source == state
             and t.trigger == "advance"
             and all(GUARDS[g](ctx.facts) for g in t.guards)
         )
-        state = nxt
     return path
 
 
@@ -125,8 +124,7 @@ def _show(plan: dict[str, Any]) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Print the plan; exit 0, or the code the run would fail fast with."""
-    cfg = load_or_exit(args)
-    if isinstance(cfg, int):
+    if isinstance(cfg := load_or_exit(args), int):
         return cfg
     host = Host(Path(args.root))
     ctx = Context.create(cfg, host, Journal(None, run_id="plan"))

@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from bootfsm.commands.common import config_path
+from bootfsm.commands.common import config_path, node_env
 from bootfsm.core import caller
 from bootfsm.core.codes import Code, failure_line
 from bootfsm.core.config import Config, ConfigError
@@ -18,18 +18,19 @@ from bootfsm.core.config_files import load_config_sources
 from bootfsm.core.cse import CSE_NAMES, cse_exit
 from bootfsm.machine.engine import Outcome
 from bootfsm.run.notify import Notifier, state_status
-from bootfsm.run.runner import RunOptions, RunResult, execute
+from bootfsm.run.runner import RunOptions, execute
+from bootfsm.run.session import SessionResult
 
 __all__ = ["exit_code", "main", "summary_line"]
 
 
-def summary_line(result: RunResult, seconds: float, exit_codes: str = "bootfsm") -> str:
+def summary_line(result: SessionResult, exit_codes: str = "bootfsm") -> str:
     """One line a human sees at the end (and the provisioning hook shows):
     verdict, code, code name, state, message, hint, [the CSE exit code,] run id."""
     o = result.outcome
     run = f" | run {result.run_id}" if result.run_id else ""
     if o.ok:
-        return f"bootfsm: OK code=0 OK state=done: {o.message} in {seconds:.1f} s{run}"
+        return f"bootfsm: OK code=0 OK state=done: {o.message} in {result.duration_s:.1f} s{run}"
     cse = ""
     if exit_codes == "cse":
         number = exit_code(o, exit_codes)
@@ -65,7 +66,7 @@ def _deadline(args: argparse.Namespace) -> float | str:
 def _refused(code: Code, message: str, exit_codes: str) -> int:
     """Print the summary line for a run that never started (bad arguments)."""
     outcome = Outcome(code, "", message)
-    print(summary_line(RunResult(outcome, "", None), 0.0, exit_codes))
+    print(summary_line(SessionResult(outcome, "", None), exit_codes))
     return exit_code(outcome, exit_codes)
 
 
@@ -89,10 +90,9 @@ def _config(
 
 def main(args: argparse.Namespace) -> int:
     """Run the machine, notify systemd of each state, print the summary line."""
-    hook = getattr(args, "hook", False)
-    exit_codes = "cse" if hook else getattr(args, "exit_codes", "bootfsm")
+    exit_codes = "cse" if args.hook else args.exit_codes
     path, required = config_path(args)
-    configured = _config(path, required, hook)
+    configured = _config(path, required, args.hook)
     if isinstance(configured, str):
         print(f"bootfsm: {configured}", file=sys.stderr)
         return _refused(Code.CONFIG_INVALID, configured, exit_codes)
@@ -102,31 +102,25 @@ def main(args: argparse.Namespace) -> int:
         return _refused(Code.CONFIG_INVALID, deadline, exit_codes)
     if deadline > 0:
         cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, deadline=deadline))
-    if getattr(args, "no_start_kubelet", False):
+    if args.no_start_kubelet:
         cfg = dataclasses.replace(cfg, join=dataclasses.replace(cfg.join, start_kubelet=False))
     notifier = Notifier.from_env(os.environ)
     notifier.status(state_status("detect"))
-
-    def on_state(state: str) -> None:
-        notifier.status(state_status(state))
-
-    console = io.StringIO() if args.quiet else sys.stderr
     opts = RunOptions(
         root=Path(args.root),
         config_path=str(path),
-        console=console,
+        console=io.StringIO() if args.quiet else sys.stderr,
         console_json=args.json,
         wait_lock=args.wait_lock,
-        # commands bootfsm runs must not talk to systemd on its behalf
-        env={k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"},
-        on_state=on_state,
+        env=node_env(),
+        on_state=lambda state: notifier.status(state_status(state)),
         on_status=notifier.status if notifier.enabled else None,
-        hook=hook,
+        hook=args.hook,
         overrides=tuple(overrides),
         config_sources=sources,
     )
     result = execute(cfg, opts)
-    line = summary_line(result, result.duration_s, exit_codes)
+    line = summary_line(result, exit_codes)
     notifier.status(line.removeprefix("bootfsm: "))
     notifier.close()
     print(line)

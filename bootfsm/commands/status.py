@@ -3,17 +3,9 @@
 Reads ``<state_dir>/checkpoint.json`` (written by the runner at every transition and at
 the end), who holds ``<state_dir>/lock`` (``/proc/locks``, without taking the lock) and
 the run's journal. ``--wait`` polls until the run ends or ``--timeout`` passes (never
-forever), and also waits for a run that has not started yet.
-
-Exit codes, distinct from every outcome code of the exit-code table:
-
-====  =====================================================================
-0     the last run provisioned the node (done)
-3     a run is in progress (``--wait``: still running when the timeout passed)
-4     no run has started on this node (``--wait``: none before the timeout)
-5     the last run ended without a verdict (killed, crashed or power lost)
-N     the last run failed or was interrupted: its own exit code (10-110)
-====  =====================================================================
+forever), and also waits for a run that has not started yet. Its exit codes (the
+constants below, else a failed run's own code) are distinct from every outcome code;
+`bootfsm status --help` lists them.
 """
 
 from __future__ import annotations
@@ -187,12 +179,8 @@ def _line(st: Status, timeout: float) -> str:
 
 def main(args: argparse.Namespace) -> int:
     """Print the status (after waiting, with --wait); exit with the status's code."""
-    cfg = load_or_exit(args)
-    if isinstance(cfg, int):
+    if isinstance(cfg := load_or_exit(args), int):
         return cfg
-    if args.timeout < 0:
-        print("bootfsm: --timeout must be >= 0", file=sys.stderr)
-        return 2
     host = Host(Path(args.root))
     start = host.monotonic()
     end = start + args.timeout

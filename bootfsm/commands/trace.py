@@ -20,18 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from bootfsm.commands.common import load_or_exit
-from bootfsm.core.config import Config
 from bootfsm.observe.liveness import annotate
 from bootfsm.observe.trace import TRACE_SCHEMA, TraceReport, journals, latest_journal, load_run
 
 __all__ = ["history_json", "main", "render_history"]
 
 NOTHING = 1
-
-
-def _dirs(args: argparse.Namespace, cfg: Config) -> tuple[Path, Path]:
-    root = Path(args.root)
-    return root / cfg.run.log_dir.lstrip("/"), root / cfg.run.state_dir.lstrip("/")
 
 
 def _find(target: str | None, log_dir: Path) -> Path | None:
@@ -61,8 +55,7 @@ def _between(prev: TraceReport, cur: TraceReport) -> str:
 
 
 def _where(r: TraceReport) -> str:
-    """The state a run failed in, or, for a run killed (or still running) without a
-    verdict, the state it was in: its last span still open."""
+    """The state a run failed in, else (killed or still running) its last open span's."""
     if r.failed_state:
         return r.failed_state
     open_ = ("running", "interrupted")  # interrupted: liveness.annotate of a killed run
@@ -203,10 +196,11 @@ def main(args: argparse.Namespace) -> int:
     """Dispatch to the run, history or fleet view."""
     if getattr(args, "fleet", None):
         return _fleet(args)
-    cfg = load_or_exit(args)
-    if isinstance(cfg, int):
+    if isinstance(cfg := load_or_exit(args), int):
         return cfg
-    log_dir, state_dir = _dirs(args, cfg)
+    log_dir, state_dir = (
+        Path(args.root) / d.lstrip("/") for d in (cfg.run.log_dir, cfg.run.state_dir)
+    )
     if getattr(args, "history", False):
         return _history(log_dir, state_dir, args.json)
     path = _find(args.target, log_dir)

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
-from bootfsm.commands.common import load_or_exit
+from bootfsm.commands.common import load_or_exit, node_env
 from bootfsm.core.codes import Code, failure_line
 from bootfsm.core.config import Config
 from bootfsm.core.errors import BootError, TransientError
@@ -35,12 +34,8 @@ __all__ = ["main"]
 SCHEMA = 1
 
 
-def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}
-
-
 def _plan(cfg: Config, args: argparse.Namespace) -> int:
-    host = Host(Path(args.root), env=_env())
+    host = Host(Path(args.root), env=node_env())
     ctx = Context.create(cfg, host, Journal(None, run_id="plan"))
     try:
         steps = plan(ctx, records.load(host, cfg))
@@ -56,16 +51,14 @@ def _plan(cfg: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_json(code: Code, **fields: object) -> None:
+    doc = {"schema": SCHEMA, "kind": "uninstall", "code": int(code), "code_name": code.name}
+    print(json.dumps({**doc, **fields}, indent=2))
+
+
 def _failed(args: argparse.Namespace, code: Code, message: str) -> int:
     if args.json:
-        doc = {
-            "schema": SCHEMA,
-            "kind": "uninstall",
-            "code": int(code),
-            "code_name": code.name,
-            "message": message,
-        }
-        print(json.dumps(doc, indent=2))
+        _print_json(code, message=message)
     print(failure_line(code, message, command="uninstall"), file=sys.stderr)
     for line in message.splitlines()[1:]:  # the failed command's output
         print(f"  {line}", file=sys.stderr)
@@ -73,9 +66,7 @@ def _failed(args: argparse.Namespace, code: Code, message: str) -> int:
 
 
 def _uninstall(cfg: Config, args: argparse.Namespace) -> int:
-    """In the run session (bootfsm/run/session.py): the node lock, the journal
-    ``uninstall-<stamp>-<id>.jsonl`` with run.start/run.end (kind uninstall), SIGTERM and
-    SIGINT stopping the command in flight, every command journaled."""
+    """Undo the records in a run session (kind uninstall: lock, journal, signals)."""
     done: dict[str, list[Step]] = {"steps": [], "kept": []}
 
     def show(step: Step) -> None:
@@ -96,22 +87,16 @@ def _uninstall(cfg: Config, args: argparse.Namespace) -> int:
         return Outcome(Code.OK, "done", "uninstalled")
 
     opts = SessionOptions(kind="uninstall", root=Path(args.root), wait_lock=args.wait_lock,
-                          env=_env(), console=None)  # fmt: skip
+                          env=node_env(), console=None)  # fmt: skip
     r = run_session(cfg, opts, body)
     if not r.outcome.ok:
         return _failed(args, r.outcome.code, r.outcome.message)
     steps, kept = done["steps"], done["kept"]
     if args.json:
-        doc = {
-            "schema": SCHEMA,
-            "kind": "uninstall",
-            "code": 0,
-            "code_name": "OK",
-            "steps": [s.as_json() for s in steps],
-            "kept": [s.target for s in kept],
-            "journal": str(r.journal),
-        }
-        print(json.dumps(doc, indent=2))
+        steps_json = [s.as_json() for s in steps]
+        _print_json(
+            Code.OK, steps=steps_json, kept=[s.target for s in kept], journal=str(r.journal)
+        )
     count = sum(1 for s in steps if s.action not in ("keep", "skip"))
     what = f"{count} step(s) done" if steps else "nothing to do"
     kept_text = f", kept {len(kept)} changed file(s) (warnings above)" if kept else ""
@@ -121,7 +106,6 @@ def _uninstall(cfg: Config, args: argparse.Namespace) -> int:
 
 def main(args: argparse.Namespace) -> int:
     """`bootfsm uninstall` (``--plan``: print only)."""
-    cfg = load_or_exit(args)
-    if isinstance(cfg, int):
+    if isinstance(cfg := load_or_exit(args), int):
         return cfg
     return _plan(cfg, args) if args.plan else _uninstall(cfg, args)

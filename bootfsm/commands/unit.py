@@ -128,11 +128,6 @@ def has_restart_mode(host: Host) -> bool:
     )
 
 
-def _booted(root: Path) -> bool:
-    """True when ROOT is the running system and systemd manages it (sd_booted)."""
-    return root == Path("/") and os.path.isdir("/run/systemd/system")
-
-
 def _systemctl(host: Host, verb: str) -> str:
     """`systemctl --root=ROOT VERB bootfsm.service`; '' when systemctl is missing."""
     try:
@@ -149,7 +144,7 @@ def _systemctl(host: Host, verb: str) -> str:
 
 
 def _reload(host: Host, log: list[str]) -> None:
-    if _booted(host.root):
+    if host.root == Path("/") and os.path.isdir("/run/systemd/system"):  # sd_booted
         r = host.run(["systemctl", "daemon-reload"], timeout=_SYSTEMCTL_TIMEOUT)
         log.append("systemctl daemon-reload" + ("" if r.ok else f" failed: {r.output.strip()}"))
 
@@ -166,12 +161,9 @@ def _place(host: Host, src: Path, dest: str, exec_path: str) -> str:
 
 
 def install(host: Host, exec_path: str, *, after_hook: bool = False) -> list[str]:
-    """Place the unit files under ``host.root`` and enable the unit; return what was done.
-    ``after_hook``: the unit waits for the provisioning hook's first run (the module's doc).
-
-    Raises BootError: COMMAND_MISSING when ``exec_path`` is not under the root,
-    HOST_IO_ERROR when a file cannot be written or systemctl fails.
-    """
+    """Place the unit files under ``host.root`` and enable the unit; return what was done
+    (``after_hook``: the module's doc). BootError: COMMAND_MISSING when ``exec_path`` is
+    not under the root, HOST_IO_ERROR when a file cannot be written or systemctl fails."""
     program = exec_path.split()[0]
     if not host.exists(program):
         raise BootError(
@@ -196,10 +188,8 @@ def install(host: Host, exec_path: str, *, after_hook: bool = False) -> list[str
 
 
 def uninstall(host: Host) -> list[str]:
-    """Disable the unit and remove what ``install`` placed; return what was done.
-
-    The environment file stays when it differs from the shipped one (local edits).
-    """
+    """Disable the unit and remove what ``install`` placed (the environment file only when
+    it is the shipped one: local edits stay); return what was done."""
     log: list[str] = []
     if host.exists(UNIT_PATH):
         how = _systemctl(host, "disable")

@@ -11,8 +11,7 @@ __all__ = ["main"]
 
 def main(args: argparse.Namespace) -> int:
     """Load and validate; print the digest on success."""
-    cfg = load_or_exit(args)
-    if isinstance(cfg, int):
+    if isinstance(cfg := load_or_exit(args), int):
         return cfg
     path, _ = config_path(args)
     where = str(path) if path.exists() else f"{path} (absent: defaults)"

@@ -29,7 +29,6 @@ import time
 
 from bootfsm import __version__
 from bootfsm.core.codes import info
-from bootfsm.core.config import Config
 from bootfsm.core.cse import CSE_NAMES, cse_exit
 from bootfsm.core.errors import BootError
 from bootfsm.host.host import Host
@@ -64,11 +63,6 @@ class CseEvents:
         self._mark = self._start
         self._last_ms = 0
         self.problems: list[str] = []
-
-    @classmethod
-    def from_config(cls, host: Host, cfg: Config, run_id: str) -> CseEvents:
-        """The writer for ``run.cse_events_dir`` (disabled when it is empty)."""
-        return cls(host, cfg.run.cse_events_dir, run_id)
 
     def _write(
         self, task: str, level: str, message: str, start: float, end: float, clean: bool = False

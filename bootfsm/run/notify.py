@@ -31,11 +31,8 @@ def state_status(state: str) -> str:
 
 
 def socket_address(value: str | None) -> str | None:
-    """The AF_UNIX address of a ``$NOTIFY_SOCKET`` value, or None when unusable.
-
-    ``/path`` is a filesystem socket; ``@name`` is the abstract name ``\\0name``. Other
-    forms (``vsock:...``) are not supported here and give None.
-    """
+    """The AF_UNIX address of a ``$NOTIFY_SOCKET`` value: ``/path`` as is, ``@name`` as the
+    abstract ``\\0name``; None for anything else (``vsock:...``) or nothing."""
     if not value:
         return None
     if value.startswith("/"):
@@ -62,35 +59,26 @@ class Notifier:
         """True when there is a socket to notify."""
         return self.address is not None
 
-    def send(self, **fields: str) -> bool:
-        """Send one datagram of ``KEY=VALUE`` lines; True when it was sent.
-
-        Newlines inside a value would start a new assignment, so they become spaces.
-        """
-        if self.address is None or not fields:
+    def status(self, text: str) -> bool:
+        """Send ``STATUS=text``, shortened to one line of at most 400 characters (a newline
+        would start a new assignment); True when it was sent."""
+        if self.address is None:
             return False
-        payload = "\n".join(
-            f"{k}={' '.join(str(v).splitlines())}" for k, v in fields.items()
-        ).encode("utf-8", "replace")
+        line = " ".join(text.split())
+        if len(line) > _MAX_STATUS:
+            line = line[: _MAX_STATUS - 3] + "..."
         try:
             if self._sock is None:
                 self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
                 self._sock.setblocking(False)  # a full queue drops a status, never stalls
                 self._sock.connect(self.address)
-            self._sock.send(payload)
+            self._sock.send(f"STATUS={line}".encode("utf-8", "replace"))
         except BlockingIOError:
             return False
         except OSError:
             self.close()
             return False
         return True
-
-    def status(self, text: str) -> bool:
-        """``STATUS=text`` (shortened to one line of at most 400 characters)."""
-        line = " ".join(text.split())
-        if len(line) > _MAX_STATUS:
-            line = line[: _MAX_STATUS - 3] + "..."
-        return self.send(STATUS=line)
 
     def close(self) -> None:
         """Close the socket (a later send reopens it)."""

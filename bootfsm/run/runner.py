@@ -9,9 +9,8 @@ run does: the metrics textfile, the guest-agent (CSE) events and the OTLP export
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, Any
 
 from bootfsm import __version__
 from bootfsm.core import caller
@@ -24,36 +23,21 @@ from bootfsm.machine.engine import Outcome
 from bootfsm.observe.liveness import boot_id
 from bootfsm.run import metrics
 from bootfsm.run.cse_events import CseEvents
-from bootfsm.run.session import Session, SessionOptions, run_session
+from bootfsm.run.session import Session, SessionOptions, SessionResult, run_session
 
-__all__ = ["RunOptions", "RunResult", "checkpoint_problem", "execute"]
+__all__ = ["RunOptions", "checkpoint_problem", "execute"]
 
 
 @dataclass(frozen=True)
-class RunOptions:
-    """How to run: where the node is, what to print, how long to wait for the lock."""
+class RunOptions(SessionOptions):
+    """A node's run: the session's options (kind and checkpoint set by ``execute``), and
+    what only a run has."""
 
-    root: Path = Path("/")
-    config_path: str = ""
-    console: IO[str] | None = None
-    console_json: bool = False
-    wait_lock: float = 0.0
-    env: Mapping[str, str] | None = None
-    on_state: Callable[[str], None] | None = None
+    on_state: Callable[[str], object] | None = None
     on_status: Callable[[str], object] | None = None  # progress text within a state
     hook: bool = False  # `run --hook`: the provisioning hook (docs/provisioning-hook.md)
     overrides: tuple[caller.Override, ...] = ()  # what the hook set over the config
     config_sources: Mapping[str, str] | None = None  # "section.key" -> the file that set it
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """The outcome, where its journal is, and the run's duration (``run.end``'s)."""
-
-    outcome: Outcome
-    run_id: str
-    journal: Path | None
-    duration_s: float = 0.0
 
 
 CHECKPOINT_OUTCOMES = ("running", "done", "failed", "interrupted")
@@ -79,47 +63,25 @@ def checkpoint_problem(data: object) -> str:
     return ""
 
 
-def execute(cfg: Config, opts: RunOptions) -> RunResult:
+def execute(cfg: Config, opts: RunOptions) -> SessionResult:
     """Run the machine on the node at ``opts.root``; never raises for node problems."""
-    session = SessionOptions(
-        kind="run",
-        root=opts.root,
-        config_path=opts.config_path,
-        console=opts.console,
-        console_json=opts.console_json,
-        wait_lock=opts.wait_lock,
-        env=opts.env,
-        checkpoint=True,
-        start_fields={"hook": opts.hook, "config_sources": _sources(opts)},
-    )
-    r = run_session(cfg, session, lambda s: _machine(s, opts))
-    return RunResult(r.outcome, r.run_id, r.journal, r.duration_s)
-
-
-def _sources(opts: RunOptions) -> dict[str, str]:
-    """Where each configured value came from: its file, or what the hook set it from."""
-    out = dict(opts.config_sources or {})
-    out.update({o.key: o.source for o in opts.overrides})
-    return out
-
-
-def _node_path(root: Path, path: str) -> str | None:
-    """``path`` (a host path) as a node path under ``root``, or None when outside it."""
-    try:
-        return "/" + str(Path(path).relative_to(root))
-    except ValueError:
-        return None
+    # where each configured value came from: its file, or what the hook set it from
+    sources = {**(opts.config_sources or {}), **{o.key: o.source for o in opts.overrides}}
+    fields = {"hook": opts.hook, "config_sources": sources}
+    session = replace(opts, kind="run", checkpoint=True, start_fields=fields)
+    return run_session(cfg, session, lambda s: _machine(s, opts))
 
 
 def _persist_caller(s: Session, opts: RunOptions) -> None:
     """`run --hook`: keep the caller's choices for later runs (the unit at the next
     boot), as a drop-in beside the config file; rewritten only when they changed."""
-    config = _node_path(opts.root.resolve(), str(Path(opts.config_path).resolve()))
-    if config is None or not any(o.persist for o in opts.overrides):
+    root, config = opts.root.resolve(), Path(opts.config_path).resolve()
+    if not config.is_relative_to(root) or not any(o.persist for o in opts.overrides):
         return
     from bootfsm.install import records
 
-    path = f"{config.rsplit('/', 1)[0]}/{DROPIN_DIR}/{caller.HOOK_DROPIN}"
+    config_dir = ("/" + str(config.relative_to(root))).rsplit("/", 1)[0]  # a node path
+    path = f"{config_dir}/{DROPIN_DIR}/{caller.HOOK_DROPIN}"
     text = caller.dropin_text(opts.overrides, s.run_id)
     if _settings(s.host.read_text(path)) != _settings(text):
         s.host.makedirs(path.rsplit("/", 1)[0])
@@ -149,12 +111,13 @@ def _reboot_note(host: Host, outcome: Outcome) -> Outcome:
 
 def _machine(s: Session, opts: RunOptions) -> Outcome:
     """The whole table, with the node's metrics and CSE events around it."""
+    from bootfsm.states import CALLBACKS, REGISTRY
+
     host, cfg, ctx = s.host, s.cfg, s.ctx
     ctx.status = opts.on_status
-    this_boot = boot_id(host)
-    for problem in metrics.publish_start(host, cfg, boot_id=this_boot, version=__version__):
+    for problem in metrics.publish_start(host, cfg, boot_id=boot_id(host), version=__version__):
         s.journal.event("warning", level="warning", message=problem)
-    cse = CseEvents.from_config(host, cfg, s.run_id)
+    cse = CseEvents(host, cfg.run.cse_events_dir, s.run_id)
 
     def published(outcome: Outcome) -> list[str]:
         problems = cse.run_ended(outcome) + metrics.publish(host, cfg, s.path, s.run_id, outcome)
@@ -171,7 +134,7 @@ def _machine(s: Session, opts: RunOptions) -> Outcome:
 
     if opts.hook:
         _persist_caller(s, opts)
-    outcome = _reboot_note(host, s.drive(_registry(), _callbacks(), on_transition=on_transition))
+    outcome = _reboot_note(host, s.drive(REGISTRY, CALLBACKS, on_transition=on_transition))
     if outcome.ok and ctx.facts_ is not None and ctx.facts_.no_gpu and cfg.detect.cleanup_on_no_gpu:
         _cleanup(ctx)  # in the run's own journal, before run.end
     return outcome
@@ -204,15 +167,3 @@ def _export_trace(jpath: Path, env: Mapping[str, str]) -> list[str]:
         return [f"OTLP export skipped: {exc}"]
     problem = otlp.export(target, body, env)
     return [p for p in (target.note, problem) if p]
-
-
-def _registry() -> Mapping[str, Any]:
-    from bootfsm.states import REGISTRY
-
-    return REGISTRY
-
-
-def _callbacks() -> Mapping[str, Callable[[Context], None]]:
-    from bootfsm.states import CALLBACKS
-
-    return dict(CALLBACKS)

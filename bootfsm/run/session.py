@@ -61,8 +61,7 @@ class SessionOptions:
 
 @dataclass(frozen=True)
 class SessionResult:
-    """The outcome, the run id, where the journal is (None: refused, or console only) and
-    the run's duration as ``run.end`` records it (0 for a refused run)."""
+    """Outcome, run id, journal (None: refused or console only), ``run.end``'s duration."""
 
     outcome: Outcome
     run_id: str
@@ -183,8 +182,8 @@ class Session:
         same; it is checked when read), so only the run's last one is ``durable``."""
         if not self.opts.checkpoint:
             return
-        base = {"run_id": self.run_id, "journal": str(self.path or ""), "pid": os.getpid()}
-        data = {**base, "state": state, "outcome": outcome, **fields}
+        data = {"run_id": self.run_id, "journal": str(self.path or ""), "pid": os.getpid()}
+        data.update(state=state, outcome=outcome, **fields)
         with contextlib.suppress(BootError):
             path = f"{self.cfg.run.state_dir}/checkpoint.json"
             self.host.write_atomic(path, json.dumps(data) + "\n", 0o600, durable=durable)
