@@ -6,8 +6,8 @@ from dataclasses import replace
 
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError, TransientError
-from bootfsm.core.hardware import requires_open_module, requires_proprietary_module
-from bootfsm.install.marker import Marker, check_marker, expected_marker, read_marker
+from bootfsm.install.marker import MarkerError, read_marker
+from bootfsm.install.prebuilt import mismatches
 from bootfsm.machine.context import Context
 from bootfsm.node.facts import NodeFacts, gather_facts, loaded_module_version
 from bootfsm.node.verdict import fabric_manager_disagreement, judge, no_gpu_reason
@@ -82,18 +82,13 @@ def must_build(ctx: Context, f: NodeFacts) -> str | None:
         return None
     if loaded_module_version(ctx.host) == cfg.version:
         return None
-    m = read_marker(ctx.host, ctx.config)
+    try:
+        m = read_marker(ctx.host, ctx.config)
+    except MarkerError as exc:
+        return f"unreadable bake marker ({exc})"
     if m is None:
         return "no bake marker"
-    if not isinstance(m, Marker):
-        return f"unreadable bake marker ({m})"
-    models = [g.model for g in f.gpus]
-    diff = check_marker(
-        m,
-        expected_marker(ctx.config, f),
-        needs_open=requires_open_module(models),
-        needs_proprietary=requires_proprietary_module(models),
-    )
+    diff = mismatches(ctx.config, f, m)
     return f"bake marker differs in {diff[0].field}" if diff else None
 
 
