@@ -207,41 +207,54 @@ def execute(
         ctx.event("uninstall.step", **{k: v for k, v in step.as_json().items() if k != "settles"})
         if on_step is not None:
             on_step(step)
-        if step.action == "keep":
+        if not _do(ctx, step, entries, left):
             kept.append(step)
-            ctx.warn(f"uninstall kept {step.target}: {step.reason}")
-        elif step.action == "remove":
-            ctx.host.remove(step.target)
-        elif step.action == "restore":
-            _restore(ctx, step.target, entries[step.settles[0]]["before"])
-        elif step.action == "unedit":
-            undone = _undone(ctx, step.target, entries[step.settles[0]]["edit"])
-            if undone is None:  # edited again since the plan: keep it
-                kept.append(step)
-                ctx.warn(f"uninstall kept {step.target}: changed while uninstalling")
-            else:
-                st = ctx.host.stat(step.target)
-                mode = st.st_mode & 0o7777 if st else 0o644
-                ctx.host.write_atomic(step.target, undone, mode)
-        elif step.argv:
-            if step.action == "purge":
-                wait_for_lock(ctx)
-            r = ctx.run(list(step.argv), timeout=_TIMEOUTS.get(step.action, 60.0))
-            if not r.ok and step.action == "unload":
-                ctx.warn(f"{step.target} stays loaded (in use?): {r.output.strip()[-200:]}")
-            elif not r.ok:
-                records.save(ctx.host, ctx.config, list(left.values()))
-                raise BootError(
-                    Code.UNINSTALL_FAILED,
-                    f"uninstall step {step.action} {step.target} failed: "
-                    f"`{' '.join(step.argv)}` exit {r.returncode}",
-                    output=r.output[-1500:],
-                )
         for i in step.settles:
             left.pop(i, None)
         if step.settles:
             records.save(ctx.host, ctx.config, list(left.values()))
     return kept
+
+
+def _do(ctx: Context, step: Step, entries: list[dict[str, Any]], left: dict[int, Any]) -> bool:
+    """Carry out one step; False when the file is kept (with a warning)."""
+    if step.action == "keep":
+        ctx.warn(f"uninstall kept {step.target}: {step.reason}")
+        return False
+    if step.action == "remove":
+        ctx.host.remove(step.target)
+    elif step.action == "restore":
+        _restore(ctx, step.target, entries[step.settles[0]]["before"])
+    elif step.action == "unedit":
+        undone = _undone(ctx, step.target, entries[step.settles[0]]["edit"])
+        if undone is None:  # edited again since the plan: keep it
+            ctx.warn(f"uninstall kept {step.target}: changed while uninstalling")
+            return False
+        st = ctx.host.stat(step.target)
+        ctx.host.write_atomic(step.target, undone, st.st_mode & 0o7777 if st else 0o644)
+    elif step.argv:
+        _command(ctx, step, left)
+    return True
+
+
+def _command(ctx: Context, step: Step, left: dict[int, Any]) -> None:
+    """Run a step's command; a module in use stays loaded (a warning), any other failure
+    saves what is ``left`` and is UNINSTALL_FAILED."""
+    if step.action == "purge":
+        wait_for_lock(ctx)
+    r = ctx.run(list(step.argv), timeout=_TIMEOUTS.get(step.action, 60.0))
+    if r.ok:
+        return
+    if step.action == "unload":
+        ctx.warn(f"{step.target} stays loaded (in use?): {r.output.strip()[-200:]}")
+        return
+    records.save(ctx.host, ctx.config, list(left.values()))
+    raise BootError(
+        Code.UNINSTALL_FAILED,
+        f"uninstall step {step.action} {step.target} failed: "
+        f"`{' '.join(step.argv)}` exit {r.returncode}",
+        output=r.output[-1500:],
+    )
 
 
 def run(
