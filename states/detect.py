@@ -93,8 +93,7 @@ def must_build(ctx: Context, f: NodeFacts) -> str | None:
 
 
 def _headers_present(ctx: Context, build: str) -> bool:
-    """``build`` exists on the node; its usual form is an absolute symlink to
-    /usr/src/linux-headers-<kernel>, resolved inside the node root (``--root``)."""
+    """``build`` exists (an absolute link, its usual form, resolved inside ``--root``)."""
     target = ctx.host.readlink(build) if ctx.host.is_symlink(build) else None
     if target is not None and target.startswith("/") and ".." not in target.split("/"):
         return ctx.host.exists(target)
@@ -134,28 +133,20 @@ def run(ctx: Context) -> None:
         facts = replace(facts, no_gpu=no_gpu_reason(ctx.config, facts))
     ctx.journal.event("node.facts", durable=True, **facts.summary())
     if facts.skip_gpu_install is not None:
-        ctx.journal.event(
-            "detect.skip_gpu_install",
-            durable=True,
-            reason=facts.skip_gpu_install,
-            message=f"GPU driver install skipped: {facts.skip_gpu_install} (detect.skip_tag)",
-        )
-        ctx.facts_ = facts
-        return
-    if facts.no_gpu is not None:
+        reason = facts.skip_gpu_install
+        message = f"GPU driver install skipped: {reason} (detect.skip_tag)"
+        ctx.journal.event("detect.skip_gpu_install", durable=True, reason=reason, message=message)
+    elif facts.no_gpu is not None:
         if facts.gpus:
             ctx.warn(f"{facts.no_gpu}, though PCI shows {len(facts.gpus)} NVIDIA GPU(s)")
+        message = f"nothing to provision: {facts.no_gpu}"
         ctx.journal.event(
-            "detect.nothing_to_provision",
-            durable=True,
-            reason=facts.no_gpu,
-            message=f"nothing to provision: {facts.no_gpu}",
+            "detect.nothing_to_provision", durable=True, reason=facts.no_gpu, message=message
         )
-        ctx.facts_ = facts
-        return
-    judge(ctx.config, facts)
-    disagreement = fabric_manager_disagreement(ctx.config, facts)
-    if disagreement is not None:
-        ctx.warn(disagreement)
-    check_headers(ctx, facts)
+    else:  # a GPU to provision: fail fast on anything permanent
+        judge(ctx.config, facts)
+        disagreement = fabric_manager_disagreement(ctx.config, facts)
+        if disagreement is not None:
+            ctx.warn(disagreement)
+        check_headers(ctx, facts)
     ctx.facts_ = facts

@@ -60,9 +60,7 @@ def skip_reason(ctx: Context) -> str | None:
 
 
 def _unload_other(ctx: Context, rebuild: bool = False) -> None:
-    """Unload a loaded driver of another version (or one to rebuild): bootfsm's own
-    daemons on it stopped first, then the modules (driver_init.unload_driver);
-    REBOOT_REQUIRED, naming the holders, when nvidia stays loaded."""
+    """Unload a loaded driver of another version, or one to rebuild (``unload_driver``)."""
     loaded = loaded_module_version(ctx.host)
     if loaded is None or (loaded == ctx.config.driver.version and not rebuild):
         return

@@ -166,8 +166,7 @@ def imports_cover(imports: Sequence[str], path: str, config: str = CONFIG) -> bo
 
 
 def _array_end(text: str, start: int) -> int:
-    """Index just past the ``]`` closing the array that opens at ``text[start] == '['``
-    (strings, escapes and comments respected)."""
+    """Index just past the ``]`` closing the array that opens at ``text[start]``."""
     depth, i, n = 0, start, len(text)
     while i < n:
         c = text[i]
@@ -194,8 +193,7 @@ def _array_end(text: str, start: int) -> int:
 
 
 def _top_level_key_line(text: str, key: str) -> tuple[int, int] | None:
-    """(start of the line, index of '[' after '=') of top-level ``key = [``, or None.
-    Only lines before the first table header are top level."""
+    """(start of the line, index of its '[') of ``key = [`` before the first table, or None."""
     pos = 0
     for line in text.splitlines(keepends=True):
         s = line.strip()

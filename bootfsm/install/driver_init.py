@@ -104,8 +104,7 @@ def _started_by_bootfsm(ctx: Context) -> set[str]:
 
 
 def _device_processes(ctx: Context) -> list[str]:
-    """``comm (pid N)`` of the processes with a /dev/nvidia* file open (/proc/<pid>/fd
-    links, as fuser(1) reads them); asked only when an unload failed."""
+    """``comm (pid N)`` of the processes with a /dev/nvidia* file open (as fuser(1) reads)."""
     found: list[str] = []
     for proc in ctx.host.glob("/proc/[0-9]*"):
         fds = ctx.host.glob(f"{proc}/fd/*")

@@ -190,16 +190,15 @@ def _module_type(ctx: Context, installer: str) -> str:
     if mt != "auto":
         return mt
     version = ctx.config.driver.version
+    fallback = fallback_module_type(version, [g.model for g in ctx.facts.gpus])
     if _branch(version) < OPEN_DEFAULT_BRANCH:  # no --print-recommended-kernel-module-type
-        chosen = fallback_module_type(version, [g.model for g in ctx.facts.gpus])
-        ctx.event("driver.module_type", module_type=chosen, source="branch")
-        return chosen
+        ctx.event("driver.module_type", module_type=fallback, source="branch")
+        return fallback
     r = ctx.run([installer, "--print-recommended-kernel-module-type"], timeout=60, probe=True)
     recommended = parse_module_type(r.output) if r.ok else None
     if recommended is not None:
         ctx.event("driver.module_type", module_type=recommended, source="installer")
         return recommended
-    fallback = fallback_module_type(version, [g.model for g in ctx.facts.gpus])
     ctx.warn(
         f"installer gave no module type recommendation (exit {r.returncode}); using "
         f"{fallback} (driver {version}: open is the default from branch {OPEN_DEFAULT_BRANCH})",

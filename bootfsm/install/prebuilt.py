@@ -80,8 +80,7 @@ def mismatches(cfg: Config, facts: NodeFacts, m: Marker) -> list[Mismatch]:
 
 
 def _wanted_type(ctx: Context, m: Marker) -> str:
-    """The type the built module must have: the marker's, else (a bash-path marker names
-    none) what the config and the GPUs require."""
+    """The type the built module must have: the marker's, else what config and GPUs require."""
     return m.module_type or required_module_type(ctx.config.driver.module_type, **_needs(ctx.facts))
 
 
