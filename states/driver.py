@@ -1,20 +1,21 @@
 """driver: nouveau off, the NVIDIA driver built by DKMS, initialized this boot, then the toolkit.
 
-Satisfied when nouveau is blacklisted, DKMS has the configured driver built for the
-running kernel, that version is loaded, a bake marker (if any) matches the node, the
-per-boot init is done (device nodes /dev/nvidiactl, /dev/nvidia-uvm and one
-/dev/nvidiaN per GPU exist; the linker cache lists libnvidia-ml.so.1), on Grace with
-R580+ the coherent GPU memory mode is in modprobe.d and taken by the loaded module
-(bootfsm/install/coherent.py), and the toolkit is at the configured version. The action
-compiles only when no matching marker and usable module say the image, an earlier boot
-or DKMS after a kernel update built it (bootfsm/install/prebuilt.py, journaled as
-``driver.prebaked``), unloads a driver of another version or type, or one loaded
-without the coherent mode (bootfsm's own daemons on it stopped first), then
-initializes: nvidia-modprobe, libraries in place, ldconfig, nvidia-smi answering within
-``driver.smi_wait`` seconds, nvidia-persistenced started when the driver provides it
-(bootfsm/install/persistenced.py, also part of the postcondition); the container toolkit comes
-last, after the driver's libraries, as aks-gpu orders it. The shared steps live in
-bootfsm/install/driver_steps.py.
+The action, in order:
+1. nouveau blacklisted and, on Grace with R580+, the coherent GPU memory mode in
+   modprobe.d (bootfsm/install/coherent.py), each with the initramfs rebuilt;
+2. compile, or not: bootfsm/install/prebuilt.py decides (a matching marker and a usable
+   module: the image, an earlier boot or DKMS after a kernel update built it), journaled
+   as ``driver.prebaked``; a loaded driver of another version or type, or one loaded
+   without the coherent mode, is unloaded first (bootfsm's own daemons on it stopped);
+3. the per-boot init (bootfsm/install/driver_init.py): nvidia-modprobe, libraries in
+   place, ldconfig, nvidia-smi answering within ``driver.smi_wait`` seconds;
+4. nvidia-persistenced, when the driver provides it (bootfsm/install/persistenced.py);
+5. the container toolkit last, after the driver's libraries, as aks-gpu orders it.
+
+Satisfied when all of that holds: the configured version DKMS-built for the running
+kernel and loaded under a marker (if any) that matches, and the init done (device nodes
+/dev/nvidiactl, /dev/nvidia-uvm and one /dev/nvidiaN per GPU; libnvidia-ml.so.1 in the
+linker cache). The steps shared with the bake live in bootfsm/install/driver_steps.py.
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ def skip_reason(ctx: Context) -> str | None:
     if not cfg.install:
         loaded = loaded_module_version(ctx.host)
         return f"driver.install = false: the image's driver {loaded} is loaded"
-    where = prebuilt.built_by(ctx)
+    m = prebuilt.current_marker(ctx.host, ctx.config)
+    where = f"built by {m.source} for {m.kernel}" if m is not None else "DKMS-built"
     return f"driver {cfg.version} ({cfg.kind}) {where}, loaded and initialized this boot"
 
 

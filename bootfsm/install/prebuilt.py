@@ -42,7 +42,6 @@ __all__ = [
     "Decision",
     "bake_module_type",
     "bake_reason",
-    "built_by",
     "current_marker",
     "decide",
     "mismatches",
@@ -177,12 +176,6 @@ def current_marker(host: Host, cfg: Config) -> Marker | None:
         return read_marker(host, cfg)
     except MarkerError:
         return None
-
-
-def built_by(ctx: Context) -> str:
-    """Who built the module, for a skipped state's reason (the marker says, else DKMS)."""
-    m = current_marker(ctx.host, ctx.config)
-    return f"built by {m.source} for {m.kernel}" if m is not None else "DKMS-built"
 
 
 def bake_reason(ctx: Context, want: Marker) -> tuple[Marker | None, str | None]:

@@ -73,9 +73,8 @@ class Step:
 def _unit_step(ctx: Context, i: int, e: dict[str, Any]) -> Step:
     u, action = e["unit"], e["action"]
     if action == "start":
-        if is_active(ctx, u):
-            return Step("stop", u, ("systemctl", "stop", u), settles=(i,))
-        return Step("skip", u, reason="not active", settles=(i,))
+        stop = Step("stop", u, ("systemctl", "stop", u), settles=(i,))
+        return _if(is_active(ctx, u), stop, "not active")
     state, want = enabled_state(ctx, u), {"enable": "enabled", "mask": "masked"}[action]
     if state != want:
         return Step("skip", u, reason=f"is {state or 'unknown'}, not {want}", settles=(i,))
@@ -146,23 +145,24 @@ def plan(ctx: Context, entries: Sequence[dict[str, Any]]) -> list[Step]:
             steps.append(_unit_step(ctx, i, e))
         elif kind == "module":
             name = e["name"]
-            if host.exists(f"/sys/module/{name}"):
-                steps.append(Step("unload", name, ("modprobe", "-r", name), settles=(i,)))
-            else:
-                steps.append(Step("skip", name, reason="not loaded", settles=(i,)))
+            unload = Step("unload", name, ("modprobe", "-r", name), settles=(i,))
+            steps.append(_if(host.exists(f"/sys/module/{name}"), unload, "not loaded"))
         elif kind == "dkms":
             mv = f"{e['module']}/{e['version']}"
-            if host.exists(f"{DKMS_TREE}/{mv}"):
-                argv = ("dkms", "remove", "-m", e["module"], "-v", e["version"], "--all")
-                steps.append(Step("dkms-remove", mv, argv, settles=(i,)))
-            else:
-                steps.append(Step("skip", mv, reason="not in the DKMS tree", settles=(i,)))
+            argv = ("dkms", "remove", "-m", e["module"], "-v", e["version"], "--all")
+            remove = Step("dkms-remove", mv, argv, settles=(i,))
+            steps.append(_if(host.exists(f"{DKMS_TREE}/{mv}"), remove, "not in the DKMS tree"))
         elif kind == "package":
             if packages and packages[0][0] == i:  # the newest package: all purged here
                 steps += _package_steps(ctx, packages)
         else:
             (last if e["path"] in markers else steps).append(_content_step(ctx, i, e))
     return steps + _after(ctx, entries, steps) + last
+
+
+def _if(present: bool, step: Step, absent: str) -> Step:
+    """``step``, or a skip of its target for the reason ``absent``."""
+    return step if present else Step("skip", step.target, reason=absent, settles=step.settles)
 
 
 def _after(ctx: Context, entries: Sequence[dict[str, Any]], steps: list[Step]) -> list[Step]:
@@ -217,7 +217,7 @@ def execute(
 
 
 def _do(ctx: Context, step: Step, entries: list[dict[str, Any]], left: dict[int, Any]) -> bool:
-    """Carry out one step; False when the file is kept (with a warning)."""
+    """Carry out one step; False when its target is kept (with a warning)."""
     if step.action == "keep":
         ctx.warn(f"uninstall kept {step.target}: {step.reason}")
         return False
