@@ -49,9 +49,8 @@ def satisfied(ctx: Context) -> bool:
         marker = json.loads(ctx.host.read_text(_marker(ctx)) or "{}")
     except ValueError:
         return False
-    if marker.get("driver_version") != ctx.config.driver.version:
-        return False
-    if marker.get("config_digest") != ctx.config.digest():
+    have = (marker.get("driver_version"), marker.get("config_digest"))
+    if have != (ctx.config.driver.version, ctx.config.digest()):
         return False
     if not ctx.host.exists(DROPIN) or ctx.host.read_text(UDEV_RULE) != UDEV_TEXT:
         return False

@@ -149,13 +149,11 @@ def _pending(ctx: Context, pending: list[SmiGpu]) -> None:
 
 def _destroy(ctx: Context, index: int, have: list[int], want: list[int]) -> None:
     ctx.event("mig.reconfigure", gpu=index, have=have, want=sorted(want))
-    if any(c.gpu == index for c in _list(ctx, "-lci", parse_lci)):
-        r = ctx.run([SMI, "mig", "-i", str(index), "-dci"], timeout=120)
+    cis = any(c.gpu == index for c in _list(ctx, "-lci", parse_lci))
+    for flag in ("-dci", "-dgi") if cis else ("-dgi",):  # compute instances first
+        r = ctx.run([SMI, "mig", "-i", str(index), flag], timeout=120)
         if not r.ok:
-            raise BootError(Code.MIG_CONFIG_FAILED, f"nvidia-smi mig -dci: {r.tail[-400:]}")
-    r = ctx.run([SMI, "mig", "-i", str(index), "-dgi"], timeout=120)
-    if not r.ok:
-        raise BootError(Code.MIG_CONFIG_FAILED, f"nvidia-smi mig -dgi: {r.tail[-400:]}")
+            raise BootError(Code.MIG_CONFIG_FAILED, f"nvidia-smi mig {flag}: {r.tail[-400:]}")
 
 
 def run(ctx: Context) -> None:
