@@ -6,8 +6,8 @@ from dataclasses import replace
 
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError, TransientError
-from bootfsm.core.hardware import requires_open_module, requires_proprietary_module
-from bootfsm.install.marker import Marker, check_marker, expected_marker, read_marker
+from bootfsm.install.marker import MarkerError, read_marker
+from bootfsm.install.prebuilt import mismatches
 from bootfsm.machine.context import Context
 from bootfsm.node.facts import NodeFacts, gather_facts, loaded_module_version
 from bootfsm.node.verdict import fabric_manager_disagreement, judge, no_gpu_reason
@@ -82,24 +82,18 @@ def must_build(ctx: Context, f: NodeFacts) -> str | None:
         return None
     if loaded_module_version(ctx.host) == cfg.version:
         return None
-    m = read_marker(ctx.host, ctx.config)
+    try:
+        m = read_marker(ctx.host, ctx.config)
+    except MarkerError as exc:
+        return f"unreadable bake marker ({exc})"
     if m is None:
         return "no bake marker"
-    if not isinstance(m, Marker):
-        return f"unreadable bake marker ({m})"
-    models = [g.model for g in f.gpus]
-    diff = check_marker(
-        m,
-        expected_marker(ctx.config, f),
-        needs_open=requires_open_module(models),
-        needs_proprietary=requires_proprietary_module(models),
-    )
+    diff = mismatches(ctx.config, f, m)
     return f"bake marker differs in {diff[0].field}" if diff else None
 
 
 def _headers_present(ctx: Context, build: str) -> bool:
-    """``build`` exists on the node; its usual form is an absolute symlink to
-    /usr/src/linux-headers-<kernel>, resolved inside the node root (``--root``)."""
+    """``build`` exists (an absolute link, its usual form, resolved inside ``--root``)."""
     target = ctx.host.readlink(build) if ctx.host.is_symlink(build) else None
     if target is not None and target.startswith("/") and ".." not in target.split("/"):
         return ctx.host.exists(target)
@@ -139,28 +133,20 @@ def run(ctx: Context) -> None:
         facts = replace(facts, no_gpu=no_gpu_reason(ctx.config, facts))
     ctx.journal.event("node.facts", durable=True, **facts.summary())
     if facts.skip_gpu_install is not None:
-        ctx.journal.event(
-            "detect.skip_gpu_install",
-            durable=True,
-            reason=facts.skip_gpu_install,
-            message=f"GPU driver install skipped: {facts.skip_gpu_install} (detect.skip_tag)",
-        )
-        ctx.facts_ = facts
-        return
-    if facts.no_gpu is not None:
+        reason = facts.skip_gpu_install
+        message = f"GPU driver install skipped: {reason} (detect.skip_tag)"
+        ctx.journal.event("detect.skip_gpu_install", durable=True, reason=reason, message=message)
+    elif facts.no_gpu is not None:
         if facts.gpus:
             ctx.warn(f"{facts.no_gpu}, though PCI shows {len(facts.gpus)} NVIDIA GPU(s)")
+        message = f"nothing to provision: {facts.no_gpu}"
         ctx.journal.event(
-            "detect.nothing_to_provision",
-            durable=True,
-            reason=facts.no_gpu,
-            message=f"nothing to provision: {facts.no_gpu}",
+            "detect.nothing_to_provision", durable=True, reason=facts.no_gpu, message=message
         )
-        ctx.facts_ = facts
-        return
-    judge(ctx.config, facts)
-    disagreement = fabric_manager_disagreement(ctx.config, facts)
-    if disagreement is not None:
-        ctx.warn(disagreement)
-    check_headers(ctx, facts)
+    else:  # a GPU to provision: fail fast on anything permanent
+        judge(ctx.config, facts)
+        disagreement = fabric_manager_disagreement(ctx.config, facts)
+        if disagreement is not None:
+            ctx.warn(disagreement)
+        check_headers(ctx, facts)
     ctx.facts_ = facts

@@ -1,28 +1,27 @@
 """driver: nouveau off, the NVIDIA driver built by DKMS, initialized this boot, then the toolkit.
 
-Satisfied when nouveau is blacklisted, DKMS has the configured driver built for the
-running kernel, that version is loaded, a bake marker (if any) matches the node, the
-per-boot init is done (device nodes /dev/nvidiactl, /dev/nvidia-uvm and one
-/dev/nvidiaN per GPU exist; the linker cache lists libnvidia-ml.so.1), on Grace with
-R580+ the coherent GPU memory mode is in modprobe.d and taken by the loaded module
-(bootfsm/install/coherent.py), and the toolkit is at the configured version. The action
-compiles only when no matching marker and usable module say the image, an earlier boot
-or DKMS after a kernel update built it (bootfsm/install/prebuilt.py, journaled as
-``driver.prebaked``), unloads a driver of another version or type, or one loaded
-without the coherent mode (bootfsm's own daemons on it stopped first), then
-initializes: nvidia-modprobe, libraries in place, ldconfig, nvidia-smi answering within
-``driver.smi_wait`` seconds, nvidia-persistenced started when the driver provides it
-(bootfsm/install/persistenced.py, also part of the postcondition); the container toolkit comes
-last, after the driver's libraries, as aks-gpu orders it. The shared steps live in
-bootfsm/install/driver_steps.py.
+The action, in order:
+1. nouveau blacklisted and, on Grace with R580+, the coherent GPU memory mode in
+   modprobe.d (bootfsm/install/coherent.py), each with the initramfs rebuilt;
+2. compile, or not: bootfsm/install/prebuilt.py decides (a matching marker and a usable
+   module: the image, an earlier boot or DKMS after a kernel update built it), journaled
+   as ``driver.prebaked``; a loaded driver of another version or type, or one loaded
+   without the coherent mode, is unloaded first (bootfsm's own daemons on it stopped);
+3. the per-boot init (bootfsm/install/driver_init.py): nvidia-modprobe, libraries in
+   place, ldconfig, nvidia-smi answering within ``driver.smi_wait`` seconds;
+4. nvidia-persistenced, when the driver provides it (bootfsm/install/persistenced.py);
+5. the container toolkit last, after the driver's libraries, as aks-gpu orders it.
+
+Satisfied when all of that holds: the configured version DKMS-built for the running
+kernel and loaded under a marker (if any) that matches, and the init done (device nodes
+/dev/nvidiactl, /dev/nvidia-uvm and one /dev/nvidiaN per GPU; libnvidia-ml.so.1 in the
+linker cache). The steps shared with the bake live in bootfsm/install/driver_steps.py.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 
-from bootfsm import __version__
 from bootfsm.install import coherent, persistenced, prebuilt, records
 from bootfsm.install import driver_steps as steps
 from bootfsm.install.driver_init import (
@@ -32,8 +31,8 @@ from bootfsm.install.driver_init import (
     record_loaded,
     unload_driver,
 )
-from bootfsm.install.marker import Marker, expected_marker, read_marker
 from bootfsm.machine.context import Context
+from bootfsm.node.facts import loaded_module_version
 
 NAME = "driver"
 
@@ -42,10 +41,11 @@ def satisfied(ctx: Context) -> bool:
     """Blacklist, module, bake marker, this boot's init and the toolkit match the config."""
     if not steps.nouveau_off(ctx) or not steps.toolkit_ok(ctx) or not coherent.conf_ok(ctx):
         return False
+    loaded = loaded_module_version(ctx.host)
     if not ctx.config.driver.install:
-        module_ok = steps.loaded_version(ctx) is not None
+        module_ok = loaded is not None
     else:
-        module_ok = steps.loaded_version(ctx) == ctx.config.driver.version and prebuilt.ready(ctx)
+        module_ok = loaded == ctx.config.driver.version and prebuilt.ready(ctx)
     module_ok = module_ok and coherent.applied(ctx)
     return module_ok and not init_missing(ctx) and persistenced.ready(ctx)
 
@@ -54,17 +54,16 @@ def skip_reason(ctx: Context) -> str | None:
     """Why the state was skipped (read-only; called only after ``satisfied`` held)."""
     cfg = ctx.config.driver
     if not cfg.install:
-        return f"driver.install = false: the image's driver {steps.loaded_version(ctx)} is loaded"
-    m = read_marker(ctx.host, ctx.config)
-    where = f"built by {m.source} for {m.kernel}" if isinstance(m, Marker) else "DKMS-built"
+        loaded = loaded_module_version(ctx.host)
+        return f"driver.install = false: the image's driver {loaded} is loaded"
+    m = prebuilt.current_marker(ctx.host, ctx.config)
+    where = f"built by {m.source} for {m.kernel}" if m is not None else "DKMS-built"
     return f"driver {cfg.version} ({cfg.kind}) {where}, loaded and initialized this boot"
 
 
 def _unload_other(ctx: Context, rebuild: bool = False) -> None:
-    """Unload a loaded driver of another version (or one to rebuild): bootfsm's own
-    daemons on it stopped first, then the modules (driver_init.unload_driver);
-    REBOOT_REQUIRED, naming the holders, when nvidia stays loaded."""
-    loaded = steps.loaded_version(ctx)
+    """Unload a loaded driver of another version, or one to rebuild (``unload_driver``)."""
+    loaded = loaded_module_version(ctx.host)
     if loaded is None or (loaded == ctx.config.driver.version and not rebuild):
         return
     unload_driver(ctx, loaded)
@@ -85,19 +84,6 @@ def _needs_build(ctx: Context) -> bool:
     return d.build
 
 
-def _record_build(ctx: Context, module_type: str) -> None:
-    """After a boot-time compile the marker describes that build (``source=boot``)."""
-    m = replace(
-        expected_marker(ctx.config, ctx.facts),
-        module_type=module_type,
-        dkms="yes",
-        source="boot",
-        bootfsm=__version__,
-        baked_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ctx.host.wall())),
-    )
-    records.write_markers(ctx, m)
-
-
 def run(ctx: Context) -> None:
     """Blacklist nouveau, compile unless prebaked, initialize, then install the toolkit."""
     steps.blacklist_nouveau(ctx)
@@ -106,8 +92,9 @@ def run(ctx: Context) -> None:
         rebuild = _needs_build(ctx)
         _unload_other(ctx, rebuild or not coherent.applied(ctx))  # loaded without it: reload
         before = modules_present(ctx)
-        if rebuild:
-            _record_build(ctx, steps.build_module(ctx))
+        if rebuild:  # the marker then describes this build
+            built = steps.build_module(ctx)
+            records.write_markers(ctx, prebuilt.new_marker(ctx, built, dkms="yes", source="boot"))
     else:
         before = modules_present(ctx)
         ctx.event("driver.skipped", reason="driver.install = false: the image ships a driver")

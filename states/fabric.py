@@ -101,13 +101,14 @@ def _install(ctx: Context) -> None:
         if not ctx.host.exists(f"{top}/{src}") and not ctx.host.is_symlink(f"{top}/{src}"):
             raise BootError(Code.FABRIC_MANAGER_FAILED, f"{name} lacks {src}")
         files.append((f"{top}/{src}", dst, None))
-    for topo in ctx.host.listdir(f"{top}/share/nvidia/nvswitch"):
-        files.append(
-            (f"{top}/share/nvidia/nvswitch/{topo}", f"/usr/share/nvidia/nvswitch/{topo}", None)
-        )
+    files += _dir_files(ctx, f"{top}/share/nvidia/nvswitch", "/usr/share/nvidia/nvswitch")
     records.install_files(ctx, files)
     records.write_file(ctx, _marker(ctx), ctx.config.driver.version + "\n", 0o600)
     ctx.event("fabricmanager.installed", version=ctx.config.driver.version)
+
+
+def _dir_files(ctx: Context, src: str, dst: str) -> list[tuple[str, str, int | None]]:
+    return [(f"{src}/{n}", f"{dst}/{n}", None) for n in ctx.host.listdir(src)]
 
 
 def install_nvlsm(ctx: Context) -> None:
@@ -119,8 +120,7 @@ def install_nvlsm(ctx: Context) -> None:
         raise BootError(code, f"{name} lacks sbin/nvlsm")
     files: list[tuple[str, str, int | None]] = [(f"{top}/sbin/nvlsm", NVLSM_BIN, 0o755)]
     for src, dst in NVLSM_DIRS:
-        for entry in ctx.host.listdir(f"{top}/{src}"):
-            files.append((f"{top}/{src}/{entry}", f"{dst}/{entry}", None))
+        files += _dir_files(ctx, f"{top}/{src}", dst)
     if ctx.host.exists(f"{top}/LICENSE"):
         files.append((f"{top}/LICENSE", "/usr/share/doc/nvlsm/LICENSE", None))
     if not ctx.host.exists(f"{top}/share/nvidia/nvlsm/nvlsm.conf"):  # before any change

@@ -24,20 +24,21 @@ def _package(ctx: Context) -> str:
     return next((a.name for a in arts if a.role == "imex"), "nvidia-imex")
 
 
+def _of_driver(ctx: Context, version: str | None) -> bool:
+    want = ctx.config.driver.version
+    return version is not None and (version == want or version.startswith(want + "-"))
+
+
 def satisfied(ctx: Context) -> bool:
     """nvidia-imex of the driver version is installed and its unit is masked."""
     name = _package(ctx)
-    v = dpkg.asked_versions(ctx, [name])[name] or ""
-    want = ctx.config.driver.version
-    return (v == want or v.startswith(want + "-")) and IMEX.configured(ctx)
+    return _of_driver(ctx, dpkg.asked_versions(ctx, [name])[name]) and IMEX.configured(ctx)
 
 
 def run(ctx: Context) -> None:
     """dpkg -i the verified deb once dpkg knows its nvidia-modprobe (the runfile's, told
     to dpkg: install/runfile_debs.py), then disable and mask the host unit."""
-    v = dpkg.installed_version(ctx, _package(ctx)) or ""
-    want = ctx.config.driver.version
-    if not (v == want or v.startswith(want + "-")):
+    if not _of_driver(ctx, dpkg.installed_version(ctx, _package(ctx))):
         ensure_nvidia_modprobe(ctx, Code.IMEX_INSTALL_FAILED)
         dpkg.install_debs(
             ctx,

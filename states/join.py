@@ -7,7 +7,7 @@ import json
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError, TransientError
 from bootfsm.install import containerd, records
-from bootfsm.install.cdi import CDI_SPEC, CDI_TOLERATED, CDI_UNIT, CDI_UNIT_DIRS, refresh_cdi
+from bootfsm.install.cdi import CDI_SPEC, CDI_TOLERATED, refresh_cdi, unit_installed
 from bootfsm.install.containerd import CONFIG, DROPIN, ContainerdConfigError
 from bootfsm.install.daemons import CONTAINERD, KUBELET
 from bootfsm.machine.context import Context
@@ -49,9 +49,8 @@ def satisfied(ctx: Context) -> bool:
         marker = json.loads(ctx.host.read_text(_marker(ctx)) or "{}")
     except ValueError:
         return False
-    if marker.get("driver_version") != ctx.config.driver.version:
-        return False
-    if marker.get("config_digest") != ctx.config.digest():
+    have = (marker.get("driver_version"), marker.get("config_digest"))
+    if have != (ctx.config.driver.version, ctx.config.digest()):
         return False
     if not ctx.host.exists(DROPIN) or ctx.host.read_text(UDEV_RULE) != UDEV_TEXT:
         return False
@@ -69,7 +68,7 @@ def _cdi_fresh(ctx: Context) -> bool:
     """Without the toolkit's refresh unit: a CDI spec written since this boot's
     /dev/nvidia-uvm (devtmpfs: made at every boot by the driver state's nvidia-modprobe),
     so every boot regenerates it. The unit's spec is its own (/var/run, per boot)."""
-    if any(ctx.host.exists(f"{d}/{CDI_UNIT}") for d in CDI_UNIT_DIRS):
+    if unit_installed(ctx):
         return True
     uvm = ctx.host.mtime("/dev/nvidia-uvm")
     spec = max((ctx.host.mtime(p) or -1.0 for p in (CDI_SPEC, CDI_TOLERATED)), default=-1.0)

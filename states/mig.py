@@ -111,8 +111,8 @@ def satisfied(ctx: Context) -> bool:
 
 
 def _enable(ctx: Context, gpus: tuple[SmiGpu, ...]) -> tuple[SmiGpu, ...] | None:
-    """`nvidia-smi -i N -mig 1` where MIG is off; where it stays pending MIG_RESET_REQUIRED,
-    or with mig.on_pending = reboot a reboot request for the caller (None: wait for it)."""
+    """`nvidia-smi -i N -mig 1` where MIG is off; a mode left pending ends the run (None:
+    with mig.on_pending = reboot, a reboot request for the caller)."""
     unsupported = [g for g in gpus if g.mig_current in ("", "N/A")]
     if unsupported:
         names = ", ".join(f"{g.bus_id} ({g.product_name})" for g in unsupported)
@@ -127,30 +127,33 @@ def _enable(ctx: Context, gpus: tuple[SmiGpu, ...]) -> tuple[SmiGpu, ...] | None
                 )
     gpus = _gpus(ctx)
     pending = [g for g in gpus if g.mig_current != "Enabled"]
-    if pending:
-        shown = ", ".join(g.bus_id for g in pending[:3]) + (" ..." if len(pending) > 3 else "")
-        why = (
-            f"MIG mode pending on {len(pending)} GPU(s) ({shown}; Current/Pending"
-            f" {pending[0].mig_current}/{pending[0].mig_pending})"
-        )
-        if ctx.config.mig.on_pending == "reboot":
-            ctx.host.makedirs(REBOOT_REQUEST.rsplit("/", 1)[0], mode=0o755)
-            ctx.host.write_atomic(REBOOT_REQUEST, f"{why}\n", 0o644)
-            ctx.journal.event("mig.reboot_requested", durable=True, state=ctx.state, reason=why)
-            return None
+    if not pending:
+        return gpus
+    _pending(ctx, pending)
+    return None
+
+
+def _pending(ctx: Context, pending: list[SmiGpu]) -> None:
+    """MIG_RESET_REQUIRED, or (mig.on_pending = reboot) a reboot request for the caller."""
+    shown = ", ".join(g.bus_id for g in pending[:3]) + (" ..." if len(pending) > 3 else "")
+    why = (
+        f"MIG mode pending on {len(pending)} GPU(s) ({shown}; Current/Pending"
+        f" {pending[0].mig_current}/{pending[0].mig_pending})"
+    )
+    if ctx.config.mig.on_pending != "reboot":
         raise BootError(Code.MIG_RESET_REQUIRED, f"{why}: reset or reboot required")
-    return gpus
+    ctx.host.makedirs(REBOOT_REQUEST.rsplit("/", 1)[0], mode=0o755)
+    ctx.host.write_atomic(REBOOT_REQUEST, f"{why}\n", 0o644)
+    ctx.journal.event("mig.reboot_requested", durable=True, state=ctx.state, reason=why)
 
 
 def _destroy(ctx: Context, index: int, have: list[int], want: list[int]) -> None:
     ctx.event("mig.reconfigure", gpu=index, have=have, want=sorted(want))
-    if any(c.gpu == index for c in _list(ctx, "-lci", parse_lci)):
-        r = ctx.run([SMI, "mig", "-i", str(index), "-dci"], timeout=120)
+    cis = any(c.gpu == index for c in _list(ctx, "-lci", parse_lci))
+    for flag in ("-dci", "-dgi") if cis else ("-dgi",):  # compute instances first
+        r = ctx.run([SMI, "mig", "-i", str(index), flag], timeout=120)
         if not r.ok:
-            raise BootError(Code.MIG_CONFIG_FAILED, f"nvidia-smi mig -dci: {r.tail[-400:]}")
-    r = ctx.run([SMI, "mig", "-i", str(index), "-dgi"], timeout=120)
-    if not r.ok:
-        raise BootError(Code.MIG_CONFIG_FAILED, f"nvidia-smi mig -dgi: {r.tail[-400:]}")
+            raise BootError(Code.MIG_CONFIG_FAILED, f"nvidia-smi mig {flag}: {r.tail[-400:]}")
 
 
 def run(ctx: Context) -> None:

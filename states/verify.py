@@ -122,11 +122,45 @@ def satisfied(ctx: Context) -> bool:
     return judge_fabric(report).ok
 
 
-def _fail_final(judgement: FabricJudgement) -> BootError:
-    return BootError(
-        Code.FABRIC_STATUS_FAILED,
-        "fabric Completed with a Status other than Success (final): "
-        + "; ".join(judgement.problems),
+def _judge(ctx: Context, report: SmiReport) -> FabricJudgement:
+    """``judge_fabric``; Completed with a Status other than Success is final (the GPUs
+    journaled, FABRIC_STATUS_FAILED)."""
+    judgement = judge_fabric(report)
+    if judgement.verdict is FabricVerdict.FAILED:
+        ctx.event("fabric.gpus", gpus=fabric_gpus(report))
+        raise BootError(
+            Code.FABRIC_STATUS_FAILED,
+            "fabric Completed with a Status other than Success (final): "
+            + "; ".join(judgement.problems),
+        )
+    return judgement
+
+
+def _wait_fabric(ctx: Context, report: SmiReport, judgement: FabricJudgement) -> SmiReport:
+    """Query again until the fabric is ready (bounded by verify.fabric_timeout)."""
+    cfg = ctx.config.verify
+    ctx.event(
+        "fabric.waiting",
+        fabric=_summary(report),
+        verdict=judgement.verdict.value,
+        timeout_s=cfg.fabric_timeout,
+    )
+    last = [judgement]
+
+    def probe() -> SmiReport | None:
+        now = _query(ctx)
+        last[0] = _judge(ctx, now)
+        return now if last[0].ok else None
+
+    def timed_out() -> BootError:
+        unhealthy = last[0].verdict is FabricVerdict.UNHEALTHY
+        return BootError(
+            Code.FABRIC_UNHEALTHY if unhealthy else Code.FABRIC_NOT_READY,
+            f"fabric not ready after {cfg.fabric_timeout:g} s: {'; '.join(last[0].problems)}",
+        )
+
+    return ctx.wait_until(
+        probe, timeout=cfg.fabric_timeout, interval=cfg.fabric_poll_interval, on_timeout=timed_out
     )
 
 
@@ -135,47 +169,9 @@ def run(ctx: Context) -> None:
     its own code."""
     _inforom(ctx)
     report = _query(ctx)
-    judgement = judge_fabric(report)
-    if judgement.verdict is FabricVerdict.FAILED:
-        ctx.event("fabric.gpus", gpus=fabric_gpus(report))
-        raise _fail_final(judgement)
+    judgement = _judge(ctx, report)
     if not judgement.ok:
-        cfg = ctx.config.verify
-        ctx.event(
-            "fabric.waiting",
-            fabric=_summary(report),
-            verdict=judgement.verdict.value,
-            timeout_s=cfg.fabric_timeout,
-        )
-        last = [judgement]
-
-        def probe() -> SmiReport | None:
-            now = _query(ctx)
-            seen = judge_fabric(now)
-            last[0] = seen
-            if seen.verdict is FabricVerdict.FAILED:
-                ctx.event("fabric.gpus", gpus=fabric_gpus(now))
-                raise _fail_final(seen)
-            return now if seen.ok else None
-
-        def timed_out() -> BootError:
-            seen = last[0]
-            code = (
-                Code.FABRIC_UNHEALTHY
-                if seen.verdict is FabricVerdict.UNHEALTHY
-                else Code.FABRIC_NOT_READY
-            )
-            return BootError(
-                code,
-                f"fabric not ready after {cfg.fabric_timeout:g} s: {'; '.join(seen.problems)}",
-            )
-
-        report = ctx.wait_until(
-            probe,
-            timeout=cfg.fabric_timeout,
-            interval=cfg.fabric_poll_interval,
-            on_timeout=timed_out,
-        )
+        report = _wait_fabric(ctx, report, judgement)
         judgement = judge_fabric(report)
         ctx.event("fabric.ready")
     if judgement.verdict is FabricVerdict.READY:

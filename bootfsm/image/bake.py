@@ -25,8 +25,9 @@ from bootfsm.core.config import Config
 from bootfsm.core.errors import BootError
 from bootfsm.core.hardware import model_for
 from bootfsm.host.host import Host
-from bootfsm.image.steps import BakeDriver, Counted, FactsDetect, bake_module_type
-from bootfsm.install.marker import Marker, read_marker
+from bootfsm.image.steps import BakeDriver, Counted, FactsDetect
+from bootfsm.install.marker import Marker
+from bootfsm.install.prebuilt import bake_module_type, current_marker
 from bootfsm.machine.context import Context
 from bootfsm.machine.engine import Outcome
 from bootfsm.machine.table import stop_after
@@ -189,8 +190,8 @@ def bake(cfg: Config, opts: BakeOptions) -> BakeResult:
         outcome = s.drive(registry, {}, stop_after("driver"))
         if not outcome.ok:
             return outcome
-        m = read_marker(s.host, cfg) if cfg.driver.install else None
-        if isinstance(m, Marker):
+        m = current_marker(s.host, cfg) if cfg.driver.install else None
+        if m is not None:
             marker.append(m)
             s.end_fields["marker"] = asdict(m)
         return Outcome(Code.OK, "done", "image baked" if changed else "already baked")

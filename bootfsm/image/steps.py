@@ -11,30 +11,21 @@ kernel and writes the marker, never loading a module or starting a service.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from bootfsm import __version__
-from bootfsm.core.config import Config
-from bootfsm.install import coherent, records
-from bootfsm.install.marker import Marker, check_marker, expected_marker, read_marker
+from bootfsm.core.codes import Code
+from bootfsm.core.errors import BootError
+from bootfsm.install import coherent, prebuilt, records
+from bootfsm.install import driver_steps as driver
+from bootfsm.install.marker import Marker
+from bootfsm.install.prebuilt import bake_module_type
 from bootfsm.machine.context import Context
 from bootfsm.node.facts import NodeFacts
 from bootfsm.node.verdict import judge
 
-__all__ = ["BakeDriver", "Counted", "FactsDetect", "bake_module_type"]
-
-
-def bake_module_type(cfg: Config) -> str:
-    """The module type an image gets: the configured one, or ``open`` for ``auto``.
-
-    ``auto`` asks the installer about the attached GPUs, which a build VM does not have;
-    open is the type that drives every GPU generation bootfsm targets (Hopper, Blackwell,
-    Grace) and the only one Blackwell accepts.
-    """
-    return cfg.driver.module_type if cfg.driver.module_type != "auto" else "open"
+__all__ = ["BakeDriver", "Counted", "FactsDetect"]
 
 
 class FactsDetect:
@@ -77,19 +68,12 @@ class Counted:
 
 
 def _want(ctx: Context) -> Marker:
-    cfg = ctx.config
-    return replace(
-        expected_marker(cfg, ctx.facts),
-        module_type=bake_module_type(cfg),
-        dkms="no",  # build-only: nothing registered with DKMS (Azure/aks-gpu#191)
-        source="bake",
-        bootfsm=__version__,
-        baked_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ctx.host.wall())),
-    )
+    # build-only: nothing registered with DKMS (Azure/aks-gpu#191)
+    return prebuilt.new_marker(ctx, bake_module_type(ctx.config), dkms="no", source="bake")
 
 
-def _same(old: Marker, want: Marker) -> bool:
-    return replace(old, baked_at="") == replace(want, baked_at="")
+def _same(old: Marker | None, want: Marker) -> bool:
+    return old is not None and replace(old, baked_at="") == replace(want, baked_at="")
 
 
 class BakeDriver:
@@ -104,14 +88,11 @@ class BakeDriver:
     def satisfied(self, ctx: Context) -> bool:
         """Nouveau is off, the toolkit installed and (driver.install) the marker equals
         what this bake would write and DKMS's module agrees with it."""
-        from bootfsm.install import driver_steps as driver
-
         if not (driver.nouveau_off(ctx) and driver.toolkit_ok(ctx) and coherent.conf_ok(ctx)):
             return False
         if not ctx.config.driver.install:
             return True
-        old = read_marker(ctx.host, ctx.config)
-        if not isinstance(old, Marker) or not _same(old, _want(ctx)):
+        if not _same(prebuilt.current_marker(ctx.host, ctx.config), _want(ctx)):
             return False
         return driver.module_problem(ctx, bake_module_type(ctx.config), dkms=False) is None
 
@@ -121,42 +102,30 @@ class BakeDriver:
             return "driver.install = false: nouveau off, toolkit installed"
         return "marker and module match"
 
+    def _note(self, changed: bool, label: str) -> None:
+        if changed and label not in self.changed:
+            self.changed.append(label)
+
     def run(self, ctx: Context) -> None:
         """Blacklist nouveau, install the toolkit, build the module unless the marker and
         module match, write the marker unless it is already what this bake writes."""
-        from bootfsm.core.codes import Code
-        from bootfsm.core.errors import BootError
-        from bootfsm.install import driver_steps as driver
-
-        cfg, kernel = ctx.config, ctx.facts.kernel
-        if driver.blacklist_nouveau(ctx, kernel=kernel) and "nouveau" not in self.changed:
-            self.changed.append("nouveau")
-        if coherent.write_conf(ctx, kernel=kernel) and "coherent" not in self.changed:
-            self.changed.append("coherent")
-        if driver.install_toolkit(ctx) and "toolkit" not in self.changed:
-            self.changed.append("toolkit")
-        if not cfg.driver.install:
+        kernel = ctx.facts.kernel
+        self._note(driver.blacklist_nouveau(ctx, kernel=kernel), "nouveau")
+        self._note(coherent.write_conf(ctx, kernel=kernel), "coherent")
+        self._note(driver.install_toolkit(ctx), "toolkit")
+        if not ctx.config.driver.install:
             ctx.event("bake.driver", built=False, reason="driver.install = false")
             return
-        module_type = bake_module_type(cfg)
         want = _want(ctx)
-        old = read_marker(ctx.host, cfg)
-        if isinstance(old, Marker):
-            diff = check_marker(old, want, needs_open=False)
-            problem = driver.module_problem(ctx, module_type, dkms=False) if not diff else None
-            why = f"marker {diff[0].field} differs" if diff else problem
-        else:
-            why = old or "no bake marker"
+        old, why = prebuilt.bake_reason(ctx, want)
         if why is not None:
-            driver.build_module(
-                ctx, module_type=module_type, extra=("--skip-module-load",), dkms=False
-            )
-            after = driver.module_problem(ctx, module_type, dkms=False)
+            mt = want.module_type
+            driver.build_module(ctx, module_type=mt, extra=("--skip-module-load",), dkms=False)
+            after = driver.module_problem(ctx, mt, dkms=False)
             if after is not None:
                 raise BootError(Code.DRIVER_INSTALL_FAILED, f"after the DKMS build: {after}")
             self.changed.append("module")
         ctx.event("bake.driver", built=why is not None, reason=why or "marker and module match")
-        if isinstance(old, Marker) and _same(old, want):
-            return
-        records.write_markers(ctx, want)  # recorded: uninstall removes them
-        self.changed.append("marker")
+        if not _same(old, want):
+            records.write_markers(ctx, want)  # recorded: uninstall removes them
+            self.changed.append("marker")

@@ -63,8 +63,7 @@ def unit_installed(ctx: Context) -> bool:
 
 
 def _unit_run_output(ctx: Context) -> str:
-    """What the refresh unit's last run printed: the journal of its invocation (the
-    processes' stdout and stderr carry _SYSTEMD_INVOCATION_ID); "" when unknown."""
+    """What the refresh unit's last run printed (its invocation's journal); "" when unknown."""
     show = ctx.run(["systemctl", "show", "-p", "InvocationID", CDI_UNIT], timeout=15)
     invocation = show.output.strip().partition("InvocationID=")[2].split()[:1]
     if not invocation or ctx.host.which("journalctl") is None:
@@ -97,8 +96,7 @@ def refresh_cdi(ctx: Context) -> None:
 
 
 def _judge(ctx: Context, argv: list[str], rc: int, timed_out: bool, output: str, what: str) -> None:
-    """A failed refresh: the tolerated case is journaled (``cdi.tolerated``) and marked
-    for this boot; anything else is CDI_REFRESH_FAILED (or the state's time code)."""
+    """A failed refresh: the tolerated case journaled and marked, else CDI_REFRESH_FAILED."""
     smi = (
         ctx.run(["nvidia-smi", "-q", "-x"], timeout=120, die_with_bootfsm=False)
         if EMPTY_DEVICE_EDITS in output and not timed_out

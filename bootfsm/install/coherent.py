@@ -17,7 +17,7 @@ from __future__ import annotations
 from bootfsm.core.codes import Code
 from bootfsm.core.config import Config
 from bootfsm.core.errors import BootError
-from bootfsm.install import records
+from bootfsm.install.driver_steps import modprobe_conf_ok, write_modprobe_conf
 from bootfsm.machine.context import Context
 from bootfsm.node.facts import NodeFacts, loaded_module_version
 from bootfsm.parsers import ParseError
@@ -53,13 +53,7 @@ def conf_ok(ctx: Context) -> bool:
     """Nothing wanted, or the modprobe.d file says the mode and an initramfs was rebuilt
     after it (a module loaded from the initramfs reads the initramfs's copy)."""
     mode = wanted(ctx.config, ctx.facts)
-    if not mode:
-        return True
-    if ctx.host.read_text(CONF) != _text(mode):
-        return False
-    written = ctx.host.mtime(CONF) or 0.0
-    images = [ctx.host.mtime(p) or 0.0 for p in ctx.host.glob("/boot/initrd.img-*")]
-    return not images or max(images) >= written
+    return not mode or modprobe_conf_ok(ctx, CONF, _text(mode))
 
 
 def write_conf(ctx: Context, kernel: str | None = None) -> bool:
@@ -68,9 +62,7 @@ def write_conf(ctx: Context, kernel: str | None = None) -> bool:
     mode = wanted(ctx.config, ctx.facts)
     if not mode or conf_ok(ctx):
         return False
-    argv = ["update-initramfs", "-u", *(["-k", kernel] if kernel else [])]
-    records.write_file(ctx, CONF, _text(mode), then=argv)
-    ctx.require(argv, code=Code.DRIVER_INSTALL_FAILED, timeout=300)
+    write_modprobe_conf(ctx, CONF, _text(mode), kernel)
     ctx.event("driver.coherent_memory", mode=mode, conf=CONF)
     return True
 

@@ -166,8 +166,7 @@ def imports_cover(imports: Sequence[str], path: str, config: str = CONFIG) -> bo
 
 
 def _array_end(text: str, start: int) -> int:
-    """Index just past the ``]`` closing the array that opens at ``text[start] == '['``
-    (strings, escapes and comments respected)."""
+    """Index just past the ``]`` closing the array that opens at ``text[start]``."""
     depth, i, n = 0, start, len(text)
     while i < n:
         c = text[i]
@@ -194,8 +193,7 @@ def _array_end(text: str, start: int) -> int:
 
 
 def _top_level_key_line(text: str, key: str) -> tuple[int, int] | None:
-    """(start of the line, index of '[' after '=') of top-level ``key = [``, or None.
-    Only lines before the first table header are top level."""
+    """(start of the line, index of its '[') of ``key = [`` before the first table, or None."""
     pos = 0
     for line in text.splitlines(keepends=True):
         s = line.strip()
@@ -228,7 +226,6 @@ def ensure_import(
     imports = _imports(before)
     if imports_cover(imports, dropin, config):
         return None
-    nl = "\r\n" if "\r\n" in text else "\n"
     rendered = "imports = [" + ", ".join(json.dumps(i) for i in [*imports, entry]) + "]"
     found = _top_level_key_line(text, "imports")
     if found is not None:
@@ -237,20 +234,26 @@ def ensure_import(
     elif "imports" in before:
         raise ContainerdConfigError("config.toml: cannot locate its imports line to edit it")
     else:
-        lines = text.splitlines(keepends=True)
-        at = 0
-        for i, line in enumerate(lines):  # after the leading comments and version line
-            s = line.strip()
-            if s.startswith("[") or (s and not s.startswith("#") and not s.startswith("version")):
-                break
-            at = i + 1
-        if lines and at and not lines[at - 1].endswith(("\n", "\r")):
-            lines[at - 1] += nl
-        new = "".join(lines[:at]) + rendered + nl + "".join(lines[at:])
+        new = _insert_line(text, rendered)
     after = _load(new, "the edited config.toml")
     if _imports(after) != [*imports, entry] or {**after, "imports": 0} != {**before, "imports": 0}:
         raise ContainerdConfigError("config.toml: editing the imports line changed other keys")
     return new
+
+
+def _insert_line(text: str, line: str) -> str:
+    """``text`` with ``line`` after its leading comments and version line."""
+    nl = "\r\n" if "\r\n" in text else "\n"
+    lines = text.splitlines(keepends=True)
+    at = 0
+    for i, old in enumerate(lines):
+        s = old.strip()
+        if s.startswith("[") or (s and not s.startswith("#") and not s.startswith("version")):
+            break
+        at = i + 1
+    if lines and at and not lines[at - 1].endswith(("\n", "\r")):
+        lines[at - 1] += nl
+    return "".join(lines[:at]) + line + nl + "".join(lines[at:])
 
 
 def import_edit(before: str, after: str) -> dict[str, Any]:

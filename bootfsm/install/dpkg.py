@@ -195,6 +195,23 @@ def install_debs(
     wait_for_lock(ctx)
     repair(ctx)
     before = installed_versions(ctx, names) if names else {}
+    _dpkg_install(ctx, debs, force, code)
+    ours = {e["name"] for e in records.load(ctx.host, ctx.config) if e["kind"] == "package"}
+    after = installed_versions(ctx, names) if names else {}
+    records.add_many(  # new here, or bootfsm's own upgraded: the record follows the version
+        ctx,
+        [
+            {"kind": "package", "name": name, "version": after[name]}
+            for name in names
+            if (before[name] is None or name in ours) and after[name] is not None
+        ],
+    )
+
+
+def _dpkg_install(
+    ctx: Context, debs: Sequence[tuple[str, str]], force: Sequence[str], code: Code
+) -> None:
+    """`dpkg -i` private copies of ``debs``, hashed as they are copied; removed after."""
     extract = f"{ctx.config.run.state_dir}/extract"
     ctx.host.own_dir(ctx.config.run.state_dir)
     copies: list[Path] = []
@@ -212,13 +229,3 @@ def install_debs(
     finally:
         for copy in copies:
             ctx.host.remove(f"{extract}/{copy.name}")
-    ours = {e["name"] for e in records.load(ctx.host, ctx.config) if e["kind"] == "package"}
-    after = installed_versions(ctx, names) if names else {}
-    records.add_many(  # new here, or bootfsm's own upgraded: the record follows the version
-        ctx,
-        [
-            {"kind": "package", "name": name, "version": after[name]}
-            for name in names
-            if (before[name] is None or name in ours) and after[name] is not None
-        ],
-    )

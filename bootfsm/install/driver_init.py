@@ -82,9 +82,9 @@ def record_loaded(ctx: Context, new: set[str], *, replace_all: bool = False) -> 
         records.record_module(ctx, module)
 
 
-def unload_own(ctx: Context) -> list[str]:
+def unload_own(ctx: Context) -> None:
     """Unload the dependents of nvidia that bootfsm loaded this boot and are loaded now
-    (nvidia_uvm, nvidia_drm, nvidia_modeset, in that order); return those unloaded."""
+    (nvidia_uvm, nvidia_drm, nvidia_modeset, in that order)."""
     mine, done = _recorded(ctx), []
     for module in NV_MODULES[:-1]:
         if module not in mine or not ctx.host.exists(f"/sys/module/{module}"):
@@ -95,7 +95,6 @@ def unload_own(ctx: Context) -> list[str]:
             done.append(module)
     if done:
         record_loaded(ctx, _recorded(ctx) - set(done), replace_all=True)
-    return done
 
 
 def _started_by_bootfsm(ctx: Context) -> set[str]:
@@ -104,8 +103,7 @@ def _started_by_bootfsm(ctx: Context) -> set[str]:
 
 
 def _device_processes(ctx: Context) -> list[str]:
-    """``comm (pid N)`` of the processes with a /dev/nvidia* file open (/proc/<pid>/fd
-    links, as fuser(1) reads them); asked only when an unload failed."""
+    """``comm (pid N)`` of the processes with a /dev/nvidia* file open (as fuser(1) reads)."""
     found: list[str] = []
     for proc in ctx.host.glob("/proc/[0-9]*"):
         fds = ctx.host.glob(f"{proc}/fd/*")

@@ -22,7 +22,6 @@ from bootfsm.host.progress import LogWatch
 from bootfsm.install import dpkg, records
 from bootfsm.install.marker import module_type_of, parse_modinfo
 from bootfsm.machine.context import Context
-from bootfsm.node.facts import loaded_module_version
 from bootfsm.parsers import ParseError
 from bootfsm.parsers.driver_info import parse_dkms_status
 
@@ -37,11 +36,12 @@ __all__ = [
     "fallback_module_type",
     "install_toolkit",
     "installer_module_args",
-    "loaded_version",
+    "modprobe_conf_ok",
     "module_problem",
     "nouveau_off",
     "parse_module_type",
     "toolkit_ok",
+    "write_modprobe_conf",
 ]
 
 BLACKLIST = "/etc/modprobe.d/blacklist-nouveau.conf"
@@ -68,11 +68,6 @@ def toolkit_ok(ctx: Context) -> bool:
     return all(v == want for v in found.values())
 
 
-def loaded_version(ctx: Context) -> str | None:
-    """Version of the loaded ``nvidia`` module (/sys/module/nvidia/version), or None."""
-    return loaded_module_version(ctx.host)
-
-
 def built(ctx: Context) -> bool:
     """`dkms status` lists the configured version installed for ``ctx.facts.kernel``."""
     if ctx.host.which("dkms") is None:
@@ -90,26 +85,38 @@ def built(ctx: Context) -> bool:
     )
 
 
-def nouveau_off(ctx: Context) -> bool:
-    """The blacklist is in place and an initramfs was rebuilt after it was written.
+def modprobe_conf_ok(ctx: Context, path: str, text: str) -> bool:
+    """The modprobe.d file ``path`` says ``text`` and an initramfs was rebuilt after it
+    was written (a module loaded from the initramfs reads the initramfs's copy).
 
-    A run killed between writing the blacklist and `update-initramfs` rebuilds it on the
-    rerun; otherwise nouveau would still load from the initramfs at the next boot.
+    A run killed between writing the file and `update-initramfs` rebuilds it on the
+    rerun; otherwise the next boot would load modules from the old initramfs.
     """
-    if ctx.host.read_text(BLACKLIST) != BLACKLIST_TEXT:
+    if ctx.host.read_text(path) != text:
         return False
-    written = ctx.host.mtime(BLACKLIST) or 0.0
+    written = ctx.host.mtime(path) or 0.0
     images = [ctx.host.mtime(p) or 0.0 for p in ctx.host.glob("/boot/initrd.img-*")]
     return not images or max(images) >= written
+
+
+def write_modprobe_conf(ctx: Context, path: str, text: str, kernel: str | None) -> None:
+    """Write the modprobe.d file (recorded) and rebuild the initramfs (of ``kernel`` when
+    given); uninstall rebuilds it again once the file is gone."""
+    argv = ["update-initramfs", "-u", *(["-k", kernel] if kernel else [])]
+    records.write_file(ctx, path, text, then=argv)
+    ctx.require(argv, code=Code.DRIVER_INSTALL_FAILED, timeout=300)
+
+
+def nouveau_off(ctx: Context) -> bool:
+    """The nouveau blacklist is in place and in the initramfs."""
+    return modprobe_conf_ok(ctx, BLACKLIST, BLACKLIST_TEXT)
 
 
 def blacklist_nouveau(ctx: Context, kernel: str | None = None) -> bool:
     """Blacklist nouveau and rebuild the initramfs (of ``kernel`` when given); True if changed."""
     if nouveau_off(ctx):
         return False
-    argv = ["update-initramfs", "-u", *(["-k", kernel] if kernel else [])]
-    records.write_file(ctx, BLACKLIST, BLACKLIST_TEXT, then=argv)  # rebuilt without it
-    ctx.require(argv, code=Code.DRIVER_INSTALL_FAILED, timeout=300)
+    write_modprobe_conf(ctx, BLACKLIST, BLACKLIST_TEXT, kernel)
     return True
 
 
@@ -183,16 +190,15 @@ def _module_type(ctx: Context, installer: str) -> str:
     if mt != "auto":
         return mt
     version = ctx.config.driver.version
+    fallback = fallback_module_type(version, [g.model for g in ctx.facts.gpus])
     if _branch(version) < OPEN_DEFAULT_BRANCH:  # no --print-recommended-kernel-module-type
-        chosen = fallback_module_type(version, [g.model for g in ctx.facts.gpus])
-        ctx.event("driver.module_type", module_type=chosen, source="branch")
-        return chosen
+        ctx.event("driver.module_type", module_type=fallback, source="branch")
+        return fallback
     r = ctx.run([installer, "--print-recommended-kernel-module-type"], timeout=60, probe=True)
     recommended = parse_module_type(r.output) if r.ok else None
     if recommended is not None:
         ctx.event("driver.module_type", module_type=recommended, source="installer")
         return recommended
-    fallback = fallback_module_type(version, [g.model for g in ctx.facts.gpus])
     ctx.warn(
         f"installer gave no module type recommendation (exit {r.returncode}); using "
         f"{fallback} (driver {version}: open is the default from branch {OPEN_DEFAULT_BRANCH})",

@@ -45,8 +45,7 @@ def problems(report: SmiReport) -> list[str]:
 
 
 def _asked(ctx: Context) -> list[str]:
-    """``problems`` of a new `nvidia-smi -q -x` (every GPU's, as one line, when the report
-    cannot be read)."""
+    """``problems`` of a new `nvidia-smi -q -x` (one line when it cannot be read)."""
     r = ctx.run(["nvidia-smi", "-q", "-x"], timeout=120, die_with_bootfsm=False)  # only reads
     try:
         report = parse_smi_xml(r.output) if r.ok else None

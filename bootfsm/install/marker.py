@@ -18,6 +18,7 @@ __all__ = [
     "PEER_MARKER",
     "PEER_SOURCE",
     "Marker",
+    "MarkerError",
     "Mismatch",
     "check_marker",
     "expected_marker",
@@ -67,6 +68,10 @@ class Marker:
     bootfsm: str = ""
 
 
+class MarkerError(ValueError):
+    """A marker file that cannot be parsed; the message says why."""
+
+
 @dataclass(frozen=True)
 class Mismatch:
     """One marker field that does not match the node (``node`` is what the node needs)."""
@@ -88,7 +93,7 @@ def render_marker(m: Marker) -> str:
 
 
 def parse_marker(text: str) -> Marker:
-    """Parse ``key=value`` lines (``#`` comments, unknown keys ignored); ValueError names
+    """Parse ``key=value`` lines (``#`` comments, unknown keys ignored); MarkerError names
     a missing required key (kernel, driver_version, driver_kind, arch) or a bad line."""
     values: dict[str, str] = {}
     for lineno, raw in enumerate(text.splitlines(), start=1):
@@ -97,11 +102,11 @@ def parse_marker(text: str) -> Marker:
             continue
         key, eq, value = line.partition("=")
         if not eq or not key.strip():
-            raise ValueError(f"bake marker line {lineno}: expected key=value, got {line[:80]!r}")
+            raise MarkerError(f"bake marker line {lineno}: expected key=value, got {line[:80]!r}")
         values[key.strip()] = value.strip()
     missing = [k for k in _REQUIRED if not values.get(k)]
     if missing:
-        raise ValueError(f"bake marker lacks {', '.join(f'{k}=' for k in missing)}")
+        raise MarkerError(f"bake marker lacks {', '.join(f'{k}=' for k in missing)}")
     known = {f.name for f in fields(Marker)}
     return Marker(**{k: v for k, v in values.items() if k in known})
 
@@ -109,7 +114,7 @@ def parse_marker(text: str) -> Marker:
 def parse_peer_marker(text: str) -> Marker:
     """Parse the bash path's marker (PEER_MARKER): the same ``key=value`` lines without a
     module type or runfile hash; ``source`` is ``aks-gpu``. As aks-gpu's ``sed -n
-    's/^key=//p' | head -n1`` does, the first line of a key wins. ValueError as
+    's/^key=//p' | head -n1`` does, the first line of a key wins. MarkerError as
     ``parse_marker``."""
     first: list[str] = []
     seen: set[str] = set()
@@ -128,18 +133,13 @@ def render_peer_marker(m: Marker) -> str:
     return "".join(f"{k}={getattr(m, k)}\n" for k in _REQUIRED)
 
 
-def read_marker(host: Host, cfg: Config) -> Marker | str | None:
+def read_marker(host: Host, cfg: Config) -> Marker | None:
     """The node's marker: bootfsm's own, else (``bake.read_peer_marker``) the bash path's
-    at PEER_MARKER; None when neither exists; the reason (a string) when unreadable."""
+    at PEER_MARKER; None when neither exists; MarkerError when unreadable."""
     text, parse = host.read_text(marker_path(cfg)), parse_marker
     if text is None and cfg.bake.read_peer_marker:
         text, parse = host.read_text(PEER_MARKER), parse_peer_marker
-    if text is None:
-        return None
-    try:
-        return parse(text)
-    except ValueError as exc:
-        return str(exc)
+    return None if text is None else parse(text)
 
 
 def write_marker(host: Host, cfg: Config, m: Marker) -> list[str]:

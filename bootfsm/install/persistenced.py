@@ -63,9 +63,7 @@ def _unit_on_node(ctx: Context) -> str | None:
 
 def ready(ctx: Context) -> bool:
     """Nothing to do (off, or the driver has no daemon), or the unit enabled and active."""
-    if not _wanted(ctx):
-        return True
-    return PERSISTENCED.ready(ctx)
+    return not _wanted(ctx) or PERSISTENCED.ready(ctx)
 
 
 def ensure(ctx: Context) -> None:

@@ -1,4 +1,4 @@
-"""Whether a boot may use a module already built for it, or must compile: one decision.
+"""Whether a boot or a bake may use a module already built, or must compile: one decision.
 
 The marker (bake's, a boot's, or the bash path's) says what was built; the node says
 what it needs. The boot uses the built module when every matched field agrees and the
@@ -10,18 +10,24 @@ the same of `dkms status` and `modinfo -k`). Anything else compiles.
 
 ``decide`` is the action's question (it may run `modinfo`); ``ready`` the
 postcondition's, which asks only what the postconditions already share (`dkms status`)
-unless the marker names a module installed without DKMS.
+unless the marker names a module installed without DKMS. ``bake_reason`` is the image
+build's question; ``new_marker`` what a build (boot or bake) writes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 
+from bootfsm import __version__
+from bootfsm.core.config import Config
 from bootfsm.core.hardware import requires_open_module, requires_proprietary_module
+from bootfsm.host.host import Host
 from bootfsm.install import driver_steps as steps
 from bootfsm.install.marker import (
     PEER_SOURCE,
     Marker,
+    MarkerError,
     Mismatch,
     check_marker,
     expected_marker,
@@ -30,8 +36,18 @@ from bootfsm.install.marker import (
     required_module_type,
 )
 from bootfsm.machine.context import Context
+from bootfsm.node.facts import NodeFacts
 
-__all__ = ["Decision", "decide", "ready"]
+__all__ = [
+    "Decision",
+    "bake_module_type",
+    "bake_reason",
+    "current_marker",
+    "decide",
+    "mismatches",
+    "new_marker",
+    "ready",
+]
 
 
 @dataclass(frozen=True)
@@ -48,24 +64,44 @@ class Decision:
     driver for the running kernel after a kernel update)."""
 
 
-def _mismatches(ctx: Context, m: Marker) -> list[Mismatch]:
-    models = [g.model for g in ctx.facts.gpus]
-    return check_marker(
-        m,
-        expected_marker(ctx.config, ctx.facts),
-        needs_open=requires_open_module(models),
-        needs_proprietary=requires_proprietary_module(models),
-    )
+def _needs(facts: NodeFacts) -> dict[str, bool]:
+    """The module types the node's GPUs rule out, as ``check_marker`` takes them."""
+    models = [g.model for g in facts.gpus]
+    return {
+        "needs_open": requires_open_module(models),
+        "needs_proprietary": requires_proprietary_module(models),
+    }
+
+
+def mismatches(cfg: Config, facts: NodeFacts, m: Marker) -> list[Mismatch]:
+    """Where marker ``m`` does not fit this node and config (pure)."""
+    return check_marker(m, expected_marker(cfg, facts), **_needs(facts))
 
 
 def _wanted_type(ctx: Context, m: Marker) -> str:
-    """The type the built module must have: the marker's, else (a bash-path marker names
-    none) what the config and the GPUs require."""
-    models = [g.model for g in ctx.facts.gpus]
-    return m.module_type or required_module_type(
-        ctx.config.driver.module_type,
-        needs_open=requires_open_module(models),
-        needs_proprietary=requires_proprietary_module(models),
+    """The type the built module must have: the marker's, else what config and GPUs require."""
+    return m.module_type or required_module_type(ctx.config.driver.module_type, **_needs(ctx.facts))
+
+
+def bake_module_type(cfg: Config) -> str:
+    """The module type an image gets: the configured one, or ``open`` for ``auto``.
+
+    ``auto`` asks the installer about the attached GPUs, which a build VM does not have;
+    open is the type that drives every GPU generation bootfsm targets (Hopper, Blackwell,
+    Grace) and the only one Blackwell accepts.
+    """
+    return cfg.driver.module_type if cfg.driver.module_type != "auto" else "open"
+
+
+def new_marker(ctx: Context, module_type: str, *, dkms: str, source: str) -> Marker:
+    """The marker a build writes: this node and config, the type built, stamped now."""
+    return replace(
+        expected_marker(ctx.config, ctx.facts),
+        module_type=module_type,
+        dkms=dkms,
+        source=source,
+        bootfsm=__version__,
+        baked_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ctx.host.wall())),
     )
 
 
@@ -78,14 +114,15 @@ def _maybe_without_dkms(m: Marker) -> bool:
 
 def decide(ctx: Context) -> Decision:
     """Compile or not, and why (read-only: `dkms status`, `modinfo`)."""
-    m = read_marker(ctx.host, ctx.config)
+    try:
+        m = read_marker(ctx.host, ctx.config)
+    except MarkerError as exc:
+        return Decision(True, "marker", str(exc))
     if m is None:
         built = steps.built(ctx)
         reason = f"no bake marker at {marker_path(ctx.config)}"
         return Decision(not built, "marker", reason, via="dkms" if built else "")
-    if not isinstance(m, Marker):
-        return Decision(True, "marker", m)
-    diff = _mismatches(ctx, m)
+    diff = mismatches(ctx.config, ctx.facts, m)
     if diff and [d.field for d in diff] != ["kernel"]:
         d = diff[0]
         reason = f"marker says {d.field}={d.marker or '(none)'}; this node needs {d.node}"
@@ -115,12 +152,13 @@ def ready(ctx: Context) -> bool:
     """The postcondition's question: the built module fits without compiling (the
     configured version is DKMS-built for the running kernel, under a marker that matches
     or differs only in the kernel; or the marker's own module installed without DKMS)."""
-    m = read_marker(ctx.host, ctx.config)
+    try:
+        m = read_marker(ctx.host, ctx.config)
+    except MarkerError:
+        return False
     if m is None:
         return steps.built(ctx)
-    if not isinstance(m, Marker):
-        return False
-    diff = [d.field for d in _mismatches(ctx, m)]
+    diff = [d.field for d in mismatches(ctx.config, ctx.facts, m)]
     if diff and diff != ["kernel"]:
         return False
     if steps.built(ctx):
@@ -130,3 +168,26 @@ def ready(ctx: Context) -> bool:
         and _maybe_without_dkms(m)
         and steps.module_problem(ctx, _wanted_type(ctx, m), dkms=False) is None
     )
+
+
+def current_marker(host: Host, cfg: Config) -> Marker | None:
+    """The node's marker, or None when it has none or it cannot be read."""
+    try:
+        return read_marker(host, cfg)
+    except MarkerError:
+        return None
+
+
+def bake_reason(ctx: Context, want: Marker) -> tuple[Marker | None, str | None]:
+    """The image's marker, and why the bake must build (the marker unreadable, absent or
+    not ``want``, or its module unusable; None when marker and module match)."""
+    try:
+        old = read_marker(ctx.host, ctx.config)
+    except MarkerError as exc:
+        return None, str(exc)
+    if old is None:
+        return None, "no bake marker"
+    diff = check_marker(old, want, needs_open=False)
+    if diff:
+        return old, f"marker {diff[0].field} differs"
+    return old, steps.module_problem(ctx, want.module_type, dkms=False)

@@ -133,8 +133,7 @@ def _check(e: Any, where: str) -> None:
 
 
 def _fold(entries: list[dict[str, Any]], entry: dict[str, Any]) -> None:
-    """Add ``entry``: one recorded before under the same key keeps its first ``before``
-    (what the node had before bootfsm) and ``edit``, and takes the rest."""
+    """Add ``entry``; one under the same key keeps its first ``before`` and ``edit``."""
     key = _key(entry)
     for i, old in enumerate(entries):
         if _key(old) == key:
@@ -235,8 +234,12 @@ def snapshot(host: Host, path: str) -> dict[str, Any] | None:
     return {"sha256": sha, "mode": mode, "b64": keep}
 
 
-def _recorded(ctx: Context, kind: str, path: str) -> bool:
-    return any(e["kind"] == kind and e["path"] == path for e in load(ctx.host, ctx.config))
+def _file(ctx: Context, path: str, sha: str, before: dict[str, Any] | None) -> dict[str, Any]:
+    return {"kind": "file", "path": path, "sha256": sha, "before": before, "by": ctx.state}
+
+
+def _recorded(ctx: Context, path: str) -> bool:
+    return any(e["kind"] == "file" and e["path"] == path for e in load(ctx.host, ctx.config))
 
 
 def write_file(
@@ -250,12 +253,11 @@ def write_file(
     """``host.write_atomic`` and record it (``then``: run after its removal; ``edit``:
     the one change made to a file that was there, undone alone when the file was edited
     since, e.g. ``containerd.import_edit``)."""
-    first = not _recorded(ctx, "file", path)
+    first = not _recorded(ctx, path)
     before = snapshot(ctx.host, path) if first else None
     ctx.host.write_atomic(path, data, mode)
     payload = data.encode() if isinstance(data, str) else data
-    entry: dict[str, Any] = {"kind": "file", "path": path, "before": before, "by": ctx.state}
-    entry["sha256"] = hashlib.sha256(payload).hexdigest()
+    entry = _file(ctx, path, hashlib.sha256(payload).hexdigest(), before)
     if then:
         entry["then"] = list(then)
     if edit is not None and first:
@@ -269,7 +271,7 @@ def track(ctx: Context, path: str, before: dict[str, Any] | None) -> None:
     sha = ctx.host.sha256(path)
     if sha is None or (before is not None and before.get("sha256") == sha):
         return  # nothing written, or the same bytes as before
-    add(ctx, {"kind": "file", "path": path, "sha256": sha, "before": before, "by": ctx.state})
+    add(ctx, _file(ctx, path, sha, before))
 
 
 def install_files(ctx: Context, files: Sequence[tuple[str, str, int | None]]) -> None:
@@ -278,16 +280,14 @@ def install_files(ctx: Context, files: Sequence[tuple[str, str, int | None]]) ->
     with the bytes it had, and keeps it); the directories are fsynced once each."""
     entries: list[dict[str, Any]] = []
     for src, dst, _ in files:
-        before = None if _recorded(ctx, "file", dst) else snapshot(ctx.host, dst)
+        before = None if _recorded(ctx, dst) else snapshot(ctx.host, dst)
         if ctx.host.is_symlink(src):
             target = ctx.host.readlink(src) or ""
             entries.append({"kind": "link", "path": dst, "target": target, "before": before})
             continue
         sha = ctx.host.sha256(src)
         if sha is not None and (before is None or before.get("sha256") != sha):
-            entries.append(
-                {"kind": "file", "path": dst, "sha256": sha, "before": before, "by": ctx.state}
-            )
+            entries.append(_file(ctx, dst, sha, before))
     add_many(ctx, entries)
     ctx.host.install_files(files)
 

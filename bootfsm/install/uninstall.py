@@ -73,9 +73,8 @@ class Step:
 def _unit_step(ctx: Context, i: int, e: dict[str, Any]) -> Step:
     u, action = e["unit"], e["action"]
     if action == "start":
-        if is_active(ctx, u):
-            return Step("stop", u, ("systemctl", "stop", u), settles=(i,))
-        return Step("skip", u, reason="not active", settles=(i,))
+        stop = Step("stop", u, ("systemctl", "stop", u), settles=(i,))
+        return _if(is_active(ctx, u), stop, "not active")
     state, want = enabled_state(ctx, u), {"enable": "enabled", "mask": "masked"}[action]
     if state != want:
         return Step("skip", u, reason=f"is {state or 'unknown'}, not {want}", settles=(i,))
@@ -146,23 +145,24 @@ def plan(ctx: Context, entries: Sequence[dict[str, Any]]) -> list[Step]:
             steps.append(_unit_step(ctx, i, e))
         elif kind == "module":
             name = e["name"]
-            if host.exists(f"/sys/module/{name}"):
-                steps.append(Step("unload", name, ("modprobe", "-r", name), settles=(i,)))
-            else:
-                steps.append(Step("skip", name, reason="not loaded", settles=(i,)))
+            unload = Step("unload", name, ("modprobe", "-r", name), settles=(i,))
+            steps.append(_if(host.exists(f"/sys/module/{name}"), unload, "not loaded"))
         elif kind == "dkms":
             mv = f"{e['module']}/{e['version']}"
-            if host.exists(f"{DKMS_TREE}/{mv}"):
-                argv = ("dkms", "remove", "-m", e["module"], "-v", e["version"], "--all")
-                steps.append(Step("dkms-remove", mv, argv, settles=(i,)))
-            else:
-                steps.append(Step("skip", mv, reason="not in the DKMS tree", settles=(i,)))
+            argv = ("dkms", "remove", "-m", e["module"], "-v", e["version"], "--all")
+            remove = Step("dkms-remove", mv, argv, settles=(i,))
+            steps.append(_if(host.exists(f"{DKMS_TREE}/{mv}"), remove, "not in the DKMS tree"))
         elif kind == "package":
             if packages and packages[0][0] == i:  # the newest package: all purged here
                 steps += _package_steps(ctx, packages)
         else:
             (last if e["path"] in markers else steps).append(_content_step(ctx, i, e))
     return steps + _after(ctx, entries, steps) + last
+
+
+def _if(present: bool, step: Step, absent: str) -> Step:
+    """``step``, or a skip of its target for the reason ``absent``."""
+    return step if present else Step("skip", step.target, reason=absent, settles=step.settles)
 
 
 def _after(ctx: Context, entries: Sequence[dict[str, Any]], steps: list[Step]) -> list[Step]:
@@ -207,41 +207,54 @@ def execute(
         ctx.event("uninstall.step", **{k: v for k, v in step.as_json().items() if k != "settles"})
         if on_step is not None:
             on_step(step)
-        if step.action == "keep":
+        if not _do(ctx, step, entries, left):
             kept.append(step)
-            ctx.warn(f"uninstall kept {step.target}: {step.reason}")
-        elif step.action == "remove":
-            ctx.host.remove(step.target)
-        elif step.action == "restore":
-            _restore(ctx, step.target, entries[step.settles[0]]["before"])
-        elif step.action == "unedit":
-            undone = _undone(ctx, step.target, entries[step.settles[0]]["edit"])
-            if undone is None:  # edited again since the plan: keep it
-                kept.append(step)
-                ctx.warn(f"uninstall kept {step.target}: changed while uninstalling")
-            else:
-                st = ctx.host.stat(step.target)
-                mode = st.st_mode & 0o7777 if st else 0o644
-                ctx.host.write_atomic(step.target, undone, mode)
-        elif step.argv:
-            if step.action == "purge":
-                wait_for_lock(ctx)
-            r = ctx.run(list(step.argv), timeout=_TIMEOUTS.get(step.action, 60.0))
-            if not r.ok and step.action == "unload":
-                ctx.warn(f"{step.target} stays loaded (in use?): {r.output.strip()[-200:]}")
-            elif not r.ok:
-                records.save(ctx.host, ctx.config, list(left.values()))
-                raise BootError(
-                    Code.UNINSTALL_FAILED,
-                    f"uninstall step {step.action} {step.target} failed: "
-                    f"`{' '.join(step.argv)}` exit {r.returncode}",
-                    output=r.output[-1500:],
-                )
         for i in step.settles:
             left.pop(i, None)
         if step.settles:
             records.save(ctx.host, ctx.config, list(left.values()))
     return kept
+
+
+def _do(ctx: Context, step: Step, entries: list[dict[str, Any]], left: dict[int, Any]) -> bool:
+    """Carry out one step; False when its target is kept (with a warning)."""
+    if step.action == "keep":
+        ctx.warn(f"uninstall kept {step.target}: {step.reason}")
+        return False
+    if step.action == "remove":
+        ctx.host.remove(step.target)
+    elif step.action == "restore":
+        _restore(ctx, step.target, entries[step.settles[0]]["before"])
+    elif step.action == "unedit":
+        undone = _undone(ctx, step.target, entries[step.settles[0]]["edit"])
+        if undone is None:  # edited again since the plan: keep it
+            ctx.warn(f"uninstall kept {step.target}: changed while uninstalling")
+            return False
+        st = ctx.host.stat(step.target)
+        ctx.host.write_atomic(step.target, undone, st.st_mode & 0o7777 if st else 0o644)
+    elif step.argv:
+        _command(ctx, step, left)
+    return True
+
+
+def _command(ctx: Context, step: Step, left: dict[int, Any]) -> None:
+    """Run a step's command; a module in use stays loaded (a warning), any other failure
+    saves what is ``left`` and is UNINSTALL_FAILED."""
+    if step.action == "purge":
+        wait_for_lock(ctx)
+    r = ctx.run(list(step.argv), timeout=_TIMEOUTS.get(step.action, 60.0))
+    if r.ok:
+        return
+    if step.action == "unload":
+        ctx.warn(f"{step.target} stays loaded (in use?): {r.output.strip()[-200:]}")
+        return
+    records.save(ctx.host, ctx.config, list(left.values()))
+    raise BootError(
+        Code.UNINSTALL_FAILED,
+        f"uninstall step {step.action} {step.target} failed: "
+        f"`{' '.join(step.argv)}` exit {r.returncode}",
+        output=r.output[-1500:],
+    )
 
 
 def run(
