@@ -19,12 +19,13 @@ that writes the journal (events from workers are queued) and the console.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -67,38 +68,30 @@ class Fetched:
     attempts: int
 
 
+@dataclass(eq=False)
 class Fetcher:
     """Downloads jobs concurrently; see the module docstring for the failure rules."""
 
-    def __init__(
-        self,
-        http: Http,
-        *,
-        parallel: int,
-        allow_http_hosts: Sequence[str],
-        artifact_timeout: float,
-        remaining: Callable[[], float],
-        emit: Callable[..., None],
-        progress: Progress | None = None,
-        fsync: bool = False,
-        segments: int = 8,
-        segment_min_size: int = 64 << 20,
-        segment_below_rate: int = 0,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.http = http
-        self.parallel = max(1, parallel)
-        self.allow_http_hosts = tuple(allow_http_hosts)
-        self.artifact_timeout = artifact_timeout
-        self.remaining = remaining
-        self.emit = emit
-        self.progress = progress
-        self.fsync = fsync
-        self.segments = max(1, segments)
-        self.segment_min_size = segment_min_size
-        self.segment_below_rate = segment_below_rate
-        self.clock = clock
-        self.attempts: dict[str, int] = {}  # HTTP attempts per artifact, failed ones too
+    http: Http
+    _: KW_ONLY
+    parallel: int
+    allow_http_hosts: Sequence[str]
+    artifact_timeout: float
+    remaining: Callable[[], float]
+    emit: Callable[..., None]
+    progress: Progress | None = None
+    fsync: bool = False
+    segments: int = 8
+    segment_min_size: int = 64 << 20
+    segment_below_rate: int = 0
+    clock: Callable[[], float] = time.monotonic
+    # HTTP attempts per artifact, failed ones too
+    attempts: dict[str, int] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        self.parallel = max(1, self.parallel)
+        self.allow_http_hosts = tuple(self.allow_http_hosts)
+        self.segments = max(1, self.segments)
         self._cancel = threading.Event()
         self._events: queue.SimpleQueue[tuple[str, dict[str, Any]]] = queue.SimpleQueue()
         self._local = threading.local()
@@ -150,12 +143,10 @@ class Fetcher:
             raise _worst(errors)
 
     def _drain(self) -> None:
-        while True:
-            try:
+        with contextlib.suppress(queue.Empty):
+            while True:
                 event, fields = self._events.get_nowait()
-            except queue.Empty:
-                return
-            self.emit(event, **fields)
+                self.emit(event, **fields)
 
     # -- worker threads ----------------------------------------------------------------
     def _client(self) -> Http:
@@ -373,12 +364,9 @@ def _finished(
     finished: queue.SimpleQueue[Future[Fetched]], timeout: float
 ) -> list[Future[Fetched]]:
     """The futures that finished within ``timeout`` (waiting in C), in the order they did."""
-    try:
-        out = [finished.get(timeout=timeout)]
-    except queue.Empty:
-        return []
-    while True:
-        try:
+    out: list[Future[Fetched]] = []
+    with contextlib.suppress(queue.Empty):
+        out.append(finished.get(timeout=timeout))
+        while True:
             out.append(finished.get_nowait())
-        except queue.Empty:
-            return out
+    return out
