@@ -148,15 +148,11 @@ def _runfile(cfg: Config, facts: NodeFacts) -> Artifact:
     sha = cfg.runfile_sha256(facts.arch.runfile)
     if cfg.driver.kind == "grid":
         url = expand(cfg.sources.grid_runfile_url, cfg, facts)
-        return Artifact("runfile", "runfile", url, sha, None, _filename(url))
+        return Artifact("runfile", "runfile", url, sha, None, urlsplit(url).path.rsplit("/", 1)[-1])
     v = cfg.driver.version
     rel = f"{v}/NVIDIA-Linux-{facts.arch.runfile}-{v}.run"
     bases = _bases(cfg, facts, cfg.sources.runfile_base, cfg.sources.runfile_mirrors)
     return _mirrored("runfile", "runfile", bases, rel, sha, None)
-
-
-def _filename(url: str) -> str:
-    return urlsplit(url).path.rsplit("/", 1)[-1]
 
 
 def _mirrored(
@@ -252,9 +248,7 @@ def resolve(
 
 
 def _component(facts: NodeFacts, bases: Sequence[str], url: str, text: str, key: str) -> Artifact:
-    """A redist archive (fabric manager, NVLSM) for this node's platform, with the
-    manifest's sha256 and size. NVLSM missing is NVLSM_INSTALL_FAILED: the manifest
-    predates 580 or this platform has none."""
+    """A redist archive (fabric manager, NVLSM) for this node's platform."""
     assert facts.arch is not None
     try:
         from bootfsm.parsers.redistrib import parse_redistrib  # resolving only

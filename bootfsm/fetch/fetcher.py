@@ -297,9 +297,8 @@ class _Wrong:
         self.restarted: set[int] = set()
 
     def again(self, i: int, exc: _Mismatch, *, left: int) -> bool:
-        """Whether to fetch mirror ``i`` once more, with ``left`` mirrors not tried yet
-        (False goes on to them; with none left, it is permanent). The same wrong bytes
-        twice raise CHECKSUM_MISMATCH."""
+        """Whether to fetch mirror ``i`` once more (``left``: mirrors not tried yet); the
+        same wrong bytes twice raise CHECKSUM_MISMATCH."""
         if exc.resumed and i not in self.restarted:
             self.restarted.add(i)
             return True
