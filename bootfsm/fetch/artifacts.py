@@ -148,19 +148,22 @@ def _runfile(cfg: Config, facts: NodeFacts) -> Artifact:
     sha = cfg.runfile_sha256(facts.arch.runfile)
     if cfg.driver.kind == "grid":
         url = expand(cfg.sources.grid_runfile_url, cfg, facts)
-        return Artifact("runfile", "runfile", url, sha, None, _filename(url))
+        return Artifact("runfile", "runfile", url, sha, None, urlsplit(url).path.rsplit("/", 1)[-1])
     v = cfg.driver.version
     rel = f"{v}/NVIDIA-Linux-{facts.arch.runfile}-{v}.run"
     bases = _bases(cfg, facts, cfg.sources.runfile_base, cfg.sources.runfile_mirrors)
+    return _mirrored("runfile", "runfile", bases, rel, sha, None)
+
+
+def _mirrored(
+    name: str, role: str, bases: Sequence[str], rel: str, sha256: str, size: int | None
+) -> Artifact:
+    """The artifact at ``rel`` under every base, in the order of ``bases``."""
     urls = [join_url(b, rel) for b in bases]
-    return Artifact("runfile", "runfile", urls[0], sha, None, _filename(urls[0]), tuple(urls[1:]))
+    return Artifact(name, role, urls[0], sha256, size, rel.rsplit("/", 1)[-1], tuple(urls[1:]))
 
 
-def _filename(url: str) -> str:
-    return urlsplit(url).path.rsplit("/", 1)[-1]
-
-
-def _index(indexes: Mapping[str, str], key: str, urls: Mapping[str, str]) -> str:
+def _index(indexes: Mapping[str, str], key: str) -> str:
     if key not in indexes:
         raise BootError(Code.INTERNAL_ERROR, f"index {key} was not fetched")
     return indexes[key]
@@ -189,18 +192,8 @@ def _from_packages(
                 Code.ARTIFACT_NOT_FOUND,
                 f"{' or '.join(names)} {version} ({arch}) is not listed in {where}",
             )
-        urls = [join_url(b, entry.filename) for b in bases]
-        out.append(
-            Artifact(
-                entry.package,
-                role,
-                urls[0],
-                entry.sha256.lower(),
-                entry.size,
-                entry.filename.rsplit("/", 1)[-1],
-                tuple(urls[1:]),
-            )
-        )
+        sha = entry.sha256.lower()
+        out.append(_mirrored(entry.package, role, bases, entry.filename, sha, entry.size))
     return out
 
 
@@ -230,26 +223,19 @@ def resolve(
         for n in cfg.sources.toolkit_packages
     }
     out += _from_packages(
-        _index(indexes, "toolkit_packages", urls), bases("toolkit_packages"), tk, "toolkit"
+        _index(indexes, "toolkit_packages"), bases("toolkit_packages"), tk, "toolkit"
     )
     if "redistrib" in urls:
-        text = _index(indexes, "redistrib", urls)
-        out.append(_component(facts, bases("redistrib"), urls["redistrib"], text, FM_COMPONENT))
+        redist = (facts, bases("redistrib"), urls["redistrib"], _index(indexes, "redistrib"))
+        out.append(_component(*redist, FM_COMPONENT))
         if facts.nvlink5:
-            out.append(
-                _component(facts, bases("redistrib"), urls["redistrib"], text, NVLSM_COMPONENT)
-            )
+            out.append(_component(*redist, NVLSM_COMPONENT))
     if "cuda_packages" in urls:
         branch = cfg.driver.version.split(".", 1)[0]
-        imex = {
-            "imex": (
-                ["nvidia-imex", f"nvidia-imex-{branch}"],
-                cfg.driver.version,
-                facts.arch.debian,
-            )
-        }
+        names = ["nvidia-imex", f"nvidia-imex-{branch}"]
+        imex = {"imex": (names, cfg.driver.version, facts.arch.debian)}
         out += _from_packages(
-            _index(indexes, "cuda_packages", urls), bases("cuda_packages"), imex, "imex"
+            _index(indexes, "cuda_packages"), bases("cuda_packages"), imex, "imex"
         )
     for a in out:
         if not a.sha256 and not cfg.sources.allow_unverified:
@@ -262,9 +248,7 @@ def resolve(
 
 
 def _component(facts: NodeFacts, bases: Sequence[str], url: str, text: str, key: str) -> Artifact:
-    """A redist archive (fabric manager, NVLSM) for this node's platform, with the
-    manifest's sha256 and size. NVLSM missing is NVLSM_INSTALL_FAILED: the manifest
-    predates 580 or this platform has none."""
+    """A redist archive (fabric manager, NVLSM) for this node's platform."""
     assert facts.arch is not None
     try:
         from bootfsm.parsers.redistrib import parse_redistrib  # resolving only
@@ -281,16 +265,7 @@ def _component(facts: NodeFacts, bases: Sequence[str], url: str, text: str, key:
             " (NVLink5 needs it; driver 580+ manifests list it)" if key == NVLSM_COMPONENT else ""
         )
         raise BootError(code, f"{key} for {platform} is not listed in {redact_url(url)}{need}")
-    urls = [join_url(b, entry.relative_path) for b in bases]
-    return Artifact(
-        key,
-        key,
-        urls[0],
-        entry.sha256.lower(),
-        entry.size,
-        entry.relative_path.rsplit("/", 1)[-1],
-        tuple(urls[1:]),
-    )
+    return _mirrored(key, key, bases, entry.relative_path, entry.sha256.lower(), entry.size)
 
 
 def cache_node_path(cfg: Config, a: Artifact) -> str:

@@ -19,12 +19,13 @@ that writes the journal (events from workers are queued) and the console.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +45,7 @@ __all__ = ["Fetched", "Fetcher", "Job"]
 
 _TICK_S = 0.2
 _NEXT_MIRROR = (Code.ARTIFACT_NOT_FOUND, Code.CHECKSUM_MISMATCH)
+_SAME_BYTES = "the same wrong bytes twice: the file or its sha256 is wrong, not the transfer"
 
 
 @dataclass(frozen=True)
@@ -66,38 +68,30 @@ class Fetched:
     attempts: int
 
 
+@dataclass(eq=False)
 class Fetcher:
     """Downloads jobs concurrently; see the module docstring for the failure rules."""
 
-    def __init__(
-        self,
-        http: Http,
-        *,
-        parallel: int,
-        allow_http_hosts: Sequence[str],
-        artifact_timeout: float,
-        remaining: Callable[[], float],
-        emit: Callable[..., None],
-        progress: Progress | None = None,
-        fsync: bool = False,
-        segments: int = 8,
-        segment_min_size: int = 64 << 20,
-        segment_below_rate: int = 0,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.http = http
-        self.parallel = max(1, parallel)
-        self.allow_http_hosts = tuple(allow_http_hosts)
-        self.artifact_timeout = artifact_timeout
-        self.remaining = remaining
-        self.emit = emit
-        self.progress = progress
-        self.fsync = fsync
-        self.segments = max(1, segments)
-        self.segment_min_size = segment_min_size
-        self.segment_below_rate = segment_below_rate
-        self.clock = clock
-        self.attempts: dict[str, int] = {}  # HTTP attempts per artifact, failed ones too
+    http: Http
+    _: KW_ONLY
+    parallel: int
+    allow_http_hosts: Sequence[str]
+    artifact_timeout: float
+    remaining: Callable[[], float]
+    emit: Callable[..., None]
+    progress: Progress | None = None
+    fsync: bool = False
+    segments: int = 8
+    segment_min_size: int = 64 << 20
+    segment_below_rate: int = 0
+    clock: Callable[[], float] = time.monotonic
+    # HTTP attempts per artifact, failed ones too
+    attempts: dict[str, int] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        self.parallel = max(1, self.parallel)
+        self.allow_http_hosts = tuple(self.allow_http_hosts)
+        self.segments = max(1, self.segments)
         self._cancel = threading.Event()
         self._events: queue.SimpleQueue[tuple[str, dict[str, Any]]] = queue.SimpleQueue()
         self._local = threading.local()
@@ -131,9 +125,7 @@ class Fetcher:
                 for fut in done:
                     exc = fut.exception()
                     if exc is None:
-                        fetched = fut.result()
-                        tracks[fetched.job.artifact.name].active = False
-                        on_done(fetched)  # verified: keep it even when another one failed
+                        on_done(fut.result())  # verified: keep it even when another one failed
                     elif not isinstance(exc, Cancelled):
                         errors.append(exc)
                         self._cancel.set()
@@ -151,12 +143,10 @@ class Fetcher:
             raise _worst(errors)
 
     def _drain(self) -> None:
-        while True:
-            try:
+        with contextlib.suppress(queue.Empty):
+            while True:
                 event, fields = self._events.get_nowait()
-            except queue.Empty:
-                return
-            self.emit(event, **fields)
+                self.emit(event, **fields)
 
     # -- worker threads ----------------------------------------------------------------
     def _client(self) -> Http:
@@ -189,40 +179,37 @@ class Fetcher:
             before = bytes_on_disk(job.part)
             track.begin(before, self.clock)
             try:
-                res = self._stream(a, job.part, url, deadline, track)
-                _verify(job, res, url)
+                res = self._attempt(job, url, deadline, track)
             except _Mismatch as exc:
-                failures.append((url, exc.error))
-                self._failed(a, i, url, exc.error)
-                again = wrong.again(i, url, exc, left=len(tries))
-                if again is not None:
-                    tries.insert(0, again)
+                self._failed(failures, a, i, url, exc.error)
+                if wrong.again(i, exc, left=len(tries)):
+                    tries.insert(0, (i, url))
                     self._events.put(("warning", {"level": "warning", "message": exc.retry}))
-                elif wrong.repeated or not tries:
-                    raise _give_up(a, failures, wrong.why()) from exc
             except TransientError as exc:
-                failures.append((url, exc))
-                self._failed(a, i, url, exc)
-                progressed = bytes_on_disk(job.part) > before and partial_source(
-                    job.part
-                ) == url_id(url)
-                if exc.code is Code.DOWNLOAD_TIMEOUT or progressed:
-                    raise  # out of time, or resume from this mirror on the next attempt
+                self._failed(failures, a, i, url, exc)
+                if _stays(exc, job.part, before, url):
+                    raise
             except BootError as exc:
                 if exc.code not in _NEXT_MIRROR:
                     raise
-                failures.append((url, exc))
-                self._failed(a, i, url, exc)
-            except OSError as exc:
-                raise BootError(
-                    Code.HOST_IO_ERROR, f"cannot write {job.part}: {exc.strerror or exc}"
-                ) from exc
+                self._failed(failures, a, i, url, exc)
             else:
                 took = self.clock() - started
                 return Fetched(job, url, i, res, took, self.attempts[a.name])
             finally:
                 track.active = False
-        raise _give_up(a, failures, wrong.why())
+        raise _give_up(a, failures)
+
+    def _attempt(self, job: Job, url: str, deadline: float, track: Track) -> StreamResult:
+        """One verified download from ``url``; a failed write is HOST_IO_ERROR."""
+        try:
+            res = self._stream(job.artifact, job.part, url, deadline, track)
+            _verify(job, res, url)
+        except OSError as exc:
+            raise BootError(
+                Code.HOST_IO_ERROR, f"cannot write {job.part}: {exc.strerror or exc}"
+            ) from exc
+        return res
 
     def _stream(
         self, a: Artifact, part: Path, url: str, deadline: float, track: Track
@@ -254,7 +241,15 @@ class Fetcher:
             fsync=self.fsync,
         )
 
-    def _failed(self, a: Artifact, i: int, url: str, exc: BootError | TransientError) -> None:
+    def _failed(
+        self,
+        failures: list[tuple[str, BootError | TransientError]],
+        a: Artifact,
+        i: int,
+        url: str,
+        exc: BootError | TransientError,
+    ) -> None:
+        failures.append((url, exc))
         if len(a.urls) < 2:
             return  # the state's retry and failure events already say it
         self._events.put(
@@ -298,28 +293,19 @@ class _Wrong:
     fetch spent, are the file itself or its pinned sha256: permanent."""
 
     def __init__(self) -> None:
-        self.seen: set[str] = set()
-        self.fresh = 0  # fetches from byte 0 that did not verify
-        self.repeated = False
+        self.seen: set[str] = set()  # the sha256 of every fetch from byte 0 that did not verify
         self.restarted: set[int] = set()
 
-    def again(self, i: int, url: str, exc: _Mismatch, *, left: int) -> tuple[int, str] | None:
-        """The try to make next, ``(i, url)`` itself or None: with ``left`` mirrors not
-        tried yet, None goes on to them; with none left, None is permanent."""
+    def again(self, i: int, exc: _Mismatch, *, left: int) -> bool:
+        """Whether to fetch mirror ``i`` once more (``left``: mirrors not tried yet); the
+        same wrong bytes twice raise CHECKSUM_MISMATCH."""
         if exc.resumed and i not in self.restarted:
             self.restarted.add(i)
-            return (i, url)
+            return True
         if exc.sha256 in self.seen:
-            self.repeated = True
-            return None
+            raise BootError(Code.CHECKSUM_MISMATCH, f"{exc.error.message} ({_SAME_BYTES})") from exc
         self.seen.add(exc.sha256)
-        self.fresh += 1
-        return (i, url) if left == 0 and self.fresh == 1 else None
-
-    def why(self) -> str:
-        if self.repeated:
-            return "the same wrong bytes twice: the file or its sha256 is wrong, not the transfer"
-        return ""
+        return left == 0 and len(self.seen) == 1
 
 
 def _verify(job: Job, res: StreamResult, url: str) -> None:
@@ -339,48 +325,47 @@ def _verify(job: Job, res: StreamResult, url: str) -> None:
     )
 
 
-def _give_up(
-    a: Artifact, failures: list[tuple[str, BootError | TransientError]], why: str = ""
-) -> Exception:
-    """One error for an artifact every mirror failed: transient if any was transient
-    (a checksum mismatch that stays is permanent: ``why`` says so)."""
-    if why:
-        last = failures[-1][1]
-        return BootError(Code.CHECKSUM_MISMATCH, f"{last.message} ({why})")
+def _stays(exc: TransientError, part: Path, before: int, url: str) -> bool:
+    """Out of time, or bytes to resume from this mirror on the next attempt."""
+    if exc.code is Code.DOWNLOAD_TIMEOUT:
+        return True
+    return bytes_on_disk(part) > before and partial_source(part) == url_id(url)
+
+
+def _give_up(a: Artifact, failures: list[tuple[str, BootError | TransientError]]) -> Exception:
+    """One error for an artifact every mirror failed: transient if any was transient."""
     if len(failures) == 1:
         return failures[0][1]
     what = "; ".join(f"{redact_url(u)}: {e.message}" for u, e in failures)
-    transient = [e for _, e in failures if isinstance(e, TransientError)]
-    if transient:
-        waits = [e.retry_after for e in transient]
-        retry_after = None if None in waits else min(w for w in waits if w is not None)
+    waits = [e.retry_after for _, e in failures if isinstance(e, TransientError)]
+    if waits:
         return TransientError(
             Code.DOWNLOAD_RETRIES_EXHAUSTED,
             f"{a.name}: every mirror failed ({what})",
-            retry_after=retry_after,
+            retry_after=_soonest(waits),
         )
-    codes = {e.code for _, e in failures}
-    code = Code.CHECKSUM_MISMATCH if Code.CHECKSUM_MISMATCH in codes else Code.ARTIFACT_NOT_FOUND
+    mismatch = any(e.code is Code.CHECKSUM_MISMATCH for _, e in failures)
+    code = Code.CHECKSUM_MISMATCH if mismatch else Code.ARTIFACT_NOT_FOUND
     return BootError(code, f"{a.name}: no mirror serves it ({what})")
 
 
+def _soonest(waits: list[float | None]) -> float | None:
+    """The shortest wait asked for; None when one failure asked for none."""
+    return None if None in waits else min(w for w in waits if w is not None)
+
+
 def _worst(errors: list[BaseException]) -> BaseException:
-    for e in errors:
-        if isinstance(e, BootError):
-            return e
-    return errors[0]
+    """The first permanent error, else the first transient one."""
+    return next((e for e in errors if isinstance(e, BootError)), errors[0])
 
 
 def _finished(
     finished: queue.SimpleQueue[Future[Fetched]], timeout: float
 ) -> list[Future[Fetched]]:
     """The futures that finished within ``timeout`` (waiting in C), in the order they did."""
-    try:
-        out = [finished.get(timeout=timeout)]
-    except queue.Empty:
-        return []
-    while True:
-        try:
+    out: list[Future[Fetched]] = []
+    with contextlib.suppress(queue.Empty):
+        out.append(finished.get(timeout=timeout))
+        while True:
             out.append(finished.get_nowait())
-        except queue.Empty:
-            return out
+    return out

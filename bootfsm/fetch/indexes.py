@@ -28,17 +28,11 @@ from bootfsm.machine.context import Context
 
 __all__ = [
     "INDEX_MAX_BYTES",
-    "NEXT_MIRROR",
-    "cached_indexes",
     "cached_ok",
-    "fetch_index",
     "fetch_indexes",
     "from_cache",
-    "part_bytes",
     "save_indexes",
-    "sha256_text",
     "space_check",
-    "trust_index",
 ]
 
 
@@ -63,7 +57,7 @@ def cached_ok(ctx: Context, a: Artifact) -> bool:
     return sha == a.sha256
 
 
-def cached_indexes(ctx: Context) -> dict[str, str] | None:
+def _cached_indexes(ctx: Context) -> dict[str, str] | None:
     out = {}
     for key, urls in index_candidates(ctx.config, ctx.facts).items():
         text = ctx.host.read_text(index_cache_path(ctx.config, key, urls[0]))
@@ -73,18 +67,14 @@ def cached_indexes(ctx: Context) -> dict[str, str] | None:
     return out
 
 
-def sha256_text(text: str) -> str:
-    """sha256 hex digest of a cached index's text (UTF-8, as it was saved)."""
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 def from_cache(ctx: Context) -> list[Artifact] | None:
     """Artifacts resolved from cached indexes when every one of them verifies, else None."""
-    texts = cached_indexes(ctx)
+    texts = _cached_indexes(ctx)
     if texts is None:
         return None
     pin = ctx.config.sources.redist_manifest_sha256.lower()
-    if pin and "redistrib" in texts and sha256_text(texts["redistrib"]) != pin:
+    redist = texts.get("redistrib")  # hashed as UTF-8, as it was saved
+    if pin and redist is not None and hashlib.sha256(redist.encode()).hexdigest() != pin:
         return None  # cached before the pin was set (or changed): fetch and check again
     try:
         arts = resolve(ctx.config, ctx.facts, texts)
@@ -105,10 +95,10 @@ and only the stanzas a node needs are parsed (bootfsm.parsers.debian_packages)."
 
 # a mirror that lacks the index, or serves one that fails its signature or its Release,
 # hands over to the next mirror; when none serves a trusted one, the first failure stands
-NEXT_MIRROR = (Code.ARTIFACT_NOT_FOUND, Code.REPO_SIGNATURE_INVALID, Code.REPO_INDEX_MISMATCH)
+_NEXT_MIRROR = (Code.ARTIFACT_NOT_FOUND, Code.REPO_SIGNATURE_INVALID, Code.REPO_INDEX_MISMATCH)
 
 
-def trust_index(ctx: Context, key: str, url: str, body: bytes) -> None:
+def _trust_index(ctx: Context, key: str, url: str, body: bytes) -> None:
     """Packages through the repository's signed Release; the redist manifest by its pin."""
     if key.endswith("_packages"):
         from bootfsm.fetch.repo_trust import check_packages  # fetching only
@@ -120,7 +110,7 @@ def trust_index(ctx: Context, key: str, url: str, body: bytes) -> None:
         check_pinned(ctx, url, body)
 
 
-def fetch_index(ctx: Context, key: str, urls: tuple[str, ...]) -> tuple[str, int]:
+def _fetch_index(ctx: Context, key: str, urls: tuple[str, ...]) -> tuple[str, int]:
     """(text, position of the URL that served it); a cached copy when no mirror answers."""
     allow = ctx.config.fetch.allow_http_hosts
     failures: list[BootError | TransientError] = []
@@ -139,11 +129,11 @@ def fetch_index(ctx: Context, key: str, urls: tuple[str, ...]) -> tuple[str, int
                 size=len(r.body),
                 duration_s=round(ctx.host.monotonic() - t0, 4),
             )
-            trust_index(ctx, key, url, r.body)
+            _trust_index(ctx, key, url, r.body)
         except TransientError as exc:
             failures.append(exc)
         except BootError as exc:
-            if exc.code not in NEXT_MIRROR:
+            if exc.code not in _NEXT_MIRROR:
                 raise
             failures.append(exc)
         else:
@@ -187,7 +177,7 @@ def fetch_indexes(ctx: Context) -> tuple[dict[str, str], dict[str, int]]:
     texts: dict[str, str] = {}
     served: dict[str, int] = {}
     for key, urls in cands.items():
-        texts[key], served[key] = fetch_index(ctx, key, urls)
+        texts[key], served[key] = _fetch_index(ctx, key, urls)
     return texts, served
 
 
@@ -201,14 +191,14 @@ def save_indexes(ctx: Context, texts: dict[str, str]) -> None:
 # -- space and downloads -----------------------------------------------------------------
 
 
-def part_bytes(ctx: Context, a: Artifact) -> int:
+def _part_bytes(ctx: Context, a: Artifact) -> int:
     st = ctx.host.stat(cache_node_path(ctx.config, a) + ".part")
     return st.st_size if st and stat.S_ISREG(st.st_mode) else 0
 
 
 def space_check(ctx: Context, missing: list[Artifact], texts: dict[str, str]) -> None:
     """Fail before writing anything when the listed sizes exceed the cache's free space."""
-    need = sum(max((a.size or 0) - part_bytes(ctx, a), 0) for a in missing)
+    need = sum(max((a.size or 0) - _part_bytes(ctx, a), 0) for a in missing)
     need += sum(len(t.encode()) for t in texts.values())
     free = ctx.host.free_bytes(ctx.config.fetch.cache_dir)
     if need > free:

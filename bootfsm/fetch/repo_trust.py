@@ -55,8 +55,7 @@ def keyring_for(ctx: Context, key: str) -> str:
 
 
 def _get(ctx: Context, url: str) -> bytes | None:
-    """The body, or None on 404 (transient failures propagate to the mirror loop).
-    Journals ``index.release_fetched`` with the transfer's duration."""
+    """The body, or None on 404 (transient failures propagate to the mirror loop)."""
     t0 = ctx.host.monotonic()
     try:
         r = ctx.http.get(

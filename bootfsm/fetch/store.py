@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError
@@ -19,12 +21,50 @@ from bootfsm.machine.context import Context
 __all__ = ["resolution_problem", "resolved", "resolved_path", "verified"]
 
 _HEX = frozenset("0123456789abcdef")
-_FIELDS = {"name": str, "role": str, "url": str, "sha256": str, "filename": str}
+_STRINGS = ("name", "role", "url", "sha256", "filename")
 
 
 def resolved_path(ctx: Context) -> str:
     """Node path of resolved.json."""
     return f"{ctx.config.run.state_dir}/resolved.json"
+
+
+def _is_size(v: object) -> bool:
+    return v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0)
+
+
+def _is_strings(v: object) -> bool:
+    return isinstance(v, list) and all(isinstance(m, str) for m in v)
+
+
+def _is_sha256(v: str) -> bool:
+    return not v or (len(v) == 64 and set(v) <= _HEX)
+
+
+def _is_plain_name(v: str) -> bool:
+    return bool(v) and "/" not in v and "\x00" not in v and v not in (".", "..")
+
+
+# field, its value when absent, the check, what a value that fails it is not
+_CHECKS: tuple[tuple[str, object, Callable[[Any], bool], str], ...] = (
+    ("size", None, _is_size, "a byte count"),
+    ("mirrors", [], _is_strings, "a list of strings"),
+    ("sha256", "", _is_sha256, "64 hex digits"),
+    ("filename", "", _is_plain_name, "a plain file name"),
+)
+
+
+def _artifact_problem(i: int, a: object) -> str:
+    """What is wrong with artifact ``i`` of resolved.json ('' when nothing)."""
+    if not isinstance(a, dict) or set(a) - {*_STRINGS, "size", "mirrors"}:
+        return f"artifact {i} is not an object with the artifact fields"
+    for k in _STRINGS:
+        if not isinstance(a.get(k), str):
+            return f"artifact {i}: {k!r} is not a string"
+    for k, absent, ok, what in _CHECKS:
+        if not ok(a.get(k, absent)):
+            return f"artifact {i}: {k!r} is not {what}"
+    return ""
 
 
 def resolution_problem(text: str) -> str:
@@ -40,24 +80,7 @@ def resolution_problem(text: str) -> str:
     arts = data.get("artifacts")
     if not isinstance(arts, list):
         return "'artifacts' is not a list"
-    for i, a in enumerate(arts):
-        if not isinstance(a, dict) or set(a) - {*_FIELDS, "size", "mirrors"}:
-            return f"artifact {i} is not an object with the artifact fields"
-        for k, t in _FIELDS.items():
-            if not isinstance(a.get(k), t):
-                return f"artifact {i}: {k!r} is not a string"
-        size, mirrors = a.get("size"), a.get("mirrors", [])
-        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
-            return f"artifact {i}: 'size' is not a byte count"
-        if not isinstance(mirrors, list) or not all(isinstance(m, str) for m in mirrors):
-            return f"artifact {i}: 'mirrors' is not a list of strings"
-        sha = a["sha256"]
-        if sha and (len(sha) != 64 or not set(sha) <= _HEX):
-            return f"artifact {i}: 'sha256' is not 64 hex digits"
-        name = a["filename"]
-        if not name or "/" in name or "\x00" in name or name in (".", ".."):
-            return f"artifact {i}: 'filename' is not a plain file name"
-    return ""
+    return next((p for i, a in enumerate(arts) if (p := _artifact_problem(i, a))), "")
 
 
 def resolved(ctx: Context) -> list[Artifact] | None:
