@@ -30,8 +30,6 @@ from bootfsm.host import journald
 
 __all__ = ["CONSOLE_EVENTS", "Journal", "new_run_id"]
 
-SCHEMA_VERSION = 1
-
 #: Events echoed to the console; everything goes to the file.
 CONSOLE_EVENTS = frozenset(
     {
