@@ -133,9 +133,7 @@ class Context:
                 left = end - self.host.monotonic()
                 if left <= 0:
                     raise on_timeout()
-                if self.remaining() <= 0:
-                    raise self.time_error()
-                self.sleep(min(interval, left))
+                self.sleep(min(interval, left))  # raises the time error when none is left
         finally:
             self.wait_end = outer
 

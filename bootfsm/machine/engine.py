@@ -101,25 +101,19 @@ def build_machine(
 
     cbs = callbacks or {}
 
-    def guard(name: str) -> Callable[[Any], bool]:
-        fn = GUARDS[name]
+    def bound(name: str, fn: Callable[[Context], Any]) -> Callable[[Any], Any]:
+        """``fn(ctx)`` as the transitions callback ``name`` (it is handed the event)."""
 
-        def check(event: Any) -> bool:
+        def call(event: Any) -> Any:
             assert ctx is not None
-            return fn(ctx.facts)
-
-        check.__name__ = name
-        return check
-
-    def after(name: str) -> Callable[[Any], None]:
-        fn = cbs[name]
-
-        def call(event: Any) -> None:
-            assert ctx is not None
-            fn(ctx)
+            return fn(ctx)
 
         call.__name__ = name
         return call
+
+    def guard(name: str) -> Callable[[Any], Any]:
+        fn = GUARDS[name]
+        return bound(name, lambda c: fn(c.facts))
 
     edges = [
         {
@@ -127,7 +121,7 @@ def build_machine(
             "source": t.source,
             "dest": t.dest,
             "conditions": [guard(g) for g in t.guards],
-            "after": [after(a) for a in t.after] if callbacks is not None else [],
+            "after": [bound(a, cbs[a]) for a in t.after] if callbacks is not None else [],
         }
         for t in transitions
     ]

@@ -123,8 +123,6 @@ STATES: tuple[StateRow, ...] = (
     ),
 )
 
-_WORKING = tuple(s.name for s in STATES)
-
 TRANSITIONS: tuple[TransitionRow, ...] = (
     TransitionRow("advance", "detect", "fetch", ("installs_gpu_driver",)),
     TransitionRow("advance", "detect", "done", ("gpu_install_skipped",)),
@@ -140,16 +138,13 @@ TRANSITIONS: tuple[TransitionRow, ...] = (
     TransitionRow("advance", "verify", "join", ("mig_not_configured",)),
     TransitionRow("advance", "mig", "join"),
     TransitionRow("advance", "join", "done"),
-    *(TransitionRow("fail", s, "failed") for s in _WORKING),
+    *(TransitionRow("fail", s.name, "failed") for s in STATES),
 )
 
 
 def row(name: str) -> StateRow:
     """The table row of working state ``name``; KeyError for terminal or unknown."""
-    for s in STATES:
-        if s.name == name:
-            return s
-    raise KeyError(name)
+    return {s.name: s for s in STATES}[name]
 
 
 def stop_after(stop: str) -> tuple[TransitionRow, ...]:

@@ -118,12 +118,6 @@ def _boot_journal(e: os.DirEntry[str], node: str | None) -> bool:
     )
 
 
-def _read(path: str, source: str) -> TraceReport:
-    """The report of one journal, read line by line (memory per journal is one line)."""
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        return parse_events(fh, source, kinds=FLEET_EVENTS)
-
-
 @dataclass
 class FleetStats:
     """Aggregates of a fleet, fed one run at a time (see the module docstring for memory)."""
@@ -288,8 +282,9 @@ def scan(root: Path, *, top: int = 10) -> FleetStats:
     """Stream every journal under ``root`` into a ``FleetStats``."""
     stats = FleetStats(top=top)
     for node, path, rel in _walk(str(root), "", None, set()):
-        try:
-            report = _read(path, rel)
+        try:  # read line by line: memory per journal is one line
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                report = parse_events(fh, rel, kinds=FLEET_EVENTS)
         except OSError as exc:
             stats.warned_files += 1
             if len(stats.samples) < _MAX_SAMPLES:

@@ -30,8 +30,6 @@ from bootfsm.host import journald
 
 __all__ = ["CONSOLE_EVENTS", "Journal", "new_run_id"]
 
-SCHEMA_VERSION = 1
-
 #: Events echoed to the console; everything goes to the file.
 CONSOLE_EVENTS = frozenset(
     {
@@ -160,16 +158,13 @@ class Journal:
         self._console_sink: _ConsoleSink | None = None
         if console is not None:
             to_journald = env is not None and _is_journal_stream(console, env)
-            if to_journald:
-                color = False
-            # https://no-color.org: NO_COLOR set and not empty turns colour off
-            use_color = (
-                console.isatty() and not os.environ.get("NO_COLOR") if color is None else color
-            )
+            if color is None:  # https://no-color.org: NO_COLOR set and not empty turns it off
+                color = console.isatty() and not os.environ.get("NO_COLOR")
+            color = color and not to_journald
             renderer: Any = (
                 structlog.processors.JSONRenderer(default=str)
                 if console_json
-                else structlog.dev.ConsoleRenderer(colors=use_color, pad_event_to=16)
+                else structlog.dev.ConsoleRenderer(colors=color, pad_event_to=16)
             )
             self._console_sink = _ConsoleSink(
                 console, (native or journald.Journald()) if to_journald else None

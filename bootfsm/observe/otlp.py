@@ -47,7 +47,7 @@ __all__ = [
 
 _KIND_INTERNAL, _KIND_CLIENT = 1, 3
 _STATUS_OK, _STATUS_ERROR = 1, 2
-_ARCH = {"x86_64": "amd64", "aarch64": "arm64", "arm64": "arm64", "amd64": "amd64"}
+_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}  # others as they are
 _OPEN = ("running", "interrupted")  # a state span's outcomes while run.end closes it
 #: A download span's attributes and the journal fields they come from.
 _FETCH = [("url.full", "url"), ("server.address", "mirror"), ("bootfsm.artifact", "artifact")]
@@ -268,19 +268,10 @@ def trace_request(report: TraceReport, env: Mapping[str, str] | None = None) -> 
     seed = f"bootfsm/{report.run_id}/{report.started}"
     trace_id = hashlib.sha256(seed.encode()).hexdigest()[:32]
     b = _Builder(report, trace_id, start_unix - report.start_t)
-    return {
-        "resourceSpans": [
-            {
-                "resource": {"attributes": _resource(report, env or {})},
-                "scopeSpans": [
-                    {
-                        "scope": {"name": "bootfsm", "version": __version__},
-                        "spans": [s.json(trace_id) for s in b.spans],
-                    }
-                ],
-            }
-        ]
-    }
+    spans = [s.json(trace_id) for s in b.spans]
+    scope = {"scope": {"name": "bootfsm", "version": __version__}, "spans": spans}
+    resource = {"attributes": _resource(report, env or {})}
+    return {"resourceSpans": [{"resource": resource, "scopeSpans": [scope]}]}
 
 
 @dataclass(frozen=True)

@@ -17,19 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from bootfsm.observe.trace_fold import Folder, unix_time
-from bootfsm.observe.trace_model import (
-    JOURNAL_SCHEMA,
-    TRACE_SCHEMA,
-    Mark,
-    Span,
-    TraceReport,
-    scrub,
-)
+from bootfsm.observe.trace_model import TRACE_SCHEMA, Mark, Span, TraceReport, scrub
+from bootfsm.observe.trace_view import render_text as render
+from bootfsm.observe.trace_view import report_json as to_json
 
 __all__ = [
-    "JOURNAL_SCHEMA",
     "TRACE_SCHEMA",
-    "Folder",
     "Mark",
     "Span",
     "TraceReport",
@@ -149,17 +142,3 @@ def latest_journal(log_dir: Path) -> Path | None:
     """The newest run journal in ``log_dir``."""
     runs = journals(log_dir)
     return runs[-1] if runs else None
-
-
-def to_json(report: TraceReport) -> dict[str, Any]:
-    """The stable JSON form (schema ``TRACE_SCHEMA``, documented in docs/trace.md)."""
-    from bootfsm.observe.trace_view import report_json
-
-    return report_json(report)
-
-
-def render(report: TraceReport) -> str:
-    """One screen: header, node, timeline, blame, root cause, warnings."""
-    from bootfsm.observe.trace_view import render_text
-
-    return render_text(report)

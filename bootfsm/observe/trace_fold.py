@@ -11,18 +11,16 @@ import math
 from datetime import datetime
 from typing import Any
 
-from bootfsm.observe.trace_model import (
-    JOURNAL_SCHEMA,
-    MARK_SKIP,
-    TAIL_CHARS,
-    Mark,
-    Span,
-    TraceReport,
-    scrub,
-)
+from bootfsm.observe.trace_model import Mark, Span, TraceReport, scrub
 
+#: Newest journal schema (``run.start.schema``) this reader knows.
+JOURNAL_SCHEMA = 1
+#: Characters of command output kept in a report.
+TAIL_CHARS = 1500
+#: Fields every event has, left out of ``Mark.fields``.
+MARK_SKIP = frozenset({"t", "ts", "event", "level", "state", "run_id"})
 #: A command's mark leaves its output out (up to 2000 characters each; the report keeps
-#: the last command's, and each state's, in ``last_command``/``state_last_command``).
+#: each state's last command's in ``state_last_command``).
 _COMMAND_SKIP = MARK_SKIP | {"output"}
 
 
@@ -215,9 +213,8 @@ class Folder:
         }
         self._count_command(cmd, bool(ev.get("state")), timed_out or (rc != 0 and not probe))
         r.commands.append(cmd)
-        last = {**cmd, "output": scrub(str(ev.get("output", "") or ""))[-TAIL_CHARS:]}
-        r.last_command = last
-        r.state_last_command[state] = last
+        output = scrub(str(ev.get("output", "") or ""))[-TAIL_CHARS:]
+        r.state_last_command[state] = {**cmd, "output": output}
 
     def _count_command(self, cmd: dict[str, Any], named: bool, bad: bool) -> None:
         """The command counts in its state's span; a command that names a state not

@@ -24,7 +24,7 @@ from typing import Any
 
 from bootfsm.core.node_paths import INSTALLER_LOG
 from bootfsm.observe.trace import Span, TraceReport
-from bootfsm.observe.trace_view import report_json, root_cause
+from bootfsm.observe.trace_view import guard_rows, report_json
 
 __all__ = ["near_misses", "render_html"]
 
@@ -193,7 +193,7 @@ def _retry(rt: dict[str, Any], start_t: float, y: int, scale: float) -> str:
 
 def _command(c: dict[str, Any], y: int, scale: float) -> str:
     """A command under its state's bar: dark, red when it failed, hollow for a probe."""
-    probe = bool(c.get("probe")) and not c["timed_out"]
+    probe = bool(c.get("probe"))  # the fold's: a probe that timed out is none
     bad = (c["rc"] != 0 and not probe) or c["timed_out"]
     cw = max(1.5, round(float(c["duration_s"]) * scale, 2))
     tip = f"{' '.join(c['argv'])[:300]} -> exit {c['rc']} in {c['duration_s']} s"
@@ -206,8 +206,7 @@ def _command(c: dict[str, Any], y: int, scale: float) -> str:
     )
 
 
-def _cause(r: TraceReport) -> str:
-    rc = root_cause(r)
+def _cause(r: TraceReport, rc: dict[str, Any] | None) -> str:
     if rc is None:
         return ""
     out = ['<section class="cause" id="root-cause"><h2>Root cause</h2><dl>']
@@ -236,10 +235,7 @@ def _cause_rows(r: TraceReport, rc: dict[str, Any]) -> list[tuple[str, str]]:
         ("hint", _node_paths(r, rc["hint"])),
         ("path", " \u2192 ".join(rc["path"])),
     ]
-    rows += [
-        ("guards", f"{edge}: " + ", ".join(f"{k}={v}" for k, v in g.items()))
-        for edge, g in rc["guards"].items()
-    ]
+    rows += guard_rows(rc)
     rows += [
         ("retry", f"attempt {t.get('attempt')}: {t.get('code')} {t.get('error')}")
         for t in rc["retries"]
@@ -320,7 +316,7 @@ def render_html(r: TraceReport) -> str:
         f'<body data-outcome="{_e(r.outcome)}">\n<header><h1>run {_e(r.run_id or "?")} '
         f'<span class="badge {_e(r.outcome)}">{_e(r.outcome.upper())}</span>{near}</h1>'
         f'<p class="muted">{_e(r.started)} \u00b7 {dur}{_e(code)} \u00b7 {_e(node)}</p></header>\n'
-        f"{_cause(r)}\n{_svg(r)}\n{_LEGEND}\n"
+        f"{_cause(r, data['root_cause'])}\n{_svg(r)}\n{_LEGEND}\n"
         '<table id="states"><thead><tr><th>state</th><th>start s</th><th>duration s</th>'
         "<th>attempts</th><th>retries</th><th>commands</th><th>outcome</th></tr></thead>"
         "<tbody></tbody></table>\n"

@@ -9,21 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from bootfsm.core.redact import redact_urls
+from bootfsm.core.redact import redact_urls as scrub  # every URL's credentials and query
 
-__all__ = ["JOURNAL_SCHEMA", "TAIL_CHARS", "TRACE_SCHEMA", "Mark", "Span", "TraceReport", "scrub"]
+__all__ = ["TRACE_SCHEMA", "Mark", "Span", "TraceReport", "scrub"]
 
 #: Version of the JSON that ``to_json`` returns (docs/trace.md).
 TRACE_SCHEMA = 1
-#: Newest journal schema (``run.start.schema``) this reader knows.
-JOURNAL_SCHEMA = 1
-#: Characters of command output kept in a report.
-TAIL_CHARS = 1500
-
-
-def scrub(text: str) -> str:
-    """Text with every URL's credentials and query string redacted."""
-    return redact_urls(text)
 
 
 @dataclass
@@ -31,7 +22,7 @@ class Mark:
     """One folded journal event: when, what, in which span, and its own fields.
 
     ``span`` indexes ``TraceReport.spans`` (None: the run itself, between states);
-    ``fields`` are the event's fields less the ones every event has (``MARK_SKIP``).
+    ``fields`` are the event's fields less the ones every event has (``trace_fold.MARK_SKIP``).
     The OpenTelemetry export is a view of these.
     """
 
@@ -39,10 +30,6 @@ class Mark:
     event: str
     span: int | None
     fields: dict[str, Any]
-
-
-#: Fields every event has, left out of ``Mark.fields``.
-MARK_SKIP = frozenset({"t", "ts", "event", "level", "state", "run_id"})
 
 
 @dataclass
@@ -101,7 +88,6 @@ class TraceReport:
     hint: str = ""
     detail: dict[str, Any] = field(default_factory=dict)
     duration_s: float | None = None
-    last_command: dict[str, Any] | None = None
     state_last_command: dict[str, dict[str, Any]] = field(default_factory=dict)
     commands: list[dict[str, Any]] = field(default_factory=list)
     failure_output: str = ""

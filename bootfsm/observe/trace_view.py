@@ -10,7 +10,7 @@ from typing import Any
 
 from bootfsm.observe.trace_model import TRACE_SCHEMA, Span, TraceReport
 
-__all__ = ["blame", "render_text", "report_json", "root_cause"]
+__all__ = ["blame", "guard_rows", "render_text", "report_json", "root_cause"]
 
 _KILLED_HINT = "rerun `bootfsm run`; it resumes at the first unsatisfied state"
 
@@ -46,14 +46,8 @@ def _command_of(report: TraceReport, state: str) -> dict[str, Any] | None:
         }
     if last is None:
         return None
-    return {
-        "argv": list(last["argv"]),
-        "rc": last["rc"],
-        "duration_s": last["duration_s"],
-        "timed_out": last["timed_out"],
-        "output_tail": str(last.get("output", "")),
-        "caused_failure": False,
-    }
+    cmd = {k: last[k] for k in ("argv", "rc", "duration_s", "timed_out")}
+    return {**cmd, "output_tail": str(last.get("output", "")), "caused_failure": False}
 
 
 def _verdict(report: TraceReport, state: str) -> tuple[int | None, str, str, str] | None:
@@ -158,6 +152,15 @@ def report_json(r: TraceReport) -> dict[str, Any]:
     }
 
 
+def guard_rows(rc: dict[str, Any]) -> list[tuple[str, str]]:
+    """The root cause's guard values: ("guards", "edge: name=value, ...") per edge."""
+    return [("guards", f"{edge}: {_values(g)}") for edge, g in rc["guards"].items()]
+
+
+def _values(guards: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in guards.items())
+
+
 # -- text ------------------------------------------------------------------------------
 _HEAD = {"done": "OK", "failed": "FAILED", "interrupted": "INTERRUPTED", "killed": "KILLED"}
 
@@ -193,9 +196,7 @@ def _header(r: TraceReport) -> list[str]:
 def _timeline(r: TraceReport) -> list[str]:
     out = ["", "  start    state     duration  attempts  outcome"]
     for s in r.spans:
-        tries = (
-            f"{s.attempts or '-'}/{s.attempts_max}" if s.attempts_max else f"{s.attempts or '-'}"
-        )
+        tries = f"{s.attempts or '-'}" + (f"/{s.attempts_max}" if s.attempts_max else "")
         extra = ""
         if s.retries:
             n = len(s.retries)
@@ -243,10 +244,7 @@ def _root_rows(rc: dict[str, Any]) -> list[tuple[str, str]]:
         ("message", _clip((rc["message"].splitlines() or [""])[0])),
         ("hint", rc["hint"]),
     ]
-    rows += [
-        ("guards", f"{edge}: " + ", ".join(f"{k}={v}" for k, v in g.items()))
-        for edge, g in rc["guards"].items()
-    ]
+    rows += guard_rows(rc)
     rows += [
         (
             "retry",
@@ -277,8 +275,7 @@ def render_text(r: TraceReport) -> str:
     if chosen and r.outcome == "done":
         out.append("")
         for t in chosen:
-            values = ", ".join(f"{k}={v}" for k, v in t["guards"].items())
-            out.append(f"  {t['source']} -> {t['dest']}  guards: {values}")
+            out.append(f"  {t['source']} -> {t['dest']}  guards: {_values(t['guards'])}")
     out += _blame(r) + _root(r)
     out += [f"warning: {w}" for w in r.warnings]
     return "\n".join(out) + "\n"
