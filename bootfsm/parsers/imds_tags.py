@@ -17,14 +17,15 @@ from typing import Any
 
 from bootfsm.parsers import ParseError
 
-__all__ = ["SKIP_TAG", "parse_imds_tags", "skip_gpu_install", "tag_value"]
+__all__ = ["SKIP_TAG", "imds_compute", "parse_imds_tags", "skip_gpu_install", "tag_value"]
 
 SKIP_TAG = "SkipGpuDriverInstall"
 _SKIP_NAME = re.compile(SKIP_TAG, re.IGNORECASE)
 _TRUE = re.compile("true", re.IGNORECASE)
 
 
-def _compute(text: str) -> dict[str, Any]:
+def imds_compute(text: str) -> dict[str, Any]:
+    """The ``compute`` object of an IMDS instance document (or the bare compute document)."""
     try:
         doc = json.loads(text)
     except (ValueError, RecursionError) as exc:
@@ -45,7 +46,7 @@ def parse_imds_tags(text: str) -> list[tuple[str, str]]:
     (a tag without ``:`` has an empty value). No tags at all gives ``[]``. ParseError on
     a document that is not JSON or whose tags have the wrong types.
     """
-    compute = _compute(text)
+    compute = imds_compute(text)
     tags_list = compute.get("tagsList")
     if tags_list is not None:
         if not isinstance(tags_list, list):
@@ -62,12 +63,7 @@ def parse_imds_tags(text: str) -> list[tuple[str, str]]:
     tags = compute.get("tags", "")
     if not isinstance(tags, str):
         raise ParseError(f"IMDS document: compute.tags must be a string: {tags!r:.80}")
-    pairs = []
-    for part in tags.split(";"):
-        if part:
-            name, _, value = part.partition(":")
-            pairs.append((name, value))
-    return pairs
+    return [(name, value) for name, _, value in (p.partition(":") for p in tags.split(";") if p)]
 
 
 def skip_gpu_install(tags: list[tuple[str, str]]) -> str | None:
