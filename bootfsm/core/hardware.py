@@ -153,21 +153,14 @@ NVSWITCH_MODELS: Mapping[int, str] = MappingProxyType(
 )
 
 
-def _class24(pci_class: int) -> int:
-    """Widen a 16-bit lspci class (0x0302) to the 24-bit sysfs form (0x030200)."""
-    return pci_class << 8 if pci_class <= 0xFFFF else pci_class
-
-
-def classify(vendor: int, device: int, pci_class: int) -> DeviceRole:
-    """Give a PCI function's role from vendor and class (24-bit sysfs or 16-bit lspci).
-
-    The device id is accepted for call-site symmetry but the class decides: an unknown
-    future GPU is still a GPU. The prog-if byte is ignored.
-    """
-    del device
+def classify(vendor: int, pci_class: int) -> DeviceRole:
+    """Give a PCI function's role from vendor and class (24-bit sysfs or 16-bit lspci):
+    the class decides, not the device id, so an unknown future GPU is still a GPU. The
+    prog-if byte is ignored."""
     if vendor != NVIDIA_VENDOR:
         return DeviceRole.OTHER
-    base = _class24(pci_class) & 0xFFFF00
+    # a 16-bit lspci class (0x0302) widened to the 24-bit sysfs form (0x030200)
+    base = (pci_class << 8 if pci_class <= 0xFFFF else pci_class) & 0xFFFF00
     if base in GPU_CLASSES:
         return DeviceRole.GPU
     if base == NVSWITCH_CLASS:
@@ -177,10 +170,8 @@ def classify(vendor: int, device: int, pci_class: int) -> DeviceRole:
 
 def model_for(device_id: int) -> GpuModel:
     """Look up a GPU device id; unknown ids give family unknown and a name like "NVIDIA 0x1234"."""
-    known = GPU_MODELS.get(device_id)
-    if known is not None:
-        return known
-    return GpuModel(device_id, f"NVIDIA {device_id:#06x}", Family.UNKNOWN, grace=False)
+    unknown = GpuModel(device_id, f"NVIDIA {device_id:#06x}", Family.UNKNOWN, grace=False)
+    return GPU_MODELS.get(device_id, unknown)
 
 
 BLACKWELL_FIRST_DEVICE_ID = 0x2900

@@ -104,7 +104,7 @@ def _pci(host: Host) -> tuple[list[PciGpu], list[str]]:
             )
         except ParseError:
             continue  # a garbled non-essential device must not stop the boot
-        role = classify(vendor, device, cls)
+        role = classify(vendor, cls)
         if role is DeviceRole.GPU:
             gpus.append(PciGpu(bdf, device, model_for(device)))
         elif role is DeviceRole.NVSWITCH:

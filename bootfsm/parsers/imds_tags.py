@@ -72,9 +72,7 @@ def skip_gpu_install(tags: list[tuple[str, str]]) -> str | None:
     value contains ``true`` (case-insensitive), as AgentBaker decides it."""
     for name, value in tags:
         if _SKIP_NAME.search(name):
-            if _TRUE.search(value):
-                return f"VM tag {name}={value}"
-            return None
+            return f"VM tag {name}={value}" if _TRUE.search(value) else None
     return None
 
 

@@ -94,10 +94,7 @@ _FAILURE_MESSAGES: tuple[tuple[str, SmiFailure], ...] = (
 
 def classify_smi_failure(text: str) -> SmiFailure | None:
     """Name the failure nvidia-smi printed (first match in the order above), or None."""
-    for message, failure in _FAILURE_MESSAGES:
-        if message in text:
-            return failure
-    return None
+    return next((failure for message, failure in _FAILURE_MESSAGES if message in text), None)
 
 
 def inforom_warnings(text: str) -> tuple[str, ...]:
