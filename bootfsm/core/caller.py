@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bootfsm.core.config import DEFAULTS, Config, ConfigError, parse_config
+from bootfsm.core.config import DEFAULTS, RUNFILE_SHA256_KEYS, Config, ConfigError, parse_config
 
 __all__ = [
     "HOOK_DROPIN",
@@ -145,9 +145,6 @@ def hook_overrides(cfg: Config, env: Mapping[str, str]) -> list[Override]:
     return out
 
 
-_RUNFILE_PINS = ("runfile_sha256", "runfile_sha256_x86_64", "runfile_sha256_aarch64")
-
-
 def apply(cfg: Config, overrides: Sequence[Override]) -> tuple[Config, list[Override]]:
     """``cfg`` with ``overrides`` set, validated as a config file would be, and every
     override in effect: those given plus, when the caller chose another driver than the
@@ -166,7 +163,7 @@ def apply(cfg: Config, overrides: Sequence[Override]) -> tuple[Config, list[Over
         why = (
             f"pins {cfg.driver.kind} {cfg.driver.version}, not the caller's {chosen[0]} {chosen[1]}"
         )
-        for key in _RUNFILE_PINS:
+        for key in RUNFILE_SHA256_KEYS:
             if data["sources"][key]:
                 data["sources"][key] = ""
                 done.append(Override(f"sources.{key}", "", why))

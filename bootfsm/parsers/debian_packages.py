@@ -206,11 +206,7 @@ def iter_entries(text: str, names: Collection[str] | None = None) -> Iterator[Pa
     a ``Package`` field is always parsed, so garbage (a page that is not an index) still
     fails with ParseError, as do the wanted stanzas' own defects.
     """
-    line, number, pos = 1, 1, 0
-    lead = re.match(r"(?:[ \t\r]*\n)+", text)
-    if lead:
-        line, pos = 1 + lead.group().count("\n"), lead.end()
-    end = len(text)
+    line, number, pos, end = 1, 1, 0, len(text)
     while pos < end:
         sep = _SEPARATOR.search(text, pos)
         stop = sep.start() if sep else end
