@@ -301,12 +301,8 @@ def _one_of(choices: tuple[str, ...]) -> Rule:
     return rule
 
 
-def _is_sha256(v: str) -> bool:
-    return len(v) == 64 and all(c in "0123456789abcdef" for c in v.lower())
-
-
 def _sha256(where: str, value: str) -> None:
-    if value and not _is_sha256(value):
+    if value and not (len(value) == 64 and all(c in "0123456789abcdef" for c in value.lower())):
         raise ConfigError(f"{where}: expected 64 hex digits, got {len(value)} characters")
 
 
@@ -353,8 +349,7 @@ def _pins(where: str, value: tuple[str, ...]) -> None:
             raise ConfigError(f"{entry}: expected a dotted version, got {version!r:.40}")
         if arch not in ("x86_64", "aarch64"):
             raise ConfigError(f"{entry}: arch must be x86_64 or aarch64, got {arch!r:.40}")
-        if not _is_sha256(sha):
-            raise ConfigError(f"{entry}: expected 64 hex digits, got {len(sha)} characters")
+        _sha256(entry, sha)
 
 
 RUNFILE_SHA256_KEYS = ("runfile_sha256", "runfile_sha256_x86_64", "runfile_sha256_aarch64")

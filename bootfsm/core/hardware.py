@@ -34,9 +34,7 @@ NVIDIA_VENDOR = 0x10DE
 MELLANOX_VENDOR = 0x15B3
 
 # 24-bit PCI classes as sysfs prints them (class, subclass, prog-if).
-GPU_CLASS_3D = 0x030200
-GPU_CLASS_VGA = 0x030000
-GPU_CLASSES = frozenset({GPU_CLASS_3D, GPU_CLASS_VGA})
+GPU_CLASSES = frozenset({0x030200, 0x030000})  # 3D controller, VGA controller
 NVSWITCH_CLASS = 0x068000
 
 

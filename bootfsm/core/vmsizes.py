@@ -18,19 +18,14 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["has_nvidia_gpu", "normalize"]
+__all__ = ["has_nvidia_gpu"]
 
 # N-series sizes whose GPUs are AMD's: NVv4 (Standard_NV4as_v4 ... NV32as_v4), NGads
 # V620, NVads V710 v5, ND MI300X v5
 _AMD = re.compile(r"standard_nv\d+as_v4|.*_v620(_|$)|.*_v710_v5|.*_mi300x_v5")
 
 
-def normalize(size: str) -> str:
-    """Lower case, without the optional "_promo" suffix (as AgentBaker compares sizes)."""
-    return size.strip().lower().removesuffix("_promo")
-
-
 def has_nvidia_gpu(size: str) -> bool:
     """Whether a VM of this Azure size has an NVIDIA GPU (see the module's rule)."""
-    s = normalize(size)
+    s = size.strip().lower().removesuffix("_promo")  # as AgentBaker compares sizes
     return s.startswith("standard_n") and _AMD.fullmatch(s) is None
