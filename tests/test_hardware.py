@@ -135,8 +135,9 @@ def test_every_gpu_in_the_table_has_its_branches_and_the_default_driver_drives_i
     """The default driver (docs/config.md) must drive every GPU bootfsm knows: a row of
     SUPPORTED_BRANCHES per model, and the default's branch inside each row's range."""
     from bootfsm.core.config import DEFAULTS
-    from bootfsm.core.hardware import SUPPORTED_BRANCHES, branch_problem
+    from bootfsm.core.hardware import _MODELS, SUPPORTED_BRANCHES, branch_problem
 
+    assert len(GPU_MODELS) == len(_MODELS)  # no device id twice
     assert set(SUPPORTED_BRANCHES) == set(GPU_MODELS)
     assert branch_problem(DEFAULTS.driver.version, GPU_MODELS.values()) is None
 

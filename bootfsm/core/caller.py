@@ -76,19 +76,6 @@ def _flag(env: Mapping[str, str], name: str) -> bool | None:
     return _BOOL[raw.lower()]
 
 
-def _caller_env(env: Mapping[str, str]) -> list[Override]:
-    """The overrides the provisioning script's exported variables give."""
-    found = [
-        _flag_override(env, "GPU_NODE", "detect.gpu_node", ("no", "yes")),
-        _flag_override(env, "GPU_NEEDS_FABRIC_MANAGER", "detect.fabric_manager", ("no", "yes")),
-        _driver_version(env),
-        _driver_kind(env),
-        _flag_override(env, "CONFIG_GPU_DRIVER_IF_NEEDED", "driver.install", (False, True)),
-        _mig_profile(env),
-    ]
-    return [o for o in found if o is not None]
-
-
 def _flag_override(
     env: Mapping[str, str], name: str, key: str, values: tuple[str | bool, str | bool]
 ) -> Override | None:
@@ -135,7 +122,15 @@ def hook_overrides(cfg: Config, env: Mapping[str, str]) -> list[Override]:
     the caller's: ``ensureKubelet`` configures and starts it after the GPU step; a MIG
     mode that needs a reboot is the caller's reboot; journals and events where AKS
     collects them, unless the config already chose other places)."""
-    out = _caller_env(env)
+    found = [
+        _flag_override(env, "GPU_NODE", "detect.gpu_node", ("no", "yes")),
+        _flag_override(env, "GPU_NEEDS_FABRIC_MANAGER", "detect.fabric_manager", ("no", "yes")),
+        _driver_version(env),
+        _driver_kind(env),
+        _flag_override(env, "CONFIG_GPU_DRIVER_IF_NEEDED", "driver.install", (False, True)),
+        _mig_profile(env),
+    ]
+    out = [o for o in found if o is not None]
     out.append(Override("join.start_kubelet", False, "--hook", persist=False))
     out.append(Override("mig.on_pending", "reboot", "--hook", persist=False))
     if cfg.run.log_dir == DEFAULTS.run.log_dir:

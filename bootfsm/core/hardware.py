@@ -10,7 +10,6 @@ from bootfsm.core.strenum import StrEnum
 
 __all__ = [
     "BLACKWELL_FIRST_DEVICE_ID",
-    "GPU_CLASSES",
     "GPU_MODELS",
     "MELLANOX_VENDOR",
     "NVIDIA_VENDOR",
@@ -34,7 +33,7 @@ NVIDIA_VENDOR = 0x10DE
 MELLANOX_VENDOR = 0x15B3
 
 # 24-bit PCI classes as sysfs prints them (class, subclass, prog-if).
-GPU_CLASSES = frozenset({0x030200, 0x030000})  # 3D controller, VGA controller
+_GPU_CLASSES = frozenset({0x030200, 0x030000})  # 3D controller, VGA controller
 NVSWITCH_CLASS = 0x068000
 
 
@@ -67,14 +66,6 @@ class GpuModel:
     name: str
     family: Family
     grace: bool
-
-
-def _table(*models: GpuModel) -> Mapping[int, GpuModel]:
-    """Index models by device id, refusing duplicates."""
-    table = {m.device_id: m for m in models}
-    if len(table) != len(models):
-        raise ValueError("duplicate device id in GPU table")
-    return MappingProxyType(table)
 
 
 _A, _H, _B = Family.AMPERE, Family.HOPPER, Family.BLACKWELL
@@ -126,7 +117,7 @@ _MODELS: tuple[tuple[int, str, Family, bool, int, int | None], ...] = (
     (0x31C2, "GB300", _B, True, 580, None),
     (0x31C3, "GB300", _B, True, 580, None),
 )
-GPU_MODELS: Mapping[int, GpuModel] = _table(*(GpuModel(*row[:4]) for row in _MODELS))
+GPU_MODELS: Mapping[int, GpuModel] = MappingProxyType({r[0]: GpuModel(*r[:4]) for r in _MODELS})
 SUPPORTED_BRANCHES: Mapping[int, tuple[int, int | None]] = MappingProxyType(
     {row[0]: row[4:] for row in _MODELS}
 )
@@ -159,7 +150,7 @@ def classify(vendor: int, pci_class: int) -> DeviceRole:
         return DeviceRole.OTHER
     # a 16-bit lspci class (0x0302) widened to the 24-bit sysfs form (0x030200)
     base = (pci_class << 8 if pci_class <= 0xFFFF else pci_class) & 0xFFFF00
-    if base in GPU_CLASSES:
+    if base in _GPU_CLASSES:
         return DeviceRole.GPU
     if base == NVSWITCH_CLASS:
         return DeviceRole.NVSWITCH
