@@ -151,18 +151,26 @@ def deb822_paragraphs(
                 raise ParseError(errors["continuation"].format(n=n))
             fields[last] += "\n" + line.strip()
         else:
-            match = _FIELD.fullmatch(line)
-            if match is None:
-                short = line.rstrip()[:60]
-                raise ParseError(errors["field"].format(n=n, number=number, line=line, short=short))
-            if fields and not last:
-                raise ParseError(errors["second"].format(n=n))
-            last = match[1].lower()
-            if last in fields:
-                raise ParseError(errors["twice"].format(n=n, number=number, name=match[1]))
-            fields[last] = match[2].strip()
+            last = _add_field(fields, last, line, n, number, errors)
     if fields:
         yield number, fields
+
+
+def _add_field(
+    fields: dict[str, str], last: str, line: str, n: int, number: int, errors: Mapping[str, str]
+) -> str:
+    """Add the ``Field: value`` line ``n`` to ``fields``; return the field's name."""
+    match = _FIELD.fullmatch(line)
+    if match is None:
+        short = line.rstrip()[:60]
+        raise ParseError(errors["field"].format(n=n, number=number, line=line, short=short))
+    if fields and not last:  # only a single-paragraph reader keeps fields across a blank line
+        raise ParseError(errors["second"].format(n=n))
+    name = match[1].lower()
+    if name in fields:
+        raise ParseError(errors["twice"].format(n=n, number=number, name=match[1]))
+    fields[name] = match[2].strip()
+    return name
 
 
 def _entry(number: int, fields: dict[str, str]) -> PackageEntry:

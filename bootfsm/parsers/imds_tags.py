@@ -63,7 +63,12 @@ def parse_imds_tags(text: str) -> list[tuple[str, str]]:
     tags = compute.get("tags", "")
     if not isinstance(tags, str):
         raise ParseError(f"IMDS document: compute.tags must be a string: {tags!r:.80}")
-    return [(name, value) for name, _, value in (p.partition(":") for p in tags.split(";") if p)]
+    pairs = []
+    for part in tags.split(";"):
+        if part:
+            name, _, value = part.partition(":")
+            pairs.append((name, value))
+    return pairs
 
 
 def skip_gpu_install(tags: list[tuple[str, str]]) -> str | None:
