@@ -27,8 +27,8 @@ def _all_cse(code: Code) -> set[int]:
 
 
 def test_every_code_is_mapped() -> None:
-    """A code added to the table without `cse=` fails here: give its row
-    `cse=<AgentBaker code of the same meaning>` (docs/provisioning-hook.md, 'Adding a code')."""
+    """A code without a row (or a row without `cse`) fails here: key its row
+    `(Code.NAME, <AgentBaker code of the same meaning>)` (docs/provisioning-hook.md)."""
     assert unmapped_codes() == []
 
 

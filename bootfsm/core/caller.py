@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bootfsm.core.config import DEFAULTS, Config, ConfigError, parse_config
+from bootfsm.core.config import DEFAULTS, RUNFILE_SHA256_KEYS, Config, ConfigError, parse_config
 
 __all__ = [
     "HOOK_DROPIN",
@@ -76,19 +76,6 @@ def _flag(env: Mapping[str, str], name: str) -> bool | None:
     return _BOOL[raw.lower()]
 
 
-def _caller_env(env: Mapping[str, str]) -> list[Override]:
-    """The overrides the provisioning script's exported variables give."""
-    found = [
-        _flag_override(env, "GPU_NODE", "detect.gpu_node", ("no", "yes")),
-        _flag_override(env, "GPU_NEEDS_FABRIC_MANAGER", "detect.fabric_manager", ("no", "yes")),
-        _driver_version(env),
-        _driver_kind(env),
-        _flag_override(env, "CONFIG_GPU_DRIVER_IF_NEEDED", "driver.install", (False, True)),
-        _mig_profile(env),
-    ]
-    return [o for o in found if o is not None]
-
-
 def _flag_override(
     env: Mapping[str, str], name: str, key: str, values: tuple[str | bool, str | bool]
 ) -> Override | None:
@@ -135,7 +122,15 @@ def hook_overrides(cfg: Config, env: Mapping[str, str]) -> list[Override]:
     the caller's: ``ensureKubelet`` configures and starts it after the GPU step; a MIG
     mode that needs a reboot is the caller's reboot; journals and events where AKS
     collects them, unless the config already chose other places)."""
-    out = _caller_env(env)
+    found = [
+        _flag_override(env, "GPU_NODE", "detect.gpu_node", ("no", "yes")),
+        _flag_override(env, "GPU_NEEDS_FABRIC_MANAGER", "detect.fabric_manager", ("no", "yes")),
+        _driver_version(env),
+        _driver_kind(env),
+        _flag_override(env, "CONFIG_GPU_DRIVER_IF_NEEDED", "driver.install", (False, True)),
+        _mig_profile(env),
+    ]
+    out = [o for o in found if o is not None]
     out.append(Override("join.start_kubelet", False, "--hook", persist=False))
     out.append(Override("mig.on_pending", "reboot", "--hook", persist=False))
     if cfg.run.log_dir == DEFAULTS.run.log_dir:
@@ -143,9 +138,6 @@ def hook_overrides(cfg: Config, env: Mapping[str, str]) -> list[Override]:
     if not cfg.run.cse_events_dir:
         out.append(Override("run.cse_events_dir", HOOK_EVENTS_DIR, "--hook"))
     return out
-
-
-_RUNFILE_PINS = ("runfile_sha256", "runfile_sha256_x86_64", "runfile_sha256_aarch64")
 
 
 def apply(cfg: Config, overrides: Sequence[Override]) -> tuple[Config, list[Override]]:
@@ -166,7 +158,7 @@ def apply(cfg: Config, overrides: Sequence[Override]) -> tuple[Config, list[Over
         why = (
             f"pins {cfg.driver.kind} {cfg.driver.version}, not the caller's {chosen[0]} {chosen[1]}"
         )
-        for key in _RUNFILE_PINS:
+        for key in RUNFILE_SHA256_KEYS:
             if data["sources"][key]:
                 data["sources"][key] = ""
                 done.append(Override(f"sources.{key}", "", why))

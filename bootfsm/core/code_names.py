@@ -101,15 +101,3 @@ class CodeInfo:
     def name(self) -> str:
         """The stable upper-case name, e.g. ``CHECKSUM_MISMATCH``."""
         return self.code.name
-
-
-def _row(
-    code: Code,
-    summary: str,
-    hint: str,
-    transient: bool = False,
-    *,
-    cse: int | None = None,
-    cse_in_state: dict[str, int] | None = None,
-) -> CodeInfo:
-    return CodeInfo(code, summary, hint, transient, cse, tuple((cse_in_state or {}).items()))

@@ -12,7 +12,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from bootfsm.core.migspec import parse_mig_layout
@@ -201,7 +201,7 @@ class Config:
 
 DEFAULTS = Config()
 
-_SECTIONS: dict[str, type[Any]] = {f.name: type(getattr(DEFAULTS, f.name)) for f in fields(Config)}
+_SECTIONS = [f.name for f in fields(Config)]
 _CHOICES = {
     ("driver", "kind"): ("cuda", "grid"),
     ("driver", "module_type"): ("auto", "open", "proprietary"),
@@ -301,12 +301,8 @@ def _one_of(choices: tuple[str, ...]) -> Rule:
     return rule
 
 
-def _is_sha256(v: str) -> bool:
-    return len(v) == 64 and all(c in "0123456789abcdef" for c in v.lower())
-
-
 def _sha256(where: str, value: str) -> None:
-    if value and not _is_sha256(value):
+    if value and not (len(value) == 64 and all(c in "0123456789abcdef" for c in value.lower())):
         raise ConfigError(f"{where}: expected 64 hex digits, got {len(value)} characters")
 
 
@@ -353,11 +349,11 @@ def _pins(where: str, value: tuple[str, ...]) -> None:
             raise ConfigError(f"{entry}: expected a dotted version, got {version!r:.40}")
         if arch not in ("x86_64", "aarch64"):
             raise ConfigError(f"{entry}: arch must be x86_64 or aarch64, got {arch!r:.40}")
-        if not _is_sha256(sha):
-            raise ConfigError(f"{entry}: expected 64 hex digits, got {len(sha)} characters")
+        _sha256(entry, sha)
 
 
-_SHA_KEYS = ("runfile_sha256", "runfile_sha256_x86_64", "runfile_sha256_aarch64")
+RUNFILE_SHA256_KEYS = ("runfile_sha256", "runfile_sha256_x86_64", "runfile_sha256_aarch64")
+"""The plain runfile pins: they pin driver.version as configured (not ``runfile_pins``)."""
 _RULES: dict[tuple[str, str], tuple[Rule, ...]] = {
     **{k: (_one_of(choices),) for k, choices in _CHOICES.items()},
     **{k: (_node_path, _absolute) for k in (("run", "state_dir"), ("run", "log_dir"))},
@@ -365,7 +361,7 @@ _RULES: dict[tuple[str, str], tuple[Rule, ...]] = {
     ("fetch", "cache_dir"): (_node_path, _absolute),
     ("fetch", "ca_file"): (_node_path, _absolute_or_empty),
     **{("sources", f"{k}_repo_keyring"): (_absolute,) for k in ("cuda", "toolkit")},
-    **{("sources", k): (_sha256,) for k in (*_SHA_KEYS, "redist_manifest_sha256")},
+    **{("sources", k): (_sha256,) for k in (*RUNFILE_SHA256_KEYS, "redist_manifest_sha256")},
     **{
         ("sources", f"{k}_mirrors"): (_base_urls,)
         for k in ("runfile", "redist", "cuda_repo", "toolkit_repo")
@@ -393,5 +389,5 @@ def parse_config(data: Mapping[str, Any]) -> Config:
             if key not in known:
                 raise ConfigError(f"{name}.{key}: unknown key; known: {', '.join(sorted(known))}")
             values[key] = _coerce(name, key, value, getattr(default, key))
-        sections[name] = _SECTIONS[name](**{**asdict(default), **values})
+        sections[name] = replace(default, **values)
     return Config(**sections)

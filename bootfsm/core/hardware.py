@@ -10,7 +10,6 @@ from bootfsm.core.strenum import StrEnum
 
 __all__ = [
     "BLACKWELL_FIRST_DEVICE_ID",
-    "GPU_CLASSES",
     "GPU_MODELS",
     "MELLANOX_VENDOR",
     "NVIDIA_VENDOR",
@@ -34,9 +33,7 @@ NVIDIA_VENDOR = 0x10DE
 MELLANOX_VENDOR = 0x15B3
 
 # 24-bit PCI classes as sysfs prints them (class, subclass, prog-if).
-GPU_CLASS_3D = 0x030200
-GPU_CLASS_VGA = 0x030000
-GPU_CLASSES = frozenset({GPU_CLASS_3D, GPU_CLASS_VGA})
+_GPU_CLASSES = frozenset({0x030200, 0x030000})  # 3D controller, VGA controller
 NVSWITCH_CLASS = 0x068000
 
 
@@ -71,14 +68,6 @@ class GpuModel:
     grace: bool
 
 
-def _table(*models: GpuModel) -> Mapping[int, GpuModel]:
-    """Index models by device id, refusing duplicates."""
-    table = {m.device_id: m for m in models}
-    if len(table) != len(models):
-        raise ValueError("duplicate device id in GPU table")
-    return MappingProxyType(table)
-
-
 _A, _H, _B = Family.AMPERE, Family.HOPPER, Family.BLACKWELL
 _M, _P, _V, _T = Family.MAXWELL, Family.PASCAL, Family.VOLTA, Family.TURING
 
@@ -89,79 +78,48 @@ _M, _P, _V, _T = Family.MAXWELL, Family.PASCAL, Family.VOLTA, Family.TURING
 # "[10de:3182]"), RTX 5090 2b85 from its nvidia-smi -q ("Device Id : 0x2B8510DE").
 # The parts before Turing (Azure NV v1 M60, NCv2 P100, ND P40, NCv3 V100) and the T4
 # (NCasT4_v3) by their pci.ids names: tests/test_hardware.py reads pci.ids to check them.
-GPU_MODELS: Mapping[int, GpuModel] = _table(
-    GpuModel(0x13F2, "Tesla M60", _M, grace=False),
-    GpuModel(0x15F7, "Tesla P100 PCIe 12GB", _P, grace=False),
-    GpuModel(0x15F8, "Tesla P100 PCIe 16GB", _P, grace=False),
-    GpuModel(0x15F9, "Tesla P100 SXM2 16GB", _P, grace=False),
-    GpuModel(0x1B38, "Tesla P40", _P, grace=False),
-    GpuModel(0x1BB3, "Tesla P4", _P, grace=False),
-    GpuModel(0x1D81, "TITAN V", _V, grace=False),
-    GpuModel(0x1DB1, "Tesla V100 SXM2 16GB", _V, grace=False),
-    GpuModel(0x1DB4, "Tesla V100 PCIe 16GB", _V, grace=False),
-    GpuModel(0x1DB5, "Tesla V100 SXM2 32GB", _V, grace=False),
-    GpuModel(0x1DB6, "Tesla V100 PCIe 32GB", _V, grace=False),
-    GpuModel(0x1DB8, "Tesla V100 SXM3 32GB", _V, grace=False),
-    GpuModel(0x1DF6, "Tesla V100S PCIe 32GB", _V, grace=False),
-    GpuModel(0x1EB8, "Tesla T4", _T, grace=False),
-    GpuModel(0x20B0, "A100 SXM4 40GB", _A, grace=False),
-    GpuModel(0x20B2, "A100 SXM4 80GB", _A, grace=False),
-    GpuModel(0x2236, "A10", _A, grace=False),
-    GpuModel(0x2330, "H100 SXM5", _H, grace=False),
-    GpuModel(0x2331, "H100 PCIe", _H, grace=False),
-    GpuModel(0x2321, "H100 NVL", _H, grace=False),
-    GpuModel(0x2335, "H200 SXM", _H, grace=False),
-    GpuModel(0x233B, "H200 NVL", _H, grace=False),
-    GpuModel(0x2342, "GH200 480GB", _H, grace=True),
-    GpuModel(0x2348, "GH200 144GB HBM3e", _H, grace=True),
-    GpuModel(0x2901, "B200", _B, grace=False),
-    GpuModel(0x2941, "GB200", _B, grace=True),
-    GpuModel(0x2B85, "GeForce RTX 5090", _B, grace=False),
-    GpuModel(0x3182, "B300 SXM6 AC", _B, grace=False),
-    GpuModel(0x31C2, "GB300", _B, grace=True),
-    GpuModel(0x31C3, "GB300", _B, grace=True),
+# Each row: device id, name, family, Grace tray, then the (first, last) NVIDIA driver
+# branch that drives it, last None while NVIDIA ships new branches for it. From the
+# "Hardware Supported" lists of NVIDIA's Data Center GPU driver release notes: Ampere from
+# R450 (A100) and R460 (A10), Hopper from R525 (H100) and R535 (H200, GH200), Blackwell
+# from R570 (B200, GB200, GeForce RTX 50), and B300 / GB300 only from R580, the branch AKS
+# runs them on (AgentBaker's GB image, aks-gpu's cuda-lts 580.159.04). R580 is the last
+# branch for Maxwell, Pascal and Volta (NVIDIA's CUDA 12.8 / R580 notices).
+_MODELS: tuple[tuple[int, str, Family, bool, int, int | None], ...] = (
+    (0x13F2, "Tesla M60", _M, False, 346, 580),
+    (0x15F7, "Tesla P100 PCIe 12GB", _P, False, 361, 580),
+    (0x15F8, "Tesla P100 PCIe 16GB", _P, False, 361, 580),
+    (0x15F9, "Tesla P100 SXM2 16GB", _P, False, 361, 580),
+    (0x1B38, "Tesla P40", _P, False, 367, 580),
+    (0x1BB3, "Tesla P4", _P, False, 367, 580),
+    (0x1D81, "TITAN V", _V, False, 387, 580),
+    (0x1DB1, "Tesla V100 SXM2 16GB", _V, False, 384, 580),
+    (0x1DB4, "Tesla V100 PCIe 16GB", _V, False, 384, 580),
+    (0x1DB5, "Tesla V100 SXM2 32GB", _V, False, 384, 580),
+    (0x1DB6, "Tesla V100 PCIe 32GB", _V, False, 384, 580),
+    (0x1DB8, "Tesla V100 SXM3 32GB", _V, False, 384, 580),
+    (0x1DF6, "Tesla V100S PCIe 32GB", _V, False, 384, 580),
+    (0x1EB8, "Tesla T4", _T, False, 410, None),
+    (0x20B0, "A100 SXM4 40GB", _A, False, 450, None),
+    (0x20B2, "A100 SXM4 80GB", _A, False, 450, None),
+    (0x2236, "A10", _A, False, 460, None),
+    (0x2330, "H100 SXM5", _H, False, 525, None),
+    (0x2331, "H100 PCIe", _H, False, 525, None),
+    (0x2321, "H100 NVL", _H, False, 525, None),
+    (0x2335, "H200 SXM", _H, False, 535, None),
+    (0x233B, "H200 NVL", _H, False, 535, None),
+    (0x2342, "GH200 480GB", _H, True, 535, None),
+    (0x2348, "GH200 144GB HBM3e", _H, True, 535, None),
+    (0x2901, "B200", _B, False, 570, None),
+    (0x2941, "GB200", _B, True, 570, None),
+    (0x2B85, "GeForce RTX 5090", _B, False, 570, None),
+    (0x3182, "B300 SXM6 AC", _B, False, 580, None),
+    (0x31C2, "GB300", _B, True, 580, None),
+    (0x31C3, "GB300", _B, True, 580, None),
 )
-
+GPU_MODELS: Mapping[int, GpuModel] = MappingProxyType({r[0]: GpuModel(*r[:4]) for r in _MODELS})
 SUPPORTED_BRANCHES: Mapping[int, tuple[int, int | None]] = MappingProxyType(
-    {
-        # device id -> (first, last) NVIDIA driver branch that drives it; last None while
-        # NVIDIA ships new branches for it. From the "Hardware Supported" lists of NVIDIA's
-        # Data Center GPU driver release notes: Ampere from R450 (A100) and R460 (A10),
-        # Hopper from R525 (H100) and R535 (H200, GH200), Blackwell from R570 (B200,
-        # GB200, GeForce RTX 50), and B300 / GB300 only from R580, the branch AKS runs
-        # them on (AgentBaker's GB image, aks-gpu's cuda-lts 580.159.04). R580 is the last
-        # branch for Maxwell, Pascal and Volta (NVIDIA's CUDA 12.8 / R580 notices).
-        0x13F2: (346, 580),
-        0x15F7: (361, 580),
-        0x15F8: (361, 580),
-        0x15F9: (361, 580),
-        0x1B38: (367, 580),
-        0x1BB3: (367, 580),
-        0x1D81: (387, 580),
-        0x1DB1: (384, 580),
-        0x1DB4: (384, 580),
-        0x1DB5: (384, 580),
-        0x1DB6: (384, 580),
-        0x1DB8: (384, 580),
-        0x1DF6: (384, 580),
-        0x1EB8: (410, None),
-        0x20B0: (450, None),
-        0x20B2: (450, None),
-        0x2236: (460, None),
-        0x2330: (525, None),
-        0x2331: (525, None),
-        0x2321: (525, None),
-        0x2335: (535, None),
-        0x233B: (535, None),
-        0x2342: (535, None),
-        0x2348: (535, None),
-        0x2901: (570, None),
-        0x2941: (570, None),
-        0x2B85: (570, None),
-        0x3182: (580, None),
-        0x31C2: (580, None),
-        0x31C3: (580, None),
-    }
+    {row[0]: row[4:] for row in _MODELS}
 )
 
 
@@ -184,22 +142,15 @@ NVSWITCH_MODELS: Mapping[int, str] = MappingProxyType(
 )
 
 
-def _class24(pci_class: int) -> int:
-    """Widen a 16-bit lspci class (0x0302) to the 24-bit sysfs form (0x030200)."""
-    return pci_class << 8 if pci_class <= 0xFFFF else pci_class
-
-
-def classify(vendor: int, device: int, pci_class: int) -> DeviceRole:
-    """Give a PCI function's role from vendor and class (24-bit sysfs or 16-bit lspci).
-
-    The device id is accepted for call-site symmetry but the class decides: an unknown
-    future GPU is still a GPU. The prog-if byte is ignored.
-    """
-    del device
+def classify(vendor: int, pci_class: int) -> DeviceRole:
+    """Give a PCI function's role from vendor and class (24-bit sysfs or 16-bit lspci):
+    the class decides, not the device id, so an unknown future GPU is still a GPU. The
+    prog-if byte is ignored."""
     if vendor != NVIDIA_VENDOR:
         return DeviceRole.OTHER
-    base = _class24(pci_class) & 0xFFFF00
-    if base in GPU_CLASSES:
+    # a 16-bit lspci class (0x0302) widened to the 24-bit sysfs form (0x030200)
+    base = (pci_class << 8 if pci_class <= 0xFFFF else pci_class) & 0xFFFF00
+    if base in _GPU_CLASSES:
         return DeviceRole.GPU
     if base == NVSWITCH_CLASS:
         return DeviceRole.NVSWITCH
@@ -208,10 +159,8 @@ def classify(vendor: int, device: int, pci_class: int) -> DeviceRole:
 
 def model_for(device_id: int) -> GpuModel:
     """Look up a GPU device id; unknown ids give family unknown and a name like "NVIDIA 0x1234"."""
-    known = GPU_MODELS.get(device_id)
-    if known is not None:
-        return known
-    return GpuModel(device_id, f"NVIDIA {device_id:#06x}", Family.UNKNOWN, grace=False)
+    unknown = GpuModel(device_id, f"NVIDIA {device_id:#06x}", Family.UNKNOWN, grace=False)
+    return GPU_MODELS.get(device_id, unknown)
 
 
 BLACKWELL_FIRST_DEVICE_ID = 0x2900

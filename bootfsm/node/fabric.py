@@ -17,16 +17,14 @@ from bootfsm.core.strenum import StrEnum
 from bootfsm.parsers.nvidia_smi import SmiGpu, SmiReport
 
 __all__ = [
-    "NO_FABRIC_STATES",
-    "ZERO_UUID",
     "FabricJudgement",
     "FabricVerdict",
     "fabric_gpus",
     "judge_fabric",
 ]
 
-NO_FABRIC_STATES = frozenset({"", "N/A", "Not Supported"})
-ZERO_UUID = "00000000-0000-0000-0000-000000000000"
+_NO_FABRIC_STATES = frozenset({"", "N/A", "Not Supported"})
+_ZERO_UUID = "00000000-0000-0000-0000-000000000000"
 
 
 class FabricVerdict(StrEnum):
@@ -80,7 +78,7 @@ def judge_fabric(report: SmiReport) -> FabricJudgement:
 def _judge_gpu(g: SmiGpu) -> tuple[FabricVerdict, str]:
     """One GPU's verdict, and what keeps it from ready ("" when nothing does)."""
     model = model_for(g.device_id) if g.device_id else None
-    if g.fabric_state in NO_FABRIC_STATES or (model is not None and not has_fabric_probe(model)):
+    if g.fabric_state in _NO_FABRIC_STATES or (model is not None and not has_fabric_probe(model)):
         return FabricVerdict.NONE, ""  # Ampere: Fabric is N/A by design, fabric manager or not
     if g.fabric_state != "Completed":
         return FabricVerdict.WAITING, f"{_name(g)}: {g.fabric_state}/{g.fabric_status or '?'}"
@@ -98,7 +96,7 @@ def _outside_nvlink_domain(g: SmiGpu) -> bool:
     """A Grace-Blackwell GPU with CliqueId 0 and an all-zero ClusterUUID."""
     model = model_for(g.device_id) if g.device_id else None
     grace_blackwell = model is not None and model.grace and blackwell_or_later(model.device_id)
-    return grace_blackwell and g.clique_id == "0" and g.cluster_uuid == ZERO_UUID
+    return grace_blackwell and g.clique_id == "0" and g.cluster_uuid == _ZERO_UUID
 
 
 def fabric_gpus(report: SmiReport) -> list[dict[str, Any]]:

@@ -94,17 +94,16 @@ def _pci(host: Host) -> tuple[list[PciGpu], list[str]]:
     switches: list[str] = []
     for dev in host.glob("/sys/bus/pci/devices/*"):
         bdf = dev.rsplit("/", 1)[-1]
-        texts = [host.read_text(f"{dev}/{f}") for f in ("vendor", "device", "class")]
-        if any(t is None for t in texts):
+        attrs = {f: host.read_text(f"{dev}/{f}") for f in ("vendor", "device", "class")}
+        if None in attrs.values():
             continue
         try:
             vendor, device, cls = (
-                parse_sysfs_hex(t or "", what=f"{dev}/{f}")
-                for t, f in zip(texts, ("vendor", "device", "class"), strict=True)
+                parse_sysfs_hex(t or "", what=f"{dev}/{f}") for f, t in attrs.items()
             )
         except ParseError:
             continue  # a garbled non-essential device must not stop the boot
-        role = classify(vendor, device, cls)
+        role = classify(vendor, cls)
         if role is DeviceRole.GPU:
             gpus.append(PciGpu(bdf, device, model_for(device)))
         elif role is DeviceRole.NVSWITCH:

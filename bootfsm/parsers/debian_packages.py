@@ -13,6 +13,7 @@ from bootfsm.parsers import ParseError
 __all__ = [
     "PackageEntry",
     "compare_debian_versions",
+    "deb822_paragraphs",
     "iter_entries",
     "parse_packages",
     "safe_filename",
@@ -121,34 +122,55 @@ def compare_debian_versions(a: str, b: str) -> int:
     return (result > 0) - (result < 0)
 
 
-def _stanzas(text: str, line1: int = 1, number: int = 1) -> Iterable[tuple[int, dict[str, str]]]:
-    """Yield (stanza number, lower-cased field -> value) for each paragraph; ``text``
-    starts at line ``line1`` of the index, with stanza ``number``."""
+_PACKAGES_ERRORS = {
+    "continuation": "Packages line {n}: continuation line before any field",
+    "field": "Packages line {n} (stanza {number}): not a field: {line!r}",
+    "twice": "Packages stanza {number}: field {name!r} appears twice",
+}
+
+
+def deb822_paragraphs(
+    text: str, errors: Mapping[str, str], line1: int = 1, number: int = 1, single: bool = False
+) -> Iterator[tuple[int, dict[str, str]]]:
+    """Yield (paragraph number, lower-cased field -> value, continuation lines joined) for
+    each deb822 paragraph; ``text`` starts at line ``line1``, with paragraph ``number``.
+    ``errors`` words each defect (a ``single`` reader also names "second" paragraphs)."""
     fields: dict[str, str] = {}
     last = ""
-    for lineno, line in enumerate(text.split("\n"), start=line1):
+    for n, line in enumerate(text.split("\n"), start=line1):
         line = line.removesuffix("\r")
         if not line.strip():
-            if fields:
+            if fields and not single:
                 yield number, fields
-                number += 1
-            fields, last = {}, ""
+                number, fields = number + 1, {}
+            last = ""
         elif line.startswith("#"):
             continue
         elif line[0] in " \t":
             if not last:
-                raise ParseError(f"Packages line {lineno}: continuation line before any field")
+                raise ParseError(errors["continuation"].format(n=n))
             fields[last] += "\n" + line.strip()
         else:
-            match = _FIELD.fullmatch(line)
-            if match is None:
-                raise ParseError(f"Packages line {lineno} (stanza {number}): not a field: {line!r}")
-            last = match[1].lower()
-            if last in fields:
-                raise ParseError(f"Packages stanza {number}: field {match[1]!r} appears twice")
-            fields[last] = match[2].strip()
+            last = _add_field(fields, last, line, n, number, errors)
     if fields:
         yield number, fields
+
+
+def _add_field(
+    fields: dict[str, str], last: str, line: str, n: int, number: int, errors: Mapping[str, str]
+) -> str:
+    """Add the ``Field: value`` line ``n`` to ``fields``; return the field's name."""
+    match = _FIELD.fullmatch(line)
+    if match is None:
+        short = line.rstrip()[:60]
+        raise ParseError(errors["field"].format(n=n, number=number, line=line, short=short))
+    if fields and not last:  # only a single-paragraph reader keeps fields across a blank line
+        raise ParseError(errors["second"].format(n=n))
+    name = match[1].lower()
+    if name in fields:
+        raise ParseError(errors["twice"].format(n=n, number=number, name=match[1]))
+    fields[name] = match[2].strip()
+    return name
 
 
 def _entry(number: int, fields: dict[str, str]) -> PackageEntry:
@@ -192,11 +214,7 @@ def iter_entries(text: str, names: Collection[str] | None = None) -> Iterator[Pa
     a ``Package`` field is always parsed, so garbage (a page that is not an index) still
     fails with ParseError, as do the wanted stanzas' own defects.
     """
-    line, number, pos = 1, 1, 0
-    lead = re.match(r"(?:[ \t\r]*\n)+", text)
-    if lead:
-        line, pos = 1 + lead.group().count("\n"), lead.end()
-    end = len(text)
+    line, number, pos, end = 1, 1, 0, len(text)
     while pos < end:
         sep = _SEPARATOR.search(text, pos)
         stop = sep.start() if sep else end
@@ -204,7 +222,7 @@ def iter_entries(text: str, names: Collection[str] | None = None) -> Iterator[Pa
         if found is not None and names is not None and found[1] not in names:
             number += 1  # a stanza of another package: counted, not read
         else:
-            for n, fields in _stanzas(text[pos:stop], line, number):
+            for n, fields in deb822_paragraphs(text[pos:stop], _PACKAGES_ERRORS, line, number):
                 number = n + 1
                 yield _entry(n, fields)
         if sep is None:
@@ -254,9 +272,5 @@ def select_package(
     ]
     if not matches:
         return None
-    return max(matches, key=cmp_to_key(_compare_entries))
-
-
-def _compare_entries(a: PackageEntry, b: PackageEntry) -> int:
-    """Order entries by Debian version."""
-    return compare_debian_versions(a.version, b.version)
+    by_version = cmp_to_key(compare_debian_versions)
+    return max(matches, key=lambda e: by_version(e.version))

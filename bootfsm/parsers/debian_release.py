@@ -23,6 +23,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 
 from bootfsm.parsers import ParseError
+from bootfsm.parsers.debian_packages import deb822_paragraphs
 
 __all__ = [
     "GpgvStatus",
@@ -36,9 +37,14 @@ __all__ = [
 _BEGIN = "-----BEGIN PGP SIGNED MESSAGE-----"
 _SIG_BEGIN = "-----BEGIN PGP SIGNATURE-----"
 _SIG_END = "-----END PGP SIGNATURE-----"
-_FIELD = re.compile(r"([^\s:#-][^\s:]*):(.*)")
 _HASH_LINE = re.compile(r"([0-9a-fA-F]{64})\s+([0-9]{1,20})\s+(\S+)")
 _ARMOR_HEADER = re.compile(r"[A-Za-z]+: .*")
+_RELEASE_ERRORS = {
+    "continuation": "line {n}: continuation line without a field",
+    "field": "line {n}: not a 'Field: value' line: {short!r}",
+    "twice": "line {n}: field {name} appears twice",
+    "second": "line {n}: a second paragraph (Release has one)",
+}
 
 
 @dataclass(frozen=True)
@@ -120,7 +126,7 @@ def parse_release(text: str) -> Release:
     """Parse a Release file (the signed text of InRelease, or Release itself)."""
     if "\x00" in text:
         raise ParseError("Release contains a NUL byte")
-    fields = _paragraph(text)
+    _, fields = next(deb822_paragraphs(text, _RELEASE_ERRORS, single=True), (1, {}))
     if not fields:
         raise ParseError("Release is empty")
     sums: dict[str, ReleaseFile] = {}
@@ -136,31 +142,6 @@ def parse_release(text: str) -> Release:
     date = _date("Date", fields["date"]) if "date" in fields else None
     until = _date("Valid-Until", fields["valid-until"]) if "valid-until" in fields else None
     return Release(date, until, sums, fields)
-
-
-def _paragraph(text: str) -> dict[str, str]:
-    """The one deb822 paragraph's fields by lower-cased name, continuation lines joined."""
-    fields: dict[str, str] = {}
-    current: str | None = None  # the field a continuation line continues
-    for n, raw in enumerate(text.replace("\r\n", "\n").split("\n"), start=1):
-        line = raw.rstrip()
-        if not line:
-            current = None
-        elif raw[:1] in (" ", "\t"):
-            if current is None:
-                raise ParseError(f"line {n}: continuation line without a field")
-            fields[current] += "\n" + line.strip()
-        elif not line.startswith("#"):
-            m = _FIELD.fullmatch(line)
-            if m is None:
-                raise ParseError(f"line {n}: not a 'Field: value' line: {line[:60]!r}")
-            if current is None and fields:
-                raise ParseError(f"line {n}: a second paragraph (Release has one)")
-            current = m[1].lower()
-            if current in fields:
-                raise ParseError(f"line {n}: field {m[1]} appears twice")
-            fields[current] = m[2].strip()
-    return fields
 
 
 @dataclass(frozen=True)

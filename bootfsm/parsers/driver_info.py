@@ -76,15 +76,8 @@ def parse_dkms_status(text: str) -> list[DkmsEntry]:
         match = _DKMS.fullmatch(line)
         if match is None:
             raise ParseError(f"dkms status line {lineno}: unrecognised: {line[:120]!r}")
-        entries.append(
-            DkmsEntry(
-                module=match["module"],
-                version=match["version"],
-                kernel=match["kernel"] or "",
-                arch=match["arch"] or "",
-                status=match["status"],
-            )
-        )
+        module, version, kernel, arch, status = match.groups("")
+        entries.append(DkmsEntry(module, version, kernel, arch, status))
     return entries
 
 

@@ -17,14 +17,15 @@ from typing import Any
 
 from bootfsm.parsers import ParseError
 
-__all__ = ["SKIP_TAG", "parse_imds_tags", "skip_gpu_install", "tag_value"]
+__all__ = ["SKIP_TAG", "imds_compute", "parse_imds_tags", "skip_gpu_install", "tag_value"]
 
 SKIP_TAG = "SkipGpuDriverInstall"
 _SKIP_NAME = re.compile(SKIP_TAG, re.IGNORECASE)
 _TRUE = re.compile("true", re.IGNORECASE)
 
 
-def _compute(text: str) -> dict[str, Any]:
+def imds_compute(text: str) -> dict[str, Any]:
+    """The ``compute`` object of an IMDS instance document (or the bare compute document)."""
     try:
         doc = json.loads(text)
     except (ValueError, RecursionError) as exc:
@@ -45,7 +46,7 @@ def parse_imds_tags(text: str) -> list[tuple[str, str]]:
     (a tag without ``:`` has an empty value). No tags at all gives ``[]``. ParseError on
     a document that is not JSON or whose tags have the wrong types.
     """
-    compute = _compute(text)
+    compute = imds_compute(text)
     tags_list = compute.get("tagsList")
     if tags_list is not None:
         if not isinstance(tags_list, list):
@@ -76,9 +77,7 @@ def skip_gpu_install(tags: list[tuple[str, str]]) -> str | None:
     value contains ``true`` (case-insensitive), as AgentBaker decides it."""
     for name, value in tags:
         if _SKIP_NAME.search(name):
-            if _TRUE.search(value):
-                return f"VM tag {name}={value}"
-            return None
+            return f"VM tag {name}={value}" if _TRUE.search(value) else None
     return None
 
 

@@ -94,10 +94,7 @@ _FAILURE_MESSAGES: tuple[tuple[str, SmiFailure], ...] = (
 
 def classify_smi_failure(text: str) -> SmiFailure | None:
     """Name the failure nvidia-smi printed (first match in the order above), or None."""
-    for message, failure in _FAILURE_MESSAGES:
-        if message in text:
-            return failure
-    return None
+    return next((failure for message, failure in _FAILURE_MESSAGES if message in text), None)
 
 
 def inforom_warnings(text: str) -> tuple[str, ...]:
@@ -123,12 +120,9 @@ def device_id_of(value: str) -> int:
 
 
 def wrong_module_type(smi_output: str, pci_device_ids: list[int], proc_version: str) -> str | None:
-    """Why `No devices were found` means the wrong kernel module, or None when it does not.
-
-    True when nvidia-smi found no devices, the PCI bus has a Blackwell-or-later GPU
-    (device id >= 0x2900) and /proc/driver/nvidia/version names the proprietary module.
-    Pure: the caller reads the inputs (the driver state's post-load check can use it too).
-    """
+    """Why `No devices were found` means the wrong kernel module (a Blackwell-or-later GPU,
+    device id >= 0x2900, on the PCI bus and /proc/driver/nvidia/version naming the
+    proprietary module), or None when it does not. Pure: the caller reads the inputs."""
     if classify_smi_failure(smi_output) is not SmiFailure.NO_DEVICES:
         return None
     newer = sorted({d for d in pci_device_ids if blackwell_or_later(d)})

@@ -106,12 +106,10 @@ def parse_lgip(text: str) -> list[GiProfile]:
     """The profiles `nvidia-smi mig -lgip` lists, in its order (every GPU's)."""
     body = _body(text, "-lgip", "GPU instance profiles:", None)
     out: list[GiProfile] = []
-    expect_second = False
-    for line in body:
-        if expect_second:
+    for i, line in enumerate(body):
+        if i % 2:  # a profile's second line (CE/JPEG/OFA)
             if _LGIP_SECOND.fullmatch(line) is None:
                 raise _bad("-lgip", line)
-            expect_second = False
             continue
         m = _LGIP_ROW.fullmatch(line)
         if m is None:
@@ -120,8 +118,7 @@ def parse_lgip(text: str) -> list[GiProfile]:
         if free > total:
             raise ParseError(f"nvidia-smi mig -lgip: {free}/{total} free of total in {line!r}")
         out.append(GiProfile(int(m[1]), m[2], int(m[3]), free, total, float(m[6])))
-        expect_second = True
-    if expect_second:
+    if len(body) % 2:
         raise ParseError("nvidia-smi mig -lgip: a profile row without its second line")
     return out
 

@@ -45,14 +45,10 @@ def _root(text: str) -> ET.Element:
     body = text
     if known is not None:
         body = text[: known.start()] + " " * (known.end() - known.start()) + text[known.end() :]
-    decl = _MARKUP_DECL.search(body)
-    if decl is not None:
-        snippet = body[decl.start() : decl.start() + 40]
-        raise ParseError(f"nvidia-smi -q -x: refusing markup declaration {snippet!r}")
-    pi = _PI.search(body)
-    if pi is not None:
-        snippet = body[pi.start() : pi.start() + 40]
-        raise ParseError(f"nvidia-smi -q -x: refusing processing instruction {snippet!r}")
+    for refused, what in ((_MARKUP_DECL, "markup declaration"), (_PI, "processing instruction")):
+        if (found := refused.search(body)) is not None:
+            snippet = body[found.start() : found.start() + 40]
+            raise ParseError(f"nvidia-smi -q -x: refusing {what} {snippet!r}")
     try:
         root = ET.fromstring(body)  # noqa: S314 - DTDs/entities refused above
     except ET.ParseError as exc:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import re
 
 from bootfsm.parsers import ParseError
+from bootfsm.parsers.imds_tags import imds_compute
 
 __all__ = ["parse_imds_vm_size"]
 
@@ -18,16 +18,7 @@ def parse_imds_vm_size(text: str) -> str:
 
     The bare `/metadata/instance/compute` document (vmSize at top level) is accepted too.
     """
-    try:
-        doc = json.loads(text)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
-        raise ParseError(f"IMDS document: not valid JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise ParseError(f"IMDS document: top level must be an object, got {type(doc).__name__}")
-    compute = doc.get("compute", doc)
-    if not isinstance(compute, dict):
-        raise ParseError(f"IMDS document: 'compute' must be an object, got {compute!r:.80}")
-    size = compute.get("vmSize")
+    size = imds_compute(text).get("vmSize")
     if not isinstance(size, str) or not _VM_SIZE.fullmatch(size):
         raise ParseError(f"IMDS document: compute.vmSize is missing or malformed: {size!r:.80}")
     return size.lower()
