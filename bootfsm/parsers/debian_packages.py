@@ -91,7 +91,6 @@ def _order(c: str) -> int:
 
 
 def _digits_cmp(a: str, b: str) -> int:
-    """Compare two runs of ASCII digits by numeric value without converting them."""
     a, b = a.lstrip("0"), b.lstrip("0")
     if len(a) != len(b):
         return len(a) - len(b)
@@ -99,7 +98,7 @@ def _digits_cmp(a: str, b: str) -> int:
 
 
 def _text_cmp(a: str, b: str) -> int:
-    """Compare two non-digit runs character by character by weight (the end weighs 0)."""
+    """Compare two non-digit runs by per-character weight (the end weighs 0)."""
     pairs = zip_longest(map(_order, a), map(_order, b), fillvalue=0)
     return next((x - y for x, y in pairs if x != y), 0)
 
@@ -132,9 +131,8 @@ _PACKAGES_ERRORS = {
 def deb822_paragraphs(
     text: str, errors: Mapping[str, str], line1: int = 1, number: int = 1, single: bool = False
 ) -> Iterator[tuple[int, dict[str, str]]]:
-    """Yield (paragraph number, lower-cased field -> value, continuation lines joined) for
-    each deb822 paragraph; ``text`` starts at line ``line1``, with paragraph ``number``.
-    ``errors`` words each defect (a ``single`` reader also names "second" paragraphs)."""
+    """Yield (paragraph number, lower-cased field -> joined value) per deb822 paragraph.
+    ``errors`` words each ParseError; a ``single`` reader refuses a second paragraph."""
     fields: dict[str, str] = {}
     last = ""
     for n, line in enumerate(text.split("\n"), start=line1):
@@ -174,7 +172,6 @@ def _add_field(
 
 
 def _entry(number: int, fields: dict[str, str]) -> PackageEntry:
-    """Validate one stanza and build its entry."""
     missing = [name for name in _REQUIRED if not fields.get(name)]
     if missing:
         raise ParseError(f"Packages stanza {number}: missing {', '.join(missing)}")
@@ -205,15 +202,8 @@ _PACKAGE_LINE = re.compile(r"^package:[ \t]*([^\s]+)", re.IGNORECASE | re.MULTIL
 
 
 def iter_entries(text: str, names: Collection[str] | None = None) -> Iterator[PackageEntry]:
-    """The entries of a `Packages` index, one paragraph at a time; with ``names``, only
-    the stanzas of those packages are read (and validated) at all.
-
-    A real CUDA repository's index has tens of thousands of stanzas of which a node
-    needs a handful: each paragraph is found by its separator and its ``Package`` line
-    (C-speed searches), and only a wanted one is split into fields. A paragraph without
-    a ``Package`` field is always parsed, so garbage (a page that is not an index) still
-    fails with ParseError, as do the wanted stanzas' own defects.
-    """
+    """Yield the entries of a `Packages` index; with ``names``, only those stanzas are parsed.
+    A paragraph without a ``Package`` line is always parsed: a non-index still fails."""
     line, number, pos, end = 1, 1, 0, len(text)
     while pos < end:
         sep = _SEPARATOR.search(text, pos)
@@ -239,8 +229,7 @@ def parse_packages(text: str) -> list[PackageEntry]:
 def select_packages(
     text: str, wants: Mapping[str, tuple[Sequence[str], str, str | None]]
 ) -> dict[str, PackageEntry | None]:
-    """Every want of one index in one pass: ``key -> (names, version, arch)`` gives
-    ``key -> select_package(...)`` of the entries of those names (None: not listed)."""
+    """One pass over an index: ``key -> (names, version, arch)`` gives ``key -> select_package``."""
     names = {n for ns, _, _ in wants.values() for n in ([ns] if isinstance(ns, str) else ns)}
     entries = list(iter_entries(text, names))
     return {k: select_package(entries, ns, ver, arch) for k, (ns, ver, arch) in wants.items()}
@@ -258,10 +247,7 @@ def select_package(
     version: str,
     arch: str | None = None,
 ) -> PackageEntry | None:
-    """Pick the highest-versioned entry named in `names` whose version is `version[-revision]`.
-
-    With `arch`, only that architecture or "all" qualifies. None when nothing matches.
-    """
+    """The highest-versioned entry in `names` at `version[-revision]` (`arch` or "all"), or None."""
     wanted = {names} if isinstance(names, str) else set(names)  # a bare str is not a list
     matches = [
         e

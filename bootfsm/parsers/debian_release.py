@@ -1,17 +1,7 @@
-"""Parse an apt repository's ``InRelease`` / ``Release`` file and gpgv's status output.
+"""Parse an apt ``InRelease`` / ``Release`` file and ``gpgv --status-fd`` output.
 
-Pure functions (text in, typed value out, ``ParseError`` on garbage):
-
-* ``clearsigned_body``: the signed text of an OpenPGP clear-signed message (RFC 4880
-  section 7) the way apt splits ``InRelease``: exactly one signed message, nothing but
-  blank lines before or after it, dash-escaping undone. Text outside the signed part
-  is refused, never ignored (a mirror could otherwise append unsigned fields).
-* ``parse_release``: a Release file (one deb822 paragraph): ``Date``, ``Valid-Until``
-  (RFC 2822 dates, as apt's ``RFC1123StrToTime`` reads them) and the ``SHA256`` list
-  (`` <sha256> <size> <path>`` lines).
-* ``parse_gpgv_status``: the ``[GNUPG:]`` lines ``gpgv --status-fd`` writes (gnupg's
-  doc/DETAILS, "Format of the status codes"): which keys made a good signature, and
-  every reason not to trust one.
+Text outside the one clear-signed message (RFC 4880 section 7) is refused, never ignored:
+a mirror could otherwise append unsigned fields. Status lines follow gnupg's doc/DETAILS.
 """
 
 from __future__ import annotations
@@ -66,7 +56,7 @@ class Release:
 
 
 def clearsigned_body(text: str) -> str:
-    """The signed text of a clear-signed message; ParseError when it is not exactly one."""
+    """The signed text, dash-escaping undone; ParseError unless exactly one signed message."""
     lines = text.replace("\r\n", "\n").split("\n")
     marks = [ln.rstrip() for ln in lines]  # what the armor lines are compared as
     start = _armor_headers_end(marks) + 1
@@ -99,7 +89,7 @@ def _armor_headers_end(marks: list[str]) -> int:
 
 
 def _index(lines: list[str], wanted: str, start: int) -> int:
-    """Where ``wanted`` is first at or after ``start``; len(lines) when nowhere."""
+    """First index of ``wanted`` at or after ``start``; len(lines) when nowhere."""
     return next((i for i in range(start, len(lines)) if lines[i] == wanted), len(lines))
 
 
@@ -123,7 +113,7 @@ def _date(name: str, value: str) -> dt.datetime:
 
 
 def parse_release(text: str) -> Release:
-    """Parse a Release file (the signed text of InRelease, or Release itself)."""
+    """Parse a Release file (one deb822 paragraph); dates are RFC 2822, returned in UTC."""
     if "\x00" in text:
         raise ParseError("Release contains a NUL byte")
     _, fields = next(deb822_paragraphs(text, _RELEASE_ERRORS, single=True), (1, {}))
@@ -156,8 +146,8 @@ class GpgvStatus:
 
     @property
     def trusted(self) -> bool:
-        """A good, valid, strong signature and nothing bad: what apt accepts. A missing key
-        beside a good signature is fine (a repository signed by an old and a new key)."""
+        """A good, valid, strong signature and no problem: what apt accepts."""
+        # a NO_PUBKEY beside a good signature is fine: a repository signed by an old and a new key
         return bool(self.valid and self.good) and not self.problems and not self.weak
 
 

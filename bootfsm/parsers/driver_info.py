@@ -105,9 +105,7 @@ _PARAM = re.compile(r'(?P<key>[A-Za-z][A-Za-z0-9]*): (?P<value>"[^"\n]*"|[0-9]+)
 
 
 def parse_nvidia_params(text: str) -> dict[str, str]:
-    """/proc/driver/nvidia/params (``Key: 123`` and ``Key: "text"`` lines, as the loaded
-    module prints its NVreg_ parameters) -> key -> value, quotes removed.
-    ParseError when a non-empty line is of neither form."""
+    """/proc/driver/nvidia/params (``Key: 123`` / ``Key: "text"``) -> key -> unquoted value."""
     out: dict[str, str] = {}
     for line in text.splitlines():
         if not line.strip():

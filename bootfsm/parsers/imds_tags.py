@@ -1,12 +1,7 @@
-"""Parse the VM's tags out of an Azure IMDS instance (or compute) document, and decide
-the ``SkipGpuDriverInstall`` switch the way AgentBaker's CSE does.
+"""Parse the VM's tags from an Azure IMDS document; decide ``SkipGpuDriverInstall``.
 
-IMDS carries the tags twice: ``compute.tags``, one string ``"name1:value1;name2:value2"``
-(every api-version), and ``compute.tagsList``, a list of ``{"name", "value"}`` objects
-(api-version 2019-06-04 and later). AgentBaker's ``should_skip_nvidia_drivers``
-(parts/linux/cloud-init/artifacts/cse_helpers.sh) reads ``tagsList`` with jq: the first
-tag whose name matches ``SkipGpuDriverInstall`` case-insensitively (a regex ``test``, so
-a substring), and skip when its value matches ``true`` case-insensitively.
+The decision matches AgentBaker's ``should_skip_nvidia_drivers`` (cse_helpers.sh, a jq
+regex ``test``): name and value are case-insensitive substring matches.
 """
 
 from __future__ import annotations
@@ -39,13 +34,8 @@ def imds_compute(text: str) -> dict[str, Any]:
 
 
 def parse_imds_tags(text: str) -> list[tuple[str, str]]:
-    """The VM's tags as (name, value) pairs, in document order.
-
-    ``compute.tagsList`` wins when present (names and values exactly as IMDS gives
-    them); otherwise ``compute.tags`` is split on ``;`` and each tag on its first ``:``
-    (a tag without ``:`` has an empty value). No tags at all gives ``[]``. ParseError on
-    a document that is not JSON or whose tags have the wrong types.
-    """
+    """The VM's tags as (name, value) pairs in document order; [] when there are none.
+    ``compute.tagsList`` (api-version 2019-06-04+) wins over ``compute.tags`` ("n:v;n:v")."""
     compute = imds_compute(text)
     tags_list = compute.get("tagsList")
     if tags_list is not None:
@@ -72,9 +62,7 @@ def parse_imds_tags(text: str) -> list[tuple[str, str]]:
 
 
 def skip_gpu_install(tags: list[tuple[str, str]]) -> str | None:
-    """The reason to skip the GPU driver install, or None: the first tag whose name
-    matches ``SkipGpuDriverInstall`` (case-insensitive, anywhere in the name) and whose
-    value contains ``true`` (case-insensitive), as AgentBaker decides it."""
+    """The reason to skip the GPU install, or None; only the first matching tag counts."""
     for name, value in tags:
         if _SKIP_NAME.search(name):
             return f"VM tag {name}={value}" if _TRUE.search(value) else None
@@ -82,8 +70,7 @@ def skip_gpu_install(tags: list[tuple[str, str]]) -> str | None:
 
 
 def tag_value(tags: list[tuple[str, str]], name: str) -> tuple[str, str] | None:
-    """(name as tagged, value) of the first tag named ``name`` (whole name, any case), or
-    None; a tag with an empty value counts as absent."""
+    """(name as tagged, value) of the first non-empty tag named ``name`` (any case), or None."""
     for tag, value in tags:
         if tag.casefold() == name.casefold() and value.strip():
             return tag, value.strip()

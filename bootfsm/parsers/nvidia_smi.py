@@ -1,11 +1,7 @@
-"""nvidia-smi's report types and its plain output: the failure classifier.
+"""nvidia-smi's report types, and the classifier of its plain output.
 
-bootfsm reads one report, the structured `nvidia-smi -q -x`
-(:mod:`bootfsm.parsers.nvidia_smi_xml`, giving :class:`SmiReport`). The plain output is
-only classified (:func:`classify_smi_failure`, :func:`inforom_warnings`). Real captures
-that exist only as `-q` text (460-570 layouts) are read by the test helper
-tests/smi_text.py into the same :class:`SmiReport`, so the judgements are checked on
-them too.
+The report is read only from `nvidia-smi -q -x` (:mod:`bootfsm.parsers.nvidia_smi_xml`);
+plain output is classified, never parsed.
 """
 
 from __future__ import annotations
@@ -35,11 +31,7 @@ _PCI_DEVICE_ID = re.compile(r"(?:0x)?([0-9A-Fa-f]{4})10DE", re.IGNORECASE)
 
 @dataclass(frozen=True)
 class SmiGpu:
-    """One GPU; fabric values are as printed, "" when the Fabric block (or a line) is absent.
-
-    ``device_id`` is the PCI device id (0x2330 from "Device Id : 0x233010DE"), 0 when
-    the report does not give it.
-    """
+    """One GPU; values as printed, "" when absent; ``device_id`` is the PCI id, 0 if absent."""
 
     bus_id: str
     product_name: str
@@ -98,18 +90,14 @@ def classify_smi_failure(text: str) -> SmiFailure | None:
 
 
 def inforom_warnings(text: str) -> tuple[str, ...]:
-    """The bus ids of every ``WARNING: infoROM is corrupted at gpu <bus id>`` line, in
-    order (plain `nvidia-smi` prints it after its table and exits 14: samples
-    nvidia-smi/nvml_error_excerpts.txt [E] and
-    azhpc-diagnostics/table_8xV100_inforom-warning_460.32.03.txt)."""
+    """The bus ids of every ``WARNING: infoROM is corrupted at gpu <bus id>`` line, in order."""
+    # plain nvidia-smi prints it after its table and exits 14 (nvml_error_excerpts.txt [E])
     found = (_INFOROM_WARNING.fullmatch(line.rstrip()) for line in text.splitlines())
     return tuple(m[1].strip() for m in found if m is not None)
 
 
 def licensed(status: str) -> bool:
-    """A License Status that says the vGPU licence is acquired: ``Licensed``, with or
-    without ``(Expiry: ...)`` (NVIDIA's vGPU licensing guides; gpu-operator #220 shows the
-    4-space block of a guest that has none: ``License Status : Unlicensed``)."""
+    """True for ``Licensed``, with or without ``(Expiry: ...)``; ``Unlicensed...`` is False."""
     return status == "Licensed" or status.startswith("Licensed (")
 
 
@@ -120,9 +108,8 @@ def device_id_of(value: str) -> int:
 
 
 def wrong_module_type(smi_output: str, pci_device_ids: list[int], proc_version: str) -> str | None:
-    """Why `No devices were found` means the wrong kernel module (a Blackwell-or-later GPU,
-    device id >= 0x2900, on the PCI bus and /proc/driver/nvidia/version naming the
-    proprietary module), or None when it does not. Pure: the caller reads the inputs."""
+    """Why `No devices were found` means the proprietary module on a Blackwell-or-later GPU
+    (device id >= 0x2900), or None. Pure: the caller reads the inputs."""
     if classify_smi_failure(smi_output) is not SmiFailure.NO_DEVICES:
         return None
     newer = sorted({d for d in pci_device_ids if blackwell_or_later(d)})

@@ -1,12 +1,7 @@
-"""Parse `nvidia-smi mig -lgip`, `-lgi` and `-lci` tables (pure: text in, rows out).
+"""Parse `nvidia-smi mig -lgip`, `-lgi` and `-lci` tables into rows (drivers 510-580).
 
-Layouts as real captures print them (NVIDIA's MIG user guide and public captures of
-510-580 drivers, A100 40GB and H100 80GB): a box of ``+---+`` rules, a title line
-("GPU instance profiles:", "GPU instances:", "Compute instances:"), one or two header
-lines, a ``|===|`` rule, then one row per profile / instance (``-lgip`` rows take two
-lines, the second with CE/JPEG/OFA). Without any, the tool prints one line instead:
-``No GPU instances found: Not Found`` / ``No compute instances found: Not Found``,
-which read as no rows. Anything else is a ParseError naming the line.
+The "No ... instances found: Not Found" line reads as no rows; any line that fits no
+known layout is a ParseError naming it.
 """
 
 from __future__ import annotations
@@ -86,7 +81,7 @@ def _body(text: str, what: str, title: str, none: str | None) -> list[str]:
 
 
 def _header_rule(lines: list[str], what: str, title: str) -> int:
-    """Where the ``|===|`` rule is that ends the title line and the header lines."""
+    """Index of the ``|===|`` rule under the title and header lines."""
     if len(lines) < 4 or not lines[1].startswith("|") or title not in lines[1]:
         raise ParseError(f"nvidia-smi mig {what}: no {title!r} table: {lines[0][:80]!r}")
     rule = next((i for i, ln in enumerate(lines) if ln.startswith("|===")), None)
@@ -136,8 +131,7 @@ def parse_lgi(text: str) -> list[GpuInstance]:
 
 
 def parse_lci(text: str) -> list[ComputeInstance]:
-    """The compute instances `nvidia-smi mig -lci` lists; [] for "No compute instances
-    found"."""
+    """The compute instances `nvidia-smi mig -lci` lists; [] for "No compute instances"."""
     body = _body(text, "-lci", "Compute instances:", "No compute instances found: Not Found")
     out: list[ComputeInstance] = []
     for line in body:

@@ -1,20 +1,7 @@
 """Parse `nvidia-smi -q -x`: the structured report verify judges the node by.
 
-The XML is read with the standard library (``xml.etree.ElementTree`` over expat), after
-a check on the raw text: every real capture starts with
-``<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_vNN.dtd">`` (an external DTD that expat
-never fetches), so exactly that form is accepted, and any other DOCTYPE, any internal
-DTD subset, any ``<!ENTITY`` declaration and any processing instruction other than the
-XML declaration is refused before a parser sees the text. With no DTD there is nothing to
-expand (no entity bombs, no external entities), so defusedxml would add a dependency to
-a tool that runs as root on every node without closing anything this check leaves open;
-it is not used.
-
-Elements read (names as in the 570-595 captures): ``driver_version`` (or
-``kmd_version``, the name a 615 capture's comment announces as its replacement),
-``cuda_version``, ``attached_gpus``, and per ``<gpu id=BUS>``: ``product_name``,
-``pci/pci_device_id``, ``fabric/{state,status,cliqueId,clusterUuid,health/summary}``,
-``mig_mode/{current_mig,pending_mig}``.
+Only the known external ``nvsmi_device_vNN.dtd`` DOCTYPE passes; any other DTD, entity
+or processing instruction is refused before expat sees the text (so no defusedxml).
 An absent element reads as "" (older drivers have no ``fabric``).
 """
 
@@ -39,8 +26,7 @@ _BUS_ID = re.compile(r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]")
 
 
 def _root(text: str) -> ET.Element:
-    """The ``<nvidia_smi_log>`` element of ``text``, parsed only after refusing DTDs other
-    than the known external one (which is blanked out), entities and stray PIs."""
+    """The ``<nvidia_smi_log>`` root; the known DOCTYPE is blanked, other markup refused."""
     known = _DOCTYPE.search(text)
     body = text
     if known is not None:
@@ -65,12 +51,10 @@ def _text(node: ET.Element | None, path: str) -> str:
 
 def parse_smi_xml(text: str) -> SmiReport:
     """Parse `nvidia-smi -q -x`; ParseError on refused markup, bad XML or missing pieces.
-
-    infoROM corruption warnings printed around the XML are taken out and reported in
-    ``inforom_corrupted``.
-    """
+    infoROM warnings printed around the XML land in ``inforom_corrupted``."""
     warnings = tuple(m[1] for m in _INFOROM_WARNING.finditer(text))
     root = _root(_INFOROM_WARNING.sub("", text).strip())
+    # kmd_version: the name a 615 capture's comment announces as driver_version's successor
     driver = _text(root, "driver_version") or _text(root, "kmd_version")
     if not driver:
         raise ParseError("nvidia-smi -q -x: no <driver_version> (or <kmd_version>)")

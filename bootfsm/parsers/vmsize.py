@@ -14,10 +14,7 @@ _VM_SIZE = re.compile(r"[A-Za-z0-9_-]{1,100}")
 
 
 def parse_imds_vm_size(text: str) -> str:
-    """Return the lower-cased `compute.vmSize` of an IMDS `/metadata/instance` document.
-
-    The bare `/metadata/instance/compute` document (vmSize at top level) is accepted too.
-    """
+    """The lower-cased `compute.vmSize` of an IMDS instance (or bare compute) document."""
     size = imds_compute(text).get("vmSize")
     if not isinstance(size, str) or not _VM_SIZE.fullmatch(size):
         raise ParseError(f"IMDS document: compute.vmSize is missing or malformed: {size!r:.80}")
