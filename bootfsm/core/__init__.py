@@ -1,3 +1,1 @@
-"""Ground floor: the exit-code table, errors, the config spec, redaction, deadlines,
-architecture names and the hardware knowledge table. Imports nothing above it.
-"""
+"""Ground floor: codes, errors, config spec, hardware knowledge; imports nothing above it."""

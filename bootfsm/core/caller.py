@@ -1,16 +1,7 @@
-"""The provisioning hook's caller: what AKS's provisioning script chose for this VM size.
+"""The provisioning hook's caller: what AKS's CSE chose for this VM size, as overrides.
 
-AgentBaker's CSE decides per VM size which driver a node gets and exports it to the
-commands it runs (cse_cmd.sh sets ``GPU_NODE``, ``GPU_DRIVER_VERSION``,
-``GPU_DRIVER_TYPE``, ``GPU_NEEDS_FABRIC_MANAGER``, ``MIG_NODE`` and
-``GPU_INSTANCE_PROFILE``; cse_helpers.sh exports ``GPU_DV`` and
-``NVIDIA_GPU_DRIVER_TYPE`` from the two driver ones; aks-node-controller/pkg/gpu and
-karpenter-provider-azure's pkg/utils/gpu.go give the values: driver types ``cuda``,
-``cuda-lts``, ``grid``, ``grid-v20``). ``bootfsm run --hook`` reads them here as
-overrides of the config, each with its source, and writes them as a config drop-in so
-that later runs (the unit at the next boot) keep the caller's choices.
-
-Pure: environment in, overrides out; ``ConfigError`` names the variable of a bad value.
+Pure: CSE's environment (``GPU_DV``, ``MIG_NODE``...) in, config overrides with their
+source out, kept in a drop-in for later runs; ``ConfigError`` names a bad variable.
 """
 
 from __future__ import annotations
@@ -117,11 +108,8 @@ def _mig_profile(env: Mapping[str, str]) -> Override | None:
 
 
 def hook_overrides(cfg: Config, env: Mapping[str, str]) -> list[Override]:
-    """Everything `bootfsm run --hook` changes in ``cfg``: the caller's choices from its
-    environment, and what the hook's place in the provisioning script needs (kubelet is
-    the caller's: ``ensureKubelet`` configures and starts it after the GPU step; a MIG
-    mode that needs a reboot is the caller's reboot; journals and events where AKS
-    collects them, unless the config already chose other places)."""
+    """Everything `bootfsm run --hook` changes in ``cfg``: the caller's environment, and
+    what running inside CSE needs (kubelet and reboots are CSE's; journals where AKS collects)."""
     found = [
         _flag_override(env, "GPU_NODE", "detect.gpu_node", ("no", "yes")),
         _flag_override(env, "GPU_NEEDS_FABRIC_MANAGER", "detect.fabric_manager", ("no", "yes")),
@@ -131,6 +119,7 @@ def hook_overrides(cfg: Config, env: Mapping[str, str]) -> list[Override]:
         _mig_profile(env),
     ]
     out = [o for o in found if o is not None]
+    # CSE's ensureKubelet configures and starts kubelet after the GPU step
     out.append(Override("join.start_kubelet", False, "--hook", persist=False))
     out.append(Override("mig.on_pending", "reboot", "--hook", persist=False))
     if cfg.run.log_dir == DEFAULTS.run.log_dir:
@@ -141,10 +130,8 @@ def hook_overrides(cfg: Config, env: Mapping[str, str]) -> list[Override]:
 
 
 def apply(cfg: Config, overrides: Sequence[Override]) -> tuple[Config, list[Override]]:
-    """``cfg`` with ``overrides`` set, validated as a config file would be, and every
-    override in effect: those given plus, when the caller chose another driver than the
-    configured one, the plain ``runfile_sha256*`` keys emptied (they pin the configured
-    driver's runfile, not the caller's: only a ``runfile_pins`` entry verifies that)."""
+    """``cfg`` with ``overrides`` set and validated, and every override in effect (the given
+    ones, plus ``runfile_sha256*`` emptied when the caller chose another driver)."""
     data: dict[str, dict[str, Any]] = {
         section: {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
         for section, values in cfg.to_dict().items()
@@ -154,6 +141,7 @@ def apply(cfg: Config, overrides: Sequence[Override]) -> tuple[Config, list[Over
         data[section][key] = o.value
     done = list(overrides)
     chosen = (data["driver"]["kind"], data["driver"]["version"])
+    # the plain runfile_sha256* keys pin the configured driver; only runfile_pins pin others
     if chosen != (cfg.driver.kind, cfg.driver.version):
         why = (
             f"pins {cfg.driver.kind} {cfg.driver.version}, not the caller's {chosen[0]} {chosen[1]}"

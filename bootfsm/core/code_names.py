@@ -1,11 +1,7 @@
-"""The exit codes: every failure class bootfsm can end with, by number and stable name.
+"""The exit codes by number and stable name; their meanings are ``bootfsm.core.codes``.
 
-Codes avoid the ranges that other layers own: 1-2 (generic shell and usage errors),
-64-78 (BSD sysexits), 124-165 (timeout(1), shell and signal conventions), 200-244 and
-255 (systemd). Where a code means exactly what a cloud provisioning (CSE) code means,
-it uses that number: 83 download timeout, 84 driver did not start, 85 driver install
-timeout, 87 infoROM corrupted. What each code means is the table in
-``bootfsm.core.codes``.
+Numbers avoid 1-2, 64-78, 124-165, 200-244 and 255 (owned by shells, sysexits, signals
+and systemd); 83-87 reuse the CSE numbers of the same meaning.
 """
 
 from __future__ import annotations

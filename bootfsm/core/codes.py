@@ -1,8 +1,5 @@
-"""The exit-code table: what every code means, what to do about it, its CSE code.
+"""The exit-code table: one row per ``Code``: summary, hint, CSE code, transient or not.
 
-One row per ``Code`` (numbers, names and the row type live in
-``bootfsm.core.code_names``): summary, hint, the CSE exit code of the same meaning
-(``bootfsm.core.cse``) and whether it is transient (retried, the unit restarts).
 ``bootfsm codes`` prints it; docs/codes.md is generated from it.
 """
 
@@ -315,9 +312,8 @@ def info(code: int) -> CodeInfo:
 
 
 def failure_line(code: Code, message: str, *, command: str = "", state: str | None = None) -> str:
-    """The one line every command ends a failure with: ``bootfsm: [command ]FAILED
-    code=N NAME[ state=S]: <the message's first line> | hint: <the code's hint>``
-    (INTERRUPTED for an interrupted run)."""
+    """The line every command ends a failure with (INTERRUPTED for an interrupted run):
+    ``bootfsm: [command ]FAILED code=N NAME[ state=S]: <first line> | hint: <hint>``."""
     verdict = "INTERRUPTED" if code is Code.INTERRUPTED else "FAILED"
     where = "" if state is None else f" state={state or '-'}"
     first = message.splitlines()[0] if message else ""

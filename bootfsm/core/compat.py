@@ -1,9 +1,6 @@
-"""What differs between the Pythons bootfsm runs on: 3.10 (Ubuntu 22.04's system
-Python) through 3.13 (Debian 13's).
+"""``tomllib`` on every Python bootfsm runs on (3.10-3.13; ``tomli`` on 3.10).
 
-Only two things: ``tomllib`` arrived in 3.11 (``tomli``, the same code under its
-original name, is the dependency on 3.10), and so did ``enum.StrEnum``
-(bootfsm/core/strenum.py). Everything else in bootfsm is plain 3.10.
+The only other difference, ``enum.StrEnum``, is in ``bootfsm.core.strenum``.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Configuration: TOML in, a frozen, validated ``Config`` out (the spec of a run).
 
-Every key has a default, so an empty file is a valid config. Validation names the key
-and the problem; the CLI turns ``ConfigError`` into the config-invalid exit code.
-docs/config.md lists every key; a test keeps that page and ``DEFAULTS`` in step.
+Every key has a default (an empty file is valid); ``ConfigError`` names the bad key.
+docs/config.md lists every key; a test keeps it and ``DEFAULTS`` in step.
 """
 
 from __future__ import annotations
@@ -102,10 +101,8 @@ class SourcesSpec:
     toolkit_repo_mirrors: tuple[str, ...] = ()
 
     def runfile_sha256_for(self, kind: str, version: str, runfile_arch: str) -> str:
-        """The pinned sha256 of the ``kind`` driver ``version``'s runfile for
-        ``runfile_arch`` (x86_64, aarch64), lower case: a ``runfile_pins`` entry "KIND
-        VERSION ARCH SHA256" first, else the per-architecture key, else
-        ``runfile_sha256`` (those two pin driver.version as configured); "" for none."""
+        """The pinned lower-case sha256 of that runfile, or "": a ``runfile_pins`` entry first,
+        else the per-arch key, else ``runfile_sha256`` (those two pin driver.version only)."""
         for pin in self.runfile_pins:
             k, v, a, sha = pin.split()
             if (k, v, a) == (kind, version, runfile_arch):

@@ -1,9 +1,5 @@
-"""Configuration files: ``config.toml`` and its drop-ins, read and validated.
-
-The spec (keys, defaults, validation) is ``bootfsm.core.config``; this module reads the
-files, merges the drop-ins over the main file key by key, and says which file set each
-key (the run journals it).
-"""
+"""Configuration files: ``config.toml`` and its drop-ins, read, merged key by key and
+validated, with the file that set each key; the spec is ``bootfsm.core.config``."""
 
 from __future__ import annotations
 
@@ -34,7 +30,7 @@ class Loaded:
 
 
 def _read_toml(path: Path) -> dict[str, Any] | None:
-    """One TOML file as data; None when it does not exist."""
+    """One TOML file as data, validated on its own; None when it does not exist."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -57,8 +53,7 @@ def _read_toml(path: Path) -> dict[str, Any] | None:
 
 
 def load_config_sources(path: Path, *, required: bool) -> Loaded:
-    """Read and validate ``path`` and its drop-ins (``DROPIN_DIR``); a missing optional
-    file gives the defaults. Errors name the file."""
+    """``path`` and its drop-ins, validated; a missing optional file gives the defaults."""
     layers = _layers(path, required=required)
     merged: dict[str, dict[str, Any]] = {}
     sources: dict[str, str] = {}
@@ -87,6 +82,5 @@ def _layers(path: Path, *, required: bool) -> list[tuple[Path, dict[str, Any]]]:
 
 
 def load_config(path: Path, *, required: bool) -> Config:
-    """Read and validate a TOML file and its drop-ins; a missing optional file gives the
-    defaults."""
+    """The validated config of ``path`` and its drop-ins (``load_config_sources``)."""
     return load_config_sources(path, required=required).config

@@ -1,10 +1,7 @@
-"""Exit codes the cloud provisioning hook (CSE) understands, per bootfsm code.
+"""The CSE exit code of each bootfsm code, for ``bootfsm run --exit-codes cse``.
 
-Every row of the code table names the CSE exit code (AgentBaker's ``cse_helpers.sh``
-table) that means the same thing, for ``bootfsm run --exit-codes cse``: bootfsm's own
-number would mean something else to CSE (50 is ERR_OUTBOUND_CONN_FAIL there). A code
-added without ``cse=`` fails tests/test_cse_codes.py; at run time it exits with
-:data:`CSE_FALLBACK`.
+bootfsm's own numbers mean other things to CSE (50 is ERR_OUTBOUND_CONN_FAIL there);
+a code without ``cse=`` fails tests/test_cse_codes.py and exits :data:`CSE_FALLBACK`.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""The three kinds of failure: transient (retry), permanent (fail with a code), command.
+"""The three kinds of failure: transient (retried), permanent (ends the run), command.
 
-States raise these; the engine decides. A message is redacted when the error is made
-(``redact_text``: every URL's credentials and query, any ``sig=``-like parameter), so
-no message that quotes a config value or a URL carries a token to the console, the
-journal, the checkpoint or any view made from them. A ``TransientError`` is retried under the
-state's policy and becomes its ``exhausted`` code when the policy gives up; a
-``BootError`` ends the run with its code at once.
+States raise these; the engine decides. Every message is redacted (``redact_text``)
+when the error is made, so no view of it carries a token.
 """
 
 from __future__ import annotations

@@ -124,9 +124,8 @@ SUPPORTED_BRANCHES: Mapping[int, tuple[int, int | None]] = MappingProxyType(
 
 
 def branch_problem(version: str, models: Iterable[GpuModel]) -> str | None:
-    """Why driver ``version`` (e.g. "570.211.01") cannot drive one of these GPUs (its
-    branch is older than the first, or newer than the last, that supports the model),
-    or None. Models without a row (unknown ids) are not judged."""
+    """Why driver ``version`` (e.g. "570.211.01") has a branch outside one model's supported
+    range, or None; unknown ids are not judged."""
     branch = int(version.split(".", 1)[0])
     for m in models:
         first, last = SUPPORTED_BRANCHES.get(m.device_id, (0, None))
@@ -143,9 +142,8 @@ NVSWITCH_MODELS: Mapping[int, str] = MappingProxyType(
 
 
 def classify(vendor: int, pci_class: int) -> DeviceRole:
-    """Give a PCI function's role from vendor and class (24-bit sysfs or 16-bit lspci):
-    the class decides, not the device id, so an unknown future GPU is still a GPU. The
-    prog-if byte is ignored."""
+    """A PCI function's role from vendor and class (24-bit sysfs or 16-bit lspci; prog-if
+    ignored); the class decides, not the device id, so a future GPU is still a GPU."""
     if vendor != NVIDIA_VENDOR:
         return DeviceRole.OTHER
     # a 16-bit lspci class (0x0302) widened to the 24-bit sysfs form (0x030200)
@@ -187,13 +185,11 @@ def requires_open_module(models: Iterable[GpuModel]) -> bool:
 
 
 def requires_proprietary_module(models: Iterable[GpuModel]) -> bool:
-    """Tell whether any GPU needs the proprietary kernel module: it is older than Turing
-    (no GSP), named in the table or not."""
+    """Whether any GPU is older than Turing (no GSP), so needs the proprietary module."""
     return any(m.device_id < TURING_FIRST_DEVICE_ID for m in models)
 
 
 def has_fabric_probe(model: GpuModel) -> bool:
-    """Whether the GPU's fabric state is worth judging: Ampere has no GPU fabric probe and
-    reports Fabric N/A even with NVSwitch and fabric manager running (Hopper and newer
-    report it). Unknown ids are judged by what they report."""
+    """Whether the GPU's fabric state is worth judging; unknown ids are judged by what they say."""
+    # Ampere has no GPU fabric probe: it says Fabric N/A even with fabric manager running
     return model.family is not Family.AMPERE

@@ -1,13 +1,6 @@
-"""The MIG layout a node asks for (``mig.profile`` or the VM tag): its grammar, pure.
-
-A layout is a comma-separated list, read the way ``nvidia-smi mig -cgi`` reads its
-argument: each item is one GPU instance on every GPU, named by its profile id (``19``)
-or its profile name (``1g.10gb`` or ``MIG 1g.10gb``, the form `nvidia-smi mig -lgip`
-prints, with any ``+me``-style suffix). AgentBaker's agent-pool names ``MIG1g`` ..
-``MIG7g`` (its mig-partition.sh, GPU_INSTANCE_PROFILE) mean the uniform layout: as many
-instances of the GPU's first n-slice profile as the GPU holds (19 x7, 14 x3, 9 x2, 5,
-0 on an A100 40GB, exactly as that script's table). Which ids exist is the GPU's to say
-(`-lgip`); this module checks only the form.
+"""The grammar of a MIG layout (``mig.profile`` or the VM tag), as ``nvidia-smi mig -cgi``
+reads it, plus AgentBaker's uniform ``MIG1g``..``MIG7g``. Pure: only the form is checked;
+which profiles exist is the GPU's to say (`-lgip`).
 """
 
 from __future__ import annotations
@@ -26,8 +19,7 @@ MAX_ITEMS = 8  # no MIG GPU holds more than 7 GPU instances (8 memory slices)
 
 @dataclass(frozen=True)
 class MigItem:
-    """One item of a layout: a profile id, a profile name ("MIG 1g.10gb"), or n slices
-    (AgentBaker's MIGng, the uniform layout)."""
+    """One layout item: a profile id, a profile name ("MIG 1g.10gb") or n slices (MIGng)."""
 
     kind: Literal["id", "name", "slices"]
     value: str
@@ -50,7 +42,6 @@ def parse_mig_layout(text: str) -> tuple[MigItem, ...]:
 
 
 def _item(part: str) -> MigItem:
-    """One item: a profile id, a profile name or MIGng; ValueError on anything else."""
     if _ID.fullmatch(part):
         return MigItem("id", str(int(part)))
     if slices := _SLICES.fullmatch(part):

@@ -27,13 +27,11 @@ _SECRET_PARAM = re.compile(
 
 
 def redact_urls(text: str) -> str:
-    """Every URL in ``text`` redacted (``redact_url``); a URL already redacted stays as
-    it is (its ``?<redacted>`` is part of the match, not where it ends)."""
+    """Every URL in ``text`` redacted (``redact_url``); idempotent."""
     return _URL.sub(lambda m: redact_url(m.group(0)), text) if "://" in text else text
 
 
 def redact_text(text: str) -> str:
-    """Every URL in ``text`` redacted (``redact_url``), and any stray ``sig=...``-like
-    query parameter outside a URL too: for messages that may echo config values."""
+    """``redact_urls``, plus any stray ``sig=...``-like parameter outside a URL."""
     text = redact_urls(text)
     return _SECRET_PARAM.sub(lambda m: f"{m.group(1)}=<redacted>", text)

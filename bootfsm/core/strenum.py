@@ -1,7 +1,6 @@
 """``enum.StrEnum`` on every Python bootfsm runs on (it arrived in 3.11).
 
-Its own module, apart from ``bootfsm.core.compat``, so that importing an enum does not
-import a TOML parser.
+Apart from ``bootfsm.core.compat`` so that importing an enum imports no TOML parser.
 """
 
 from __future__ import annotations
