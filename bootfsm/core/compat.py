@@ -1,7 +1,4 @@
-"""``tomllib`` on every Python bootfsm runs on (3.10-3.13; ``tomli`` on 3.10).
-
-The only other difference, ``enum.StrEnum``, is in ``bootfsm.core.strenum``.
-"""
+"""``tomllib`` on every Python bootfsm runs on (``tomli`` on 3.10); StrEnum is in strenum."""
 
 from __future__ import annotations
 

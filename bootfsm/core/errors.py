@@ -1,8 +1,5 @@
 """The three kinds of failure: transient (retried), permanent (ends the run), command.
-
-States raise these; the engine decides. Every message is redacted (``redact_text``)
-when the error is made, so no view of it carries a token.
-"""
+States raise them, the engine decides; each message is redacted (``redact_text``) when made."""
 
 from __future__ import annotations
 

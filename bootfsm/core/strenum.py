@@ -1,7 +1,4 @@
-"""``enum.StrEnum`` on every Python bootfsm runs on (it arrived in 3.11).
-
-Apart from ``bootfsm.core.compat`` so that importing an enum imports no TOML parser.
-"""
+"""``enum.StrEnum`` before 3.11 too; apart from ``compat`` so an enum imports no TOML parser."""
 
 from __future__ import annotations
 

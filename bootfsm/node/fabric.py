@@ -1,10 +1,6 @@
 """How ready each GPU's NVLink fabric is, judged from what it reports and its family.
 
-Pure: a parsed ``nvidia-smi -q -x`` report in, a verdict out. Ampere has no GPU fabric
-probe (it reports N/A even with NVSwitch and fabric manager present): nothing to wait
-for. Any other state than N/A / Not Supported must reach Completed; Completed with a
-Status other than Success is final; a Grace-Blackwell GPU whose Health Summary is
-Unhealthy is not ready. The verify state waits and journals; this module decides.
+Pure: a parsed ``nvidia-smi -q -x`` report in, a verdict out; the verify state waits.
 """
 
 from __future__ import annotations
@@ -56,8 +52,7 @@ def _name(g: SmiGpu) -> str:
 
 
 def judge_fabric(report: SmiReport) -> FabricJudgement:
-    """Judge every GPU's Fabric block (pure; the order of precedence is FAILED, WAITING,
-    UNHEALTHY, READY, NONE)."""
+    """The node's verdict: the first of FAILED, WAITING, UNHEALTHY, READY, NONE any GPU has."""
     problems: dict[FabricVerdict, list[str]] = {}
     warnings: list[str] = []
     for g in report.gpus:
@@ -93,7 +88,6 @@ def _judge_gpu(g: SmiGpu) -> tuple[FabricVerdict, str]:
 
 
 def _outside_nvlink_domain(g: SmiGpu) -> bool:
-    """A Grace-Blackwell GPU with CliqueId 0 and an all-zero ClusterUUID."""
     model = model_for(g.device_id) if g.device_id else None
     grace_blackwell = model is not None and model.grace and blackwell_or_later(model.device_id)
     return grace_blackwell and g.clique_id == "0" and g.cluster_uuid == _ZERO_UUID

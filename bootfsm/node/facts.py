@@ -1,7 +1,4 @@
-"""Node facts (the discovered status of a run), read from the node through a Host.
-
-``gather_facts`` only reads; judging the facts (supported or not) is detect's job.
-"""
+"""Node facts read through a Host: only read here; judging them is detect's job."""
 
 from __future__ import annotations
 
@@ -81,8 +78,7 @@ class NodeFacts:
 
 
 def loaded_module_version(host: Host) -> str | None:
-    """The loaded ``nvidia`` module's version (/sys/module/nvidia/version), or None when
-    no module is loaded or the file holds no driver version."""
+    """The loaded ``nvidia`` module's version (/sys/module/nvidia/version), or None."""
     try:  # an empty or missing file is no version either
         return parse_module_version(host.read_text("/sys/module/nvidia/version") or "")
     except ParseError:

@@ -1,7 +1,6 @@
-"""Named guards: pure predicates on node facts that choose transitions.
+"""Named guards: pure predicates on node facts that choose the table's transitions.
 
-The table names them; ``GUARDS`` resolves the names. They are exhaustive and mutually
-exclusive after the driver state (a test checks this for every combination of facts).
+After the driver state they are exhaustive and mutually exclusive (tested on every fact mix).
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ __all__ = [
 
 
 def _grace_blackwell(f: NodeFacts) -> bool:
-    """A Grace-Blackwell (or later) tray: GB200/GB300, the parts of NVLink domains."""
+    """A Grace-Blackwell (or later) tray such as GB200/GB300."""
     return any(g.model.grace and blackwell_or_later(g.device_id) for g in f.gpus)
 
 
@@ -34,8 +33,7 @@ def needs_fabric_manager(f: NodeFacts) -> bool:
 
 
 def needs_imex(f: NodeFacts) -> bool:
-    """arm64 Grace-Blackwell tray (GB200/GB300 NVLink domain): IMEX coordinates cross-node
-    NVLink. A standalone Grace Hopper (GH200) has no NVLink domain and needs none."""
+    """arm64 Grace-Blackwell tray (an NVLink domain): IMEX must run; GH200 needs none."""
     return f.raw_arch == "aarch64" and _grace_blackwell(f) and not needs_fabric_manager(f)
 
 
@@ -45,8 +43,7 @@ def no_nvlink_fabric(f: NodeFacts) -> bool:
 
 
 def gpu_install_skipped(f: NodeFacts) -> bool:
-    """No GPU step at all: the VM carries the SkipGpuDriverInstall tag (detect.skip_tag),
-    or the node has no GPU to provision (a CPU VM size of a shared image)."""
+    """No GPU step: the SkipGpuDriverInstall tag, or no GPU to provision (a CPU VM size)."""
     return f.skip_gpu_install is not None or f.no_gpu is not None
 
 

@@ -1,8 +1,5 @@
-"""A MIG layout on one GPU: the profile ids `nvidia-smi mig -cgi` gets (pure).
-
-The mig state asks `nvidia-smi mig -lgip` what each GPU offers and lays the configured
-layout (``bootfsm.core.migspec``) over it here.
-"""
+"""A MIG layout (``bootfsm.core.migspec``) laid over one GPU's `-lgip` profiles (pure):
+the profile ids `nvidia-smi mig -cgi` gets."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""Verdicts on a node's facts against the config: pure, shared by detect, `plan` and bake.
-
-``judge`` raises the first permanent problem (before any download), ``no_gpu_reason``
-says why a node has nothing to provision (one image serves GPU and CPU VM sizes), and
-``fabric_manager_disagreement`` what to journal when the caller expected otherwise.
-"""
+"""Verdicts on a node's facts against the config: pure, shared by detect, `plan` and bake."""
 
 from __future__ import annotations
 
@@ -23,7 +18,7 @@ __all__ = ["fabric_manager_disagreement", "judge", "no_gpu_reason"]
 
 
 def judge(cfg: Config, f: NodeFacts) -> None:
-    """Raise the first permanent problem with these facts (detect, `plan`, bake)."""
+    """Raise the first permanent problem with these facts, before any download."""
     if f.arch is None:
         raise BootError(
             Code.UNSUPPORTED_ARCH,
@@ -90,10 +85,8 @@ def _judge_driver(cfg: Config, f: NodeFacts, runfile: str) -> None:
 
 
 def no_gpu_reason(cfg: Config, f: NodeFacts) -> str | None:
-    """Why this node has no GPU to provision, or None (detect, `plan`). One
-    image boots GPU and CPU VM sizes: no GPU on PCI is a CPU node unless something says
-    the node should have one (a VM size with NVIDIA GPUs, detect.gpu_node = yes, which
-    the provisioning hook's GPU_NODE=true sets); then it is 22 NO_GPU (judge)."""
+    """Why this node has nothing to provision, or None: no GPU on PCI is a CPU node unless
+    the VM size or detect.gpu_node says it should have one (then ``judge`` says NO_GPU)."""
     want = cfg.detect.gpu_node
     if want == "no":
         return "not a GPU node (detect.gpu_node = no)"
@@ -108,8 +101,8 @@ def no_gpu_reason(cfg: Config, f: NodeFacts) -> str | None:
 
 
 def fabric_manager_disagreement(cfg: Config, f: NodeFacts) -> str | None:
-    """detect.fabric_manager (the caller's GPU_NEEDS_FABRIC_MANAGER) against the
-    hardware, which decides: what to journal when they disagree, or None."""
+    """The line to journal when detect.fabric_manager disagrees with the hardware, or None."""
+    # the hardware decides; the claim is the caller's GPU_NEEDS_FABRIC_MANAGER
     claim = cfg.detect.fabric_manager
     need = needs_fabric_manager(f)
     if claim == "auto" or (claim == "yes") == need:

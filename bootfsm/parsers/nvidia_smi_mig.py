@@ -1,8 +1,5 @@
 """Parse `nvidia-smi mig -lgip`, `-lgi` and `-lci` tables into rows (drivers 510-580).
-
-The "No ... instances found: Not Found" line reads as no rows; any line that fits no
-known layout is a ParseError naming it.
-"""
+"No ... found: Not Found" reads as no rows; any other unknown line is a ParseError."""
 
 from __future__ import annotations
 

@@ -74,7 +74,6 @@ def _relative_path(path: str, where: str) -> str:
 
 
 def _artifact(raw: object, where: str) -> RedistArtifact:
-    """Validate one platform entry."""
     if not isinstance(raw, dict):
         raise ParseError(f"redistrib {where}: expected an object, got {type(raw).__name__}")
     sha256 = _str(raw, "sha256", where)
