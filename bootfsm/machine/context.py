@@ -1,8 +1,4 @@
-"""The one object a state receives: spec (config), status (facts), host, journal, time.
-
-Commands run through ``Context.run`` so that every one is bounded by what remains of
-the state's limit and the global deadline, and is recorded in the journal.
-"""
+"""The one object a state gets: config, facts, host, HTTP, journal and deadline-bound time."""
 
 from __future__ import annotations
 
@@ -78,8 +74,7 @@ class Context:
         return left
 
     def request_budget(self) -> float:
-        """Seconds an HTTP request may take now (``Http.budget``): what remains of the
-        state's limit and the global deadline, and of the ``wait_until`` it probes for."""
+        """``Http.budget``, in seconds: ``remaining()``, capped by the running ``wait_until``."""
         left = self.remaining()
         if self.wait_end is not None:
             left = min(left, self.wait_end - self.host.monotonic())
@@ -147,17 +142,12 @@ class Context:
         die_with_bootfsm: bool | None = None,
         **kw: Any,
     ) -> CommandResult:
-        """Run a command bounded by ``timeout`` and what remains; journaled by the host hook.
+        """Run ``argv`` within ``timeout`` and what remains; raises the time error when the
+        remaining budget, not ``timeout``, cut it short.
 
-        ``probe`` marks a question whose non-zero answer is expected and not a fault
-        (`dpkg-query` of a package not yet installed, `systemctl is-active` answering 3):
-        its journal event carries ``probe: true`` at level info, and `trace --html`
-        draws it neutral; a probe only reads, so it is not tied to bootfsm's life
-        (``Host.run``'s ``die_with_bootfsm``, which defaults to ``not probe``: pass False
-        for a command that is not a probe but harms nothing left running, one that only
-        reads or only asks a daemon to act). Raises the time error when the remaining
-        budget, not ``timeout``, cut it short.
-        """
+        ``probe``: a non-zero answer is expected, not a fault (journaled at info). A probe is not
+        tied to bootfsm's life; pass ``die_with_bootfsm=False`` for any command harmless if left
+        running (it only reads, or only asks a daemon to act)."""
         budget = self.remaining()
         if budget <= 0:
             raise self.time_error()
@@ -202,8 +192,7 @@ class Context:
 
 
 def trust_store(config: Config, host: Host) -> str:
-    """The CA bundle TLS verifies against: ``fetch.ca_file``, else the node's system
-    store (the first of ``SYSTEM_CA_BUNDLES`` present), as a real path; '' for none."""
+    """``fetch.ca_file``, else the first system CA bundle present, as a real path; '' if none."""
     if config.fetch.ca_file:  # configured: used as given (missing is a TLS error)
         return str(host.path(config.fetch.ca_file))
     for node_path in SYSTEM_CA_BUNDLES:

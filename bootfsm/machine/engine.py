@@ -1,9 +1,7 @@
-"""The engine: builds the transitions Machine from the table and drives it.
+"""The engine: builds the transitions Machine from the table and drives it to a terminal state.
 
-For each working state: check the postcondition (skip when it already holds), run the
-action under the state's retry policy and time limit, check the postcondition again,
-then fire ``advance`` (guards pick the edge) or ``fail``. Terminal states absorb.
-"""
+Per state: postcondition (skip if it holds), the action under its retry policy and time
+limit, the postcondition again, then ``advance`` (guards pick the edge) or ``fail``."""
 
 from __future__ import annotations
 
@@ -53,8 +51,7 @@ class Interrupted(BaseException):
 
 def interruption(exc: BaseException) -> Interrupted | None:
     """The ``Interrupted`` that ``exc`` was raised while handling, if any: an error the
-    interruption caused on its way out (a lock it left half-released) is the
-    interruption, not a failure of its own."""
+    interruption caused on its way out (a half-released lock) is no failure of its own."""
     seen: set[int] = set()
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:
@@ -165,9 +162,8 @@ class _Backoff(wait_base):
 
 
 def attempt(ctx: Context, srow: StateRow, action: Callable[[], None]) -> int:
-    """Run ``action`` under the row's retry policy (tenacity: at most
-    ``srow.retry.attempts`` attempts, a wait that fits the deadline, transient errors
-    only); return the number of attempts. Giving up is BootError with the last code."""
+    """Run ``action`` under the row's retry policy (transient errors only, waits that fit
+    the deadline); return the attempts made. Giving up raises BootError with the last code."""
     attempts = 0
 
     def before(rs: RetryCallState) -> None:
@@ -269,9 +265,7 @@ def drive(
     on_transition: Callable[[str, str, Outcome | None], None] | None = None,
     transitions: tuple[TransitionRow, ...] = TRANSITIONS,
 ) -> Outcome:
-    """Run the machine (the table, or a sub-table such as ``table.stop_after(...)``) to a
-    terminal state and return the outcome (never raises, except ``Interrupted``, which
-    the caller turns into the interrupted outcome)."""
+    """Run to a terminal state and return the outcome; raises nothing but ``Interrupted``."""
     model = _Model()
     build_machine(model, ctx, callbacks, transitions=transitions)
     outcome: Outcome | None = None

@@ -1,8 +1,6 @@
-"""The machine, as one table: states, transitions, guards, retry policy, limits, codes.
+"""The one definition of the machine: states, edges, guards, retries, limits, codes.
 
-The engine builds its transitions ``Machine`` from this table, ``bootfsm graph`` renders
-it, and docs/machine.md is generated from it. Nothing else defines the machine.
-"""
+The engine, ``bootfsm graph`` and the generated docs/machine.md all read it."""
 
 from __future__ import annotations
 
@@ -148,11 +146,8 @@ def row(name: str) -> StateRow:
 
 
 def stop_after(stop: str) -> tuple[TransitionRow, ...]:
-    """The sub-table a partial run drives (`fetch` stops after fetch, `bake` after
-    driver): the table's edges with ``stop``'s advance edges replaced by one edge
-    ``stop -> done``, keeping only the edges out of states still reachable from
-    ``INITIAL`` (with their guards, callbacks and fail edges), so the run reads like a
-    run up to ``stop``."""
+    """The sub-table of a partial run ending at ``stop``: its advance edges become one
+    ``stop -> done``, and only edges out of states reachable from ``INITIAL`` stay."""
     row(stop)  # KeyError for a terminal or unknown state
     edges = [t for t in TRANSITIONS if t.source != stop or t.trigger != "advance"]
     edges.append(TransitionRow("advance", stop, "done"))

@@ -1,3 +1,1 @@
-"""The journal and everything that reads it back: trace, its views, the fleet view,
-liveness, OpenTelemetry export.
-"""
+"""The journal and its readers: trace and its views, the fleet view, liveness, OTLP export."""

@@ -1,27 +1,8 @@
 """The fleet view: where many nodes lose their boots, read from their collected journals.
 
-``scan(DIR)`` walks DIR (sorted, depth first) for ``*.jsonl`` journals and streams them
-one at a time: trace's one reader (``parse_events``) folds a journal's lines into a
-``TraceReport``, which this view counts and drops. Only the event kinds the view uses
-are decoded (``FLEET_EVENTS``); a line of any other kind is recognised from its
-``"event": "..."`` key and counted without being decoded.
-
-What stays in memory as the fleet grows (everything else is per journal):
-
-* one ``array('d')`` of finished span durations per state and one of run durations
-  (8 bytes per value, kept so percentiles are exact);
-* counters keyed by outcome, code, state, (state, code) and GPU model (bounded by the
-  number of distinct keys, not by nodes);
-* a heap of the ``top`` slowest runs;
-* the run outcomes of the current node only (nodes are contiguous in the walk).
-
-A node is the first directory under DIR that holds the journal (``DIR/<node>/...``),
-or the journal's file name without ``.jsonl`` when it sits directly in DIR. A node's
-runs are read in file-name order (``run-<time>-<id>.jsonl`` sorts by start time); the
-``bake-`` and ``fetch-`` journals in a node's directory are image-build work, not boots,
-and are left out.
-Percentiles are nearest-rank: the smallest value with at least p% of values <= it.
-"""
+``scan`` streams the journals under a directory one at a time; what it keeps grows with
+distinct keys and finished spans (8 bytes each, for exact percentiles), not with events.
+docs/trace.md ("The fleet view") says what a node is and which journals are left out."""
 
 from __future__ import annotations
 
@@ -94,6 +75,7 @@ def _walk(
     """(node, path, path relative to the root) below ``d``; a symlink loop is not followed."""
     try:
         st = os.stat(d)
+        # name order: run-<time>-<id>.jsonl sorts by start, as add_run needs
         entries = sorted(os.scandir(d), key=lambda e: e.name)
     except OSError:
         return
@@ -120,7 +102,7 @@ def _boot_journal(e: os.DirEntry[str], node: str | None) -> bool:
 
 @dataclass
 class FleetStats:
-    """Aggregates of a fleet, fed one run at a time (see the module docstring for memory)."""
+    """Aggregates of a fleet, fed one run at a time; a node's runs together, oldest first."""
 
     top: int = 10
     files: int = 0

@@ -1,15 +1,8 @@
-"""The run journal: structlog JSON lines, one file per run, durable where it matters.
+"""The run journal: one JSON-lines file per run (structlog) and a short console rendering.
 
-Each event is one JSON object per line with ``ts`` (UTC), ``t`` (seconds since the run
-started, monotonic), ``run_id`` and ``event``. Transitions and the terminal event are
-fsynced (``durable=True``) so a crash or power loss never loses where the run was.
-The console gets a short human rendering of the same events (colours only on a TTY).
-When the console is journald's stream (``$JOURNAL_STREAM``), those lines go to journald
-as structured entries instead (bootfsm/host/journald.py): PRIORITY from the level, and
-RUN_ID, STATE, CODE, CODE_NAME fields; ``<N>``-prefixed lines when the socket is absent.
-Events may come from a helper thread (the driver build's progress watcher): one lock
-keeps lines whole.
-"""
+Every event has ``ts`` (UTC), ``t`` (monotonic seconds since start), ``run_id`` and ``event``;
+``durable=True`` events are fsynced; every string is redacted before it is written. Under
+journald (``$JOURNAL_STREAM``) console lines become structured entries (host/journald.py)."""
 
 from __future__ import annotations
 
@@ -105,10 +98,7 @@ def _drop_private(_: Any, __: str, event: MutableMapping[str, Any]) -> dict[str,
 
 
 def _redacted(value: Any) -> Any:
-    """``value`` with every URL's credentials and query, and any ``sig=``-like parameter,
-    redacted in each string it holds: whatever an event carries (a message quoting a
-    config value, a command's argv or output, a traceback) never writes a token to the
-    journal or the console."""
+    """``value`` with every string in it passed through ``redact_text``: no event writes a token."""
     if isinstance(value, str):
         return redact_text(value) if ("=" in value or "://" in value) else value
     if isinstance(value, list | tuple):
@@ -133,8 +123,7 @@ class Journal:
         env: Mapping[str, str] | None = None,
         native: journald.Journald | None = None,
     ) -> None:
-        """``env`` (the run's environment) enables journald entries when its
-        ``JOURNAL_STREAM`` is ``console``; ``native`` overrides the socket (tests)."""
+        """``env`` enables journald entries when its ``JOURNAL_STREAM`` is ``console``."""
         self.path = path
         self.run_id = run_id
         self._mono = monotonic
@@ -153,6 +142,8 @@ class Journal:
                 structlog.processors.JSONRenderer(sort_keys=False, default=str),
             ],
         ).bind(run_id=run_id)
+        # events also come from helper threads (the driver build's progress watcher):
+        # one lock keeps every line whole
         self._lock = threading.Lock()
         self._console_log: Any = None
         self._console_sink: _ConsoleSink | None = None

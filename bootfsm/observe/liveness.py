@@ -1,11 +1,7 @@
-"""Is a run still alive? Tell "in progress" from "killed" without taking the node lock.
+"""Is a run still alive? Tells "in progress" from "killed" without taking the node lock.
 
-A run holds an ``flock`` on ``<state_dir>/lock`` for its whole life and records its pid
-in ``run.start``. The kernel lists every held flock in ``/proc/locks`` (pid, device,
-inode), so a reader can see who holds the lock without trying to take it (taking it,
-even for an instant, could make a run that starts at that moment exit 11). Without
-``/proc/locks`` the run's pid is probed with signal 0 instead.
-"""
+Holders are read from ``/proc/locks``: taking the lock, even for an instant, could make a
+run starting at that moment exit 11. Without ``/proc/locks`` the pid is probed (signal 0)."""
 
 from __future__ import annotations
 
@@ -51,9 +47,8 @@ def lock_holders(lock: Path, proc_locks: Path = PROC_LOCKS) -> set[int] | None:
 
 
 def _flock(line: str) -> tuple[int, tuple[int, int] | None, int] | None:
-    """(pid, device, inode) of a held flock in a /proc/locks line, e.g.
-    "1: FLOCK  ADVISORY  WRITE 28018 fe:00:2148802 0 EOF"; None for any other line (a
-    POSIX lock, a waiter marked "->"). The pid is -1 and the device None when unreadable."""
+    """(pid, device, inode) of "1: FLOCK  ADVISORY  WRITE 28018 fe:00:2148802 0 EOF" (/proc/locks);
+    None for any other line (POSIX lock, "->" waiter); pid -1, device None when unreadable."""
     parts = line.split()
     if len(parts) < 6 or parts[1] != "FLOCK" or parts[2] == "->":
         return None

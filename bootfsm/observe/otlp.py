@@ -1,27 +1,8 @@
 """One run as one OpenTelemetry trace, in OTLP/JSON (the body of POST /v1/traces).
 
-``trace_request`` is a pure view of the report trace's one fold makes (its spans and
-``marks``, the events tied to the span they happened in): an ``ExportTraceServiceRequest``
-as JSON-able data out. The run is the root span; each state visit is a child span (its
-attempts, retries, skip reason and other journal events are span events); each
-command and each downloaded artifact is a child span of the state it ran in. The
-resource carries the node (``host.type`` = VM size, ``host.arch``, GPU model and count,
-driver version) and ``OTEL_RESOURCE_ATTRIBUTES`` / ``OTEL_SERVICE_NAME``.
-
-``target_from_env`` reads the standard ``OTEL_*`` exporter variables; ``export`` posts
-once with a bounded timeout. A run exports at its end only when an endpoint is set
-(the runner imports this module only then), and ``bootfsm trace --otlp FILE|URL``
-converts any journal, so a fleet can backfill.
-
-Why not the official SDK and OTLP exporter: on every node they add opentelemetry-api,
--sdk, -semantic-conventions, -proto, -exporter-otlp-proto-http, protobuf and
-googleapis-common-protos (about 10 MB installed, tens of ms of imports), to send one
-batch from a process that is about to exit. OTLP/JSON over HTTP is part of the OTLP
-specification and the collector's OTLP/HTTP receiver accepts it on the same
-``/v1/traces`` path; the tests decode what this module sends with the official
-opentelemetry-proto definitions. Trace and span ids are hex strings, as OTLP/JSON
-requires; times are Unix nanoseconds as decimal strings.
-"""
+The run is the root span, each state visit its child, each command and download a child of
+its state. Stdlib, not the SDK (docs/trace.md says why); ids are hex and times Unix
+nanoseconds as decimal strings, as OTLP/JSON requires."""
 
 from __future__ import annotations
 
@@ -249,8 +230,7 @@ def _pairs(text: str) -> dict[str, str]:
 
 
 def _from_env(env: Mapping[str, str]) -> dict[str, str]:
-    """Resource attributes the environment sets, over the detected ones: the
-    ``OTEL_RESOURCE_ATTRIBUTES`` pairs (percent-encoded), then ``OTEL_SERVICE_NAME``."""
+    """The ``OTEL_RESOURCE_ATTRIBUTES`` pairs, then ``OTEL_SERVICE_NAME``, over detected ones."""
     out = _pairs(env.get("OTEL_RESOURCE_ATTRIBUTES", ""))
     if env.get("OTEL_SERVICE_NAME"):
         out["service.name"] = env["OTEL_SERVICE_NAME"]
@@ -258,10 +238,7 @@ def _from_env(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def trace_request(report: TraceReport, env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The ``ExportTraceServiceRequest`` (OTLP/JSON) of one run's report.
-
-    Raises ``ValueError`` when the journal holds no ``run.start`` with a timestamp.
-    """
+    """The OTLP/JSON request of one run's report; ValueError when no ``run.start`` has a time."""
     start_unix = unix_time(report.started)
     if start_unix is None:
         raise ValueError("the journal has no run.start event with a timestamp")

@@ -1,13 +1,7 @@
-"""Reading journals back: events in, a run's story out (timeline, root cause, facts).
+"""Reading journals back: ``parse_events``, the one reader, folds lines into a ``TraceReport``.
 
-``parse_events`` is pure and forgiving: a torn last line (crash), garbage lines, an
-empty journal, events of an older version (missing ``t``, ``attempt``, ``duration_s``)
-or unknown events give warnings, never a traceback; it is the one reader of journals
-(the fleet view and the OTLP export are views of the report it folds; the fleet reads
-only the event kinds it needs).
-``render`` makes the one-screen text, ``to_json`` the stable machine form (schema in
-docs/trace.md), ``bootfsm.observe.trace_html`` the picture.
-"""
+Forgiving: torn or garbage lines, unknown or older events give warnings, never a traceback.
+``render`` is the text, ``to_json`` the stable form (docs/trace.md), trace_html the picture."""
 
 from __future__ import annotations
 
@@ -68,11 +62,8 @@ def parse_events(
 ) -> TraceReport:
     """Fold journal lines into a report; bad lines become warnings, never exceptions.
 
-    With ``kinds`` (the fleet view's lean read) only those event kinds are decoded and
-    folded, a line of another kind is only counted, and the bad lines are summed up in
-    one warning instead of one each. With ``marks`` every event folded is kept in
-    ``report.marks`` too (what the OTLP export views).
-    """
+    ``kinds`` (the fleet's lean read): decode only those, count the rest, sum bad lines in one
+    warning. ``marks``: keep every folded event in ``report.marks`` too (the OTLP view)."""
     folder = Folder(source, marks=marks)
     r = folder.report
     for n, ev in _events(lines, r, kinds):
@@ -96,9 +87,7 @@ def parse_events(
 def _events(
     lines: Iterable[str], r: TraceReport, kinds: Collection[str] | None
 ) -> Iterator[tuple[int, dict[str, Any]]]:
-    """The event objects of ``lines`` with their line numbers. A line of a kind outside
-    ``kinds`` is counted in ``r.events`` undecoded; a line that is no event is counted in
-    ``r.bad_lines`` and, without ``kinds``, warned about once all lines are read."""
+    """(line number, event) of ``lines``; other kinds and bad lines are counted in ``r``."""
     bad: list[int] = []
     n = 0
     for n, line in enumerate(lines, 1):

@@ -1,9 +1,4 @@
-"""The one fold of a run's journal: decoded events, in order, into a ``TraceReport``.
-
-``bootfsm.observe.trace`` reads the lines and hands each event here; every view (the
-text and JSON of ``bootfsm trace``, its HTML picture, the metrics, the fleet view and
-the OpenTelemetry export) reads the report this fold makes.
-"""
+"""The one fold: a journal's decoded events, in order, into the ``TraceReport`` views read."""
 
 from __future__ import annotations
 

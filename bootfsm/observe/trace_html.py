@@ -1,19 +1,8 @@
-"""One run as one self-contained HTML file: a Gantt chart of its states, the root cause.
+"""One run as one self-contained HTML page: a Gantt chart of its states, the root cause.
 
-Everything is inline (CSS, SVG, a small script); nothing is fetched, so the file opens
-from an e-mail or a ticket on a machine without network. The SVG is complete without
-the script: bars (``rect.bar.<outcome>``, one per state), retry marks (``line.retry``),
-back-off sleeps (``rect.sleep``) and commands (``rect.cmd``) all carry ``<title>``
-elements, which browsers show on hover. The script only adds the clickable state
-table (``#states``) from the embedded JSON (``#trace-data``, the ``trace --json`` form)
-and marks the document ``data-ready="1"``.
-
-A probe (a command asked a question whose non-zero answer is expected: `dpkg-query` of a
-package not installed yet, `systemctl is-active` answering 3; journaled ``probe: true``)
-is drawn neutral (``rect.cmd.probe``), never red; ``#legend`` says what each mark means.
-A successful run that needed the last allowed attempt of some state gets a "near miss"
-badge (``.badge.near-miss``): the next boot may not be so lucky.
-"""
+Nothing is fetched, so it opens offline from a ticket. The SVG (``<title>`` tooltips) is
+whole without the script, which only adds the ``#states`` table from ``#trace-data`` and
+sets ``data-ready="1"``. Probes are drawn neutral, never red (docs/trace.md)."""
 
 from __future__ import annotations
 
@@ -121,6 +110,7 @@ def _x(t: float, scale: float) -> float:
     return round(_LABEL_W + max(0.0, t) * scale, 2)
 
 
+# tests/test_trace_html.py matches rect.bar.<outcome>, line.retry, rect.sleep, rect.cmd
 def _svg(r: TraceReport) -> str:
     total = max(r.duration_s or 0.0, r.last_t, *(s.end_t for s in r.spans), 1e-3)
     scale = _CHART_W / total

@@ -1,8 +1,4 @@
-"""The data of one run's trace: ``Span`` per state, ``TraceReport`` per journal.
-
-``bootfsm.observe.trace`` builds them from journal events (and re-exports them); the views
-(text, JSON, HTML, metrics, fleet, OpenTelemetry) read them.
-"""
+"""A run's trace as data: ``Mark`` per event, ``Span`` per state, ``TraceReport`` per journal."""
 
 from __future__ import annotations
 
@@ -19,12 +15,8 @@ TRACE_SCHEMA = 1
 
 @dataclass
 class Mark:
-    """One folded journal event: when, what, in which span, and its own fields.
-
-    ``span`` indexes ``TraceReport.spans`` (None: the run itself, between states);
-    ``fields`` are the event's fields less the ones every event has (``trace_fold.MARK_SKIP``).
-    The OpenTelemetry export is a view of these.
-    """
+    """One folded event: ``span`` indexes ``TraceReport.spans`` (None: the run itself);
+    ``fields`` leaves out ``trace_fold.MARK_SKIP``."""
 
     t: float
     event: str

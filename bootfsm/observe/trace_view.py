@@ -1,8 +1,4 @@
-"""Views of one run's ``TraceReport``: root cause, blame, the JSON form and the text screen.
-
-The JSON form is stable (``schema`` = ``TRACE_SCHEMA``; docs/trace.md documents every
-key); the text is for people and may change.
-"""
+"""Views of a ``TraceReport``: root cause, blame, the stable JSON (docs/trace.md), the text."""
 
 from __future__ import annotations
 
@@ -51,8 +47,7 @@ def _command_of(report: TraceReport, state: str) -> dict[str, Any] | None:
 
 
 def _verdict(report: TraceReport, state: str) -> tuple[int | None, str, str, str] | None:
-    """Code, name, hint and message of a run that failed or died; None when there is
-    nothing to explain (provisioned, unknown, or running without a verdict yet)."""
+    """Code, name, hint and message of a failed or dead run; None if nothing to explain."""
     if report.outcome in ("done", "unknown"):
         return None
     if report.outcome not in ("killed", "running"):
