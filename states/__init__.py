@@ -1,8 +1,7 @@
 """The states: one module each, with a read-only postcondition and an action.
 
-``REGISTRY`` maps every working state of the table to its module (a plain dict: the
-states are imported with this package); ``CALLBACKS`` maps every transition callback
-name. mypy checks each module against ``StateModule``.
+``REGISTRY`` maps each working state to its module, ``CALLBACKS`` each transition
+callback.
 """
 
 from __future__ import annotations

@@ -74,9 +74,8 @@ def _mig_profile(ctx: Context, doc: str | None) -> tuple[str | None, str | None]
 
 
 def must_build(ctx: Context, f: NodeFacts) -> str | None:
-    """Why this boot will compile the driver (a reason), or None when it will not: the
-    image ships the driver (driver.install = false), the configured version is already
-    loaded, or a bake marker matches this node (read-only)."""
+    """Why this boot will compile the driver, or None (driver.install false, the
+    version already loaded, or a matching bake marker); read-only."""
     cfg = ctx.config.driver
     if not cfg.install:
         return None
@@ -101,7 +100,7 @@ def _headers_present(ctx: Context, build: str) -> bool:
 
 
 def check_headers(ctx: Context, f: NodeFacts) -> None:
-    """KERNEL_HEADERS_MISSING before any download when the driver must be built and
+    """KERNEL_HEADERS_MISSING when the driver must be built here and
     /lib/modules/<kernel>/build (what DKMS compiles against) is absent."""
     reason = must_build(ctx, f)
     build = f"/lib/modules/{f.kernel}/build"
@@ -116,9 +115,8 @@ def check_headers(ctx: Context, f: NodeFacts) -> None:
 
 
 def run(ctx: Context) -> None:
-    """Gather facts, journal them, and stop on the first permanent problem; a VM tagged
-    SkipGpuDriverInstall=true or a node with no GPU to provision skips the rest (the
-    table's detect -> done edge)."""
+    """Gather and journal the facts, raise on the first permanent problem; a
+    SkipGpuDriverInstall tag or no GPU skips the rest (detect -> done)."""
     facts = gather_facts(ctx.host)
     if facts.arch is not None:
         doc = _imds(ctx)

@@ -1,21 +1,10 @@
-"""driver: nouveau off, the NVIDIA driver built by DKMS, initialized this boot, then the toolkit.
+"""driver: nouveau off, the NVIDIA driver built by DKMS, initialized this boot, then the
+toolkit.
 
-The action, in order:
-1. nouveau blacklisted and, on Grace with R580+, the coherent GPU memory mode in
-   modprobe.d (bootfsm/install/coherent.py), each with the initramfs rebuilt;
-2. compile, or not: bootfsm/install/prebuilt.py decides (a matching marker and a usable
-   module: the image, an earlier boot or DKMS after a kernel update built it), journaled
-   as ``driver.prebaked``; a loaded driver of another version or type, or one loaded
-   without the coherent mode, is unloaded first (bootfsm's own daemons on it stopped);
-3. the per-boot init (bootfsm/install/driver_init.py): nvidia-modprobe, libraries in
-   place, ldconfig, nvidia-smi answering within ``driver.smi_wait`` seconds;
-4. nvidia-persistenced, when the driver provides it (bootfsm/install/persistenced.py);
-5. the container toolkit last, after the driver's libraries, as aks-gpu orders it.
-
-Satisfied when all of that holds: the configured version DKMS-built for the running
-kernel and loaded under a marker (if any) that matches, and the init done (device nodes
-/dev/nvidiactl, /dev/nvidia-uvm and one /dev/nvidiaN per GPU; libnvidia-ml.so.1 in the
-linker cache). The steps shared with the bake live in bootfsm/install/driver_steps.py.
+Satisfied when the configured version is DKMS-built for the running kernel and loaded
+(under a matching marker, with Grace's coherent mode), the per-boot init is done and the
+toolkit installed. It compiles only when install/prebuilt.py says so, unloading any other
+loaded driver first.
 """
 
 from __future__ import annotations
@@ -104,4 +93,4 @@ def run(ctx: Context) -> None:
         record_loaded(ctx, modules_present(ctx) - before)
     coherent.require_applied(ctx)
     persistenced.ensure(ctx)
-    steps.install_toolkit(ctx)
+    steps.install_toolkit(ctx)  # last, after the driver's libraries (aks-gpu's order)

@@ -1,15 +1,9 @@
-"""fabric: fabric manager from NVIDIA's redist archive, enabled and running (x86 NVSwitch,
-and NVLink5 HGX B200/B300 with NVLSM).
+"""fabric: fabric manager from NVIDIA's redist archive, enabled and running (x86
+NVSwitch, and NVLink5 HGX B200/B300 with NVLSM).
 
-Only entered when ``needs_fabric_manager`` holds. Fabric manager always starts through
-its unit: the 570+ archive's ``nvidia-fabricmanager.service`` runs
-``nvidia-fabricmanager-start.sh --mode precheck`` then ``--mode start``, and on an
-NVLink5 system that script starts NVLSM (``/opt/nvidia/nvlsm/sbin/nvlsm``) and fabric
-manager inside the unit. Run by hand, the script leaves the unit inactive. On NVLink5
-``--mode start`` needs the ``ib_umad`` module loaded and NVLSM installed (the precheck
-only waits for an InfiniBand device: Ubuntu's 580.196.07 script), so both come first.
-On every other node the transition callback ``disable_stale_unit`` turns off a fabric
-manager unit an older image left enabled, which would otherwise fail at boot.
+Entered only when ``needs_fabric_manager`` holds; elsewhere ``disable_stale_unit`` turns
+off a unit an older image left enabled (it would fail at boot). Fabric manager always
+starts through its unit: its start script run by hand leaves the unit inactive.
 """
 
 from __future__ import annotations
@@ -67,8 +61,7 @@ def _ib_umad_loaded(ctx: Context) -> bool:
 
 
 def satisfied(ctx: Context) -> bool:
-    """The configured version is installed (and NVLSM and ib_umad on NVLink5), the unit
-    enabled and active."""
+    """The version installed (NVLSM and ib_umad too on NVLink5), the unit enabled and active."""
     installed = (ctx.host.read_text(_marker(ctx)) or "").strip()
     if ctx.facts.nvlink5 and not (_ib_umad_loaded(ctx) and _nvlsm_ok(ctx)):
         return False
@@ -112,8 +105,7 @@ def _dir_files(ctx: Context, src: str, dst: str) -> list[tuple[str, str, int | N
 
 
 def install_nvlsm(ctx: Context) -> None:
-    """NVLSM from its verified redist archive: sbin/nvlsm to /opt/nvidia/nvlsm/sbin, its
-    libraries and configuration beside it (NVLSM_INSTALL_FAILED when incomplete)."""
+    """Install NVLSM from its verified archive; NVLSM_INSTALL_FAILED when it is incomplete."""
     code = Code.NVLSM_INSTALL_FAILED
     name, top = _extract(ctx, "nvlsm", ".tar.xz", code)
     if not ctx.host.exists(f"{top}/sbin/nvlsm"):
@@ -131,8 +123,7 @@ def install_nvlsm(ctx: Context) -> None:
 
 
 def load_ib_umad(ctx: Context) -> None:
-    """``modprobe ib_umad`` (the start script refuses to start without it) and
-    /etc/modules-load.d/ib_umad.conf so it loads at every boot; IB_UMAD_NOT_LOADED."""
+    """Load ib_umad now and at every boot (modules-load.d); IB_UMAD_NOT_LOADED."""
     if ctx.host.read_text(IB_UMAD_LOAD) != "ib_umad\n":
         records.write_file(ctx, IB_UMAD_LOAD, "ib_umad\n")
     if _ib_umad_loaded(ctx):
@@ -149,11 +140,11 @@ def load_ib_umad(ctx: Context) -> None:
 
 
 def run(ctx: Context) -> None:
-    """Install from the verified archives; on NVLink5 NVLSM and ib_umad first; then
-    enable and start the unit (which runs the start script) and require it active."""
+    """Install what is missing (on NVLink5 NVLSM and ib_umad first), start the unit,
+    require it active."""
     if (ctx.host.read_text(_marker(ctx)) or "").strip() != ctx.config.driver.version:
         _install(ctx)
-    if ctx.facts.nvlink5:
+    if ctx.facts.nvlink5:  # `--mode start` needs both; the precheck only waits for IB
         if not _nvlsm_ok(ctx):
             install_nvlsm(ctx)
         load_ib_umad(ctx)

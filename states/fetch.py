@@ -1,12 +1,9 @@
 """fetch: resolve this node's artifacts from manifests and indexes, download, verify.
 
-The cache is used first: when the cached copies of the indexes resolve to artifacts
-that are all in the cache and verify (an image prepared with `bootfsm fetch
---prefetch`), no byte goes over the network. Otherwise the indexes are fetched (each
-from its first mirror that answers; a cached copy stands in when none does), free
-space is checked against the sizes they list before anything is written, and what is
-missing downloads in parallel (bootfsm.fetch.fetcher). A corrupt or stale cache entry never
-verifies, so it is downloaded again and replaced.
+A cache that resolves and verifies whole (`bootfsm fetch --prefetch`) costs no network.
+Otherwise free space is checked against the indexes' sizes before any write, and what is
+missing downloads in parallel; a corrupt or stale cache entry never verifies, so it is
+replaced.
 """
 
 from __future__ import annotations
@@ -120,10 +117,8 @@ def _download(ctx: Context, missing: list[Artifact], attempts: dict[str, int]) -
 
 
 class Fetch:
-    """The fetch state that keeps its HTTP attempts per artifact (failed ones too) over
-    all its tries: a retry's ``artifact.fetched`` counts the earlier tries', and
-    `bootfsm fetch` reports ``len(attempts)`` artifacts downloaded. The module's own
-    ``run`` (the registry's) is one try's alone."""
+    """The fetch state, keeping HTTP attempts per artifact (failed ones too) over all
+    its tries; the module's ``run`` counts one try's alone."""
 
     NAME = NAME
 
@@ -140,8 +135,8 @@ class Fetch:
 
 
 def run(ctx: Context, attempts: dict[str, int] | None = None) -> None:
-    """Resolve (from the cache when it is complete), check space, download what is
-    missing; ``attempts`` (artifact -> HTTP attempts) gains this try's."""
+    """Resolve (from a complete cache first), check space, download what is missing;
+    adds this try's HTTP attempts per artifact to ``attempts``."""
     arts = from_cache(ctx)
     missing: list[Artifact] = []
     if arts is None:

@@ -1,9 +1,8 @@
-"""imex: the nvidia-imex host binary from the CUDA apt repo; its service stays masked;
-dpkg's database stays consistent (`apt-get check` passes: its nvidia-modprobe dependency
-is the runfile's, recorded for dpkg).
+"""imex: the nvidia-imex host binary from the CUDA apt repo, known to dpkg; its unit
+masked.
 
-On Grace-Blackwell the NVIDIA DRA driver runs IMEX per ComputeDomain and CDI-injects
-this binary; a node-wide ``nvidia-imex.service`` must not run.
+On Grace-Blackwell the NVIDIA DRA driver runs IMEX per ComputeDomain and CDI-injects this
+binary, so a node-wide ``nvidia-imex.service`` must not run.
 """
 
 from __future__ import annotations
@@ -36,8 +35,9 @@ def satisfied(ctx: Context) -> bool:
 
 
 def run(ctx: Context) -> None:
-    """dpkg -i the verified deb once dpkg knows its nvidia-modprobe (the runfile's, told
-    to dpkg: install/runfile_debs.py), then disable and mask the host unit."""
+    """dpkg -i the verified deb once dpkg knows its nvidia-modprobe
+    (install/runfile_debs.py), so `apt-get check` passes; then disable and mask the
+    host unit."""
     if not _of_driver(ctx, dpkg.installed_version(ctx, _package(ctx))):
         ensure_nvidia_modprobe(ctx, Code.IMEX_INSTALL_FAILED)
         dpkg.install_debs(

@@ -65,9 +65,8 @@ def satisfied(ctx: Context) -> bool:
 
 
 def _cdi_fresh(ctx: Context) -> bool:
-    """Without the toolkit's refresh unit: a CDI spec written since this boot's
-    /dev/nvidia-uvm (devtmpfs: made at every boot by the driver state's nvidia-modprobe),
-    so every boot regenerates it. The unit's spec is its own (/var/run, per boot)."""
+    """Refresh unit installed (its spec is its own, per boot), or a CDI spec newer
+    than this boot's /dev/nvidia-uvm (devtmpfs), so every boot regenerates it."""
     if unit_installed(ctx):
         return True
     uvm = ctx.host.mtime("/dev/nvidia-uvm")
@@ -76,11 +75,9 @@ def _cdi_fresh(ctx: Context) -> bool:
 
 
 def wire_containerd(ctx: Context, major: int) -> bool:
-    """Write the runtime drop-in, make config.toml import it (only its imports line
-    changes; same mode; atomic), then check containerd's own merged view; True when a
-    file changed. CONTAINERD_CONFIG_INVALID when config.toml cannot be read or edited or
-    containerd refuses it; CONTAINERD_RUNTIME_MISSING when the merged view lacks the
-    nvidia runtime or lost one of config.toml's runtimes."""
+    """Write the runtime drop-in, import it from config.toml (imports line only,
+    atomic), check containerd's merged view; True when a file changed.
+    CONTAINERD_CONFIG_INVALID or CONTAINERD_RUNTIME_MISSING."""
     current = ctx.host.read_text(CONFIG)
     try:
         dropin = containerd.dropin_text(current, major)
@@ -116,12 +113,7 @@ def wire_containerd(ctx: Context, major: int) -> bool:
 
 
 def run(ctx: Context) -> None:
-    """Wire containerd, device symlinks, CDI spec, start kubelet, write the ready marker.
-
-    Order as the runtime needs it: toolkit (driver state), containerd drop-in and its
-    import (checked in containerd's merged view), udev rule, /dev/char symlinks, then
-    the CDI refresh.
-    """
+    """Wire containerd, device symlinks, CDI spec, start kubelet, write the ready marker."""
     cfg = ctx.config.join
     changed = wire_containerd(ctx, _containerd_major(ctx))
     if ctx.host.read_text(UDEV_RULE) != UDEV_TEXT:

@@ -1,17 +1,8 @@
 """mig: MIG mode current on every GPU and exactly the GPU instances the layout asks for.
 
-AgentBaker's MIG step (cse_main.sh: ``MIG_NODE=true`` sets REBOOTREQUIRED and runs
-``ensureMigPartition``; mig-partition.service runs ``nvidia-smi -mig 1`` then
-``nvidia-smi mig -cgi <layout>`` and ``-cci``) as one state: the layout comes from
-``mig.profile`` or the VM tag ``mig.tag`` names (detect puts it in the facts and says
-where from). Postcondition, read-only: `nvidia-smi -q -x` shows MIG mode Current
-Enabled on every GPU, `-lgi` shows exactly the layout's GPU instances on each and `-lci`
-one compute instance in each. Action: ``nvidia-smi -i N -mig 1`` where it is off; a
-mode left pending (Current Disabled, Pending Enabled: an A100 in a VM, or a GPU held by
-a client) ends the run with MIG_RESET_REQUIRED, and the next boot carries on; then
-``nvidia-smi mig -i N -cgi <ids> -C``. A GPU holding other instances is reconfigured
-(``-dci`` then ``-dgi``, which the driver itself refuses while a process uses the GPU:
-MIG_CONFIG_FAILED with its words); nothing is ever destroyed on a GPU already right.
+The layout is ``mig.profile`` or the VM tag ``mig.tag`` names. A mode left pending (an
+A100 in a VM, a GPU held by a client) ends the run with MIG_RESET_REQUIRED; nothing is
+ever destroyed on a GPU already right.
 """
 
 from __future__ import annotations
@@ -85,17 +76,16 @@ def _plan(ctx: Context, gpus: tuple[SmiGpu, ...]) -> list[list[int]]:
 
 
 def _reboot_requested(ctx: Context, gpus: tuple[SmiGpu, ...]) -> bool:
-    """A pending mode change waits for the caller's reboot once a run of this boot asked
-    for it (REBOOT_REQUEST, under /run: the hook's, with mig.on_pending = reboot). Any
-    run of the same boot waits for it too: bootfsm.service, which kubelet's Requires=
-    starts when the caller starts kubelet before its reboot, must not fail 26."""
+    """A pending mode waits for the reboot this boot already requested
+    (REBOOT_REQUEST, the hook's): every run of the boot, so kubelet's Requires= run
+    does not fail 26."""
     pending = any(g.mig_current != "Enabled" and g.mig_pending == "Enabled" for g in gpus)
     return pending and ctx.host.exists(REBOOT_REQUEST)
 
 
 def satisfied(ctx: Context) -> bool:
-    """MIG mode current everywhere and every GPU holds exactly its layout, or (hook) a
-    pending mode waiting for the reboot this boot asked for (read-only)."""
+    """MIG current everywhere and each GPU holds exactly its layout, or a pending mode
+    awaits the reboot this boot requested (read-only)."""
     if ctx.facts.mig_profile is None:
         return True
     try:
@@ -111,8 +101,7 @@ def satisfied(ctx: Context) -> bool:
 
 
 def _enable(ctx: Context, gpus: tuple[SmiGpu, ...]) -> tuple[SmiGpu, ...] | None:
-    """`nvidia-smi -i N -mig 1` where MIG is off; a mode left pending ends the run (None:
-    with mig.on_pending = reboot, a reboot request for the caller)."""
+    """`nvidia-smi -i N -mig 1` where off; the GPUs, or None when a mode is left pending."""
     unsupported = [g for g in gpus if g.mig_current in ("", "N/A")]
     if unsupported:
         names = ", ".join(f"{g.bus_id} ({g.product_name})" for g in unsupported)

@@ -1,22 +1,8 @@
 """verify: the driver answers, every PCI GPU is visible, the NVLink fabric is ready.
 
-A corrupted infoROM is judged from the plain `nvidia-smi`, the one command that reports
-it (its warning and exit 14; `-q -x` exits 0 without it): INFOROM_CORRUPTED, as
-AgentBaker's validateGPUDrivers exits 87. Then it reads the structured
-`nvidia-smi -q -x` (the whole output, however many GPUs). The
-fabric is judged by what each GPU reports and what its family supports, not by the
-guards: Ampere has no GPU fabric probe (Fabric N/A even with NVSwitch and fabric
-manager), N/A / Not Supported means no fabric to wait for, any other state must reach
-Completed (bounded by verify.fabric_timeout), Completed with a Status other than
-Success is final, and a Completed/Success GPU whose Health Summary is Unhealthy is not
-ready. Clique id and cluster UUID are journaled per GPU.
-
-On a GRID driver verify also waits (bounded by verify.license_timeout) for
-`nvidia-smi -q -x` to show every vGPU licence acquired (bootfsm/install/grid_license.py):
-GRID_NOT_LICENSED else.
-
-Satisfied when one query shows all of that at once (and fabric manager active where
-the node needs it, and the licence acquired on GRID).
+Satisfied when one `nvidia-smi -q -x` shows all of that (fabric manager active where
+needed; on GRID every vGPU licensed). A GPU that reports a fabric must reach
+Completed/Success, not Unhealthy, within verify.fabric_timeout; N/A is no fabric.
 """
 
 from __future__ import annotations
@@ -51,7 +37,7 @@ PROC_VERSION = "/proc/driver/nvidia/version"
 
 
 def _inforom(ctx: Context) -> None:
-    """INFOROM_CORRUPTED when the plain `nvidia-smi` warns about an infoROM."""
+    """INFOROM_CORRUPTED when plain `nvidia-smi` warns (`-q -x` exits 0 without it)."""
     r = ctx.run(["nvidia-smi"], timeout=120, die_with_bootfsm=False)  # only reads
     error = inforom_error(r.output, r.returncode)
     if error is not None:
@@ -108,8 +94,8 @@ def _summary(report: SmiReport) -> dict[str, int]:
 
 
 def satisfied(ctx: Context) -> bool:
-    """Fabric manager active (asked first: the answer fabric's postcondition just got),
-    and one query shows the driver, all GPUs and a ready fabric."""
+    """Fabric manager active (asked first: fabric's postcondition just got the
+    answer), and one query shows the driver, all GPUs and a ready fabric."""
     if needs_fabric_manager(ctx.facts) and not FABRIC_MANAGER.running(ctx):
         return False
     try:
@@ -123,8 +109,8 @@ def satisfied(ctx: Context) -> bool:
 
 
 def _judge(ctx: Context, report: SmiReport) -> FabricJudgement:
-    """``judge_fabric``; Completed with a Status other than Success is final (the GPUs
-    journaled, FABRIC_STATUS_FAILED)."""
+    """``judge_fabric``; Completed with a Status other than Success is final:
+    FABRIC_STATUS_FAILED."""
     judgement = judge_fabric(report)
     if judgement.verdict is FabricVerdict.FAILED:
         ctx.event("fabric.gpus", gpus=fabric_gpus(report))
@@ -165,8 +151,7 @@ def _wait_fabric(ctx: Context, report: SmiReport, judgement: FabricJudgement) ->
 
 
 def run(ctx: Context) -> None:
-    """The infoROM, a query, then wait (bounded) for the fabric; each failure class has
-    its own code."""
+    """The infoROM, a query, a bounded wait for the fabric (and on GRID the licence)."""
     _inforom(ctx)
     report = _query(ctx)
     judgement = _judge(ctx, report)

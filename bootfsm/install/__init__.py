@@ -1,3 +1,3 @@
-"""Steps the states share with image builds: dpkg, units, the driver's install and per-boot
-init, CDI, containerd wiring, the prebake marker.
+"""Steps the states share with image builds: dpkg, units, the driver's install and
+per-boot init, CDI, containerd wiring, the prebake marker.
 """

@@ -1,21 +1,8 @@
-"""Which `nvidia-ctk cdi generate` failures are harmless (pure).
+"""Which `nvidia-ctk cdi generate` failures are harmless (pure), and the CDI refresh.
 
-`nvidia-ctk cdi generate` exits non-zero in one documented harmless case: a GPU in MIG
-mode with no MIG instances yet has no device to describe, and the spec's merged ``all``
-device ends up empty ("invalid device, empty device edits"). AKS provisions such nodes
-and lets the MIG partitioning that follows regenerate the spec (Azure/AgentBaker PR
-#8736: "nvidia-ctk exits 1 while MIG mode is on with no instances"; PR #9150 tolerates
-the refresh unit's exit codes). The same message on a node with MIG off is a real
-failure that hides GPUs from pods (kaito-project/kaito#2326), so the case holds only
-when a GPU reports MIG mode Enabled. Everything else stays CDI_REFRESH_FAILED (92).
-
-Both ways of refreshing are judged alike (``refresh_cdi``): `nvidia-ctk cdi generate` by
-its own output, and the toolkit's refresh unit (1.18+: nvidia-cdi-refresh.service,
-``ExecStart=/usr/bin/nvidia-ctk cdi generate``, Type=oneshot) by what that same command
-printed in the failed run, read from the journal of the unit's invocation
-(`systemctl show -p InvocationID`, `journalctl _SYSTEMD_INVOCATION_ID=<id> -o cat`):
-AgentBaker's drop-in on the unit (``SuccessExitStatus=1 2 127``) accepts the same failure
-without looking at it; bootfsm accepts exactly the documented case on either path.
+Only "invalid device, empty device edits" while a GPU is in MIG mode with no instances
+yet (Azure/AgentBaker PR #8736); anything else is CDI_REFRESH_FAILED (92). A failed
+refresh unit is judged by what its run of `cdi generate` printed (its journal), alike.
 """
 
 from __future__ import annotations
@@ -41,9 +28,8 @@ CDI_UNIT_DIRS = ("/etc/systemd/system", "/lib/systemd/system", "/usr/lib/systemd
 
 
 def mig_modes(report_xml: str) -> list[str]:
-    """Each GPU's current MIG mode ("Enabled", "Disabled", "N/A") from `nvidia-smi -q -x`,
-    in order; empty when it is not a whole report (then the failed `cdi generate` is not
-    the tolerated case)."""
+    """Each GPU's current MIG mode from `nvidia-smi -q -x`, in order; [] when not a
+    whole report (then the failure is not the tolerated case)."""
     try:
         return [g.mig_current for g in parse_smi_xml(report_xml).gpus]
     except ParseError:
@@ -52,6 +38,7 @@ def mig_modes(report_xml: str) -> list[str]:
 
 def tolerated_case(generate_output: str, modes: list[str]) -> str | None:
     """The documented harmless case a failed `cdi generate` is, or None (a failure)."""
+    # with MIG off the same message is a real failure that hides GPUs (kaito#2326)
     if EMPTY_DEVICE_EDITS in generate_output and "Enabled" in modes:
         return MIG_NO_INSTANCES
     return None
@@ -73,9 +60,8 @@ def _unit_run_output(ctx: Context) -> str:
 
 
 def refresh_cdi(ctx: Context) -> None:
-    """Regenerate the CDI spec: the toolkit's refresh unit when installed (reset-failed,
-    restart), else `nvidia-ctk cdi generate`; CDI_REFRESH_FAILED when it fails, except in
-    the tolerated case, on either path."""
+    """Regenerate the CDI spec (the refresh unit when installed, else `nvidia-ctk cdi
+    generate`); CDI_REFRESH_FAILED unless the tolerated case."""
     if unit_installed(ctx):
         reset_failed(ctx, CDI_UNIT, "nvidia-cdi-refresh.path")
         argv = ["systemctl", "restart", CDI_UNIT]

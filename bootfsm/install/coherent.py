@@ -1,15 +1,8 @@
 """Grace's coherent GPU memory: the nvidia option NVreg_CoherentGPUMemoryMode.
 
-On Grace Hopper and Grace Blackwell the GPU memory is cache-coherent with the CPU's;
-without the option the 580 and later drivers online it as NUMA nodes, which the kernel,
-and so the kubelet, counts as node memory. NVIDIA's driver container (nvidia-driver
-``_get_module_params``: "Starting from R580, we need to enable the CDMM (Coherent Driver
-Memory Management) module parameter ... preventing over-reporting of a Kubernetes node's
-memory"), AgentBaker's GB image and the EKS AMI set ``NVreg_CoherentGPUMemoryMode=driver``.
-bootfsm writes it to a modprobe.d file before the module loads (modprobe, udev and
-nvidia-modprobe all read modprobe.d) with the initramfs rebuilt, and reads back what the
-loaded module took: /proc/driver/nvidia/params prints ``CoherentGPUMemoryMode: "driver"``
-(``""`` when unset, as a real 580.159.04 H200 shows it: tests/captures).
+Without it a 580+ driver onlines the GPU memory as NUMA nodes that the kubelet counts as
+node memory. Written to modprobe.d before the module loads; what the loaded module took
+is read back from /proc/driver/nvidia/params (``""`` when unset).
 """
 
 from __future__ import annotations
@@ -33,8 +26,8 @@ _KEY = "CoherentGPUMemoryMode"
 
 
 def wanted(cfg: Config, facts: NodeFacts) -> str:
-    """The mode this node's module must take ("" when none): ``driver.coherent_memory_mode``
-    on a Grace GPU with a 580 or later driver."""
+    """The mode this node's module must take: ``driver.coherent_memory_mode`` on a
+    Grace GPU with a 580+ driver, else ""."""
     branch = cfg.driver.version.split(".", 1)[0]
     grace = any(g.model.grace for g in facts.gpus)
     new = branch.isdigit() and int(branch) >= FIRST_BRANCH
@@ -50,8 +43,7 @@ def _text(mode: str) -> str:
 
 
 def conf_ok(ctx: Context) -> bool:
-    """Nothing wanted, or the modprobe.d file says the mode and an initramfs was rebuilt
-    after it (a module loaded from the initramfs reads the initramfs's copy)."""
+    """Nothing wanted, or the modprobe.d file says the mode and the initramfs was rebuilt since."""
     mode = wanted(ctx.config, ctx.facts)
     return not mode or modprobe_conf_ok(ctx, CONF, _text(mode))
 

@@ -1,19 +1,9 @@
 """containerd's configuration, pure: the NVIDIA runtime drop-in, the ``imports`` line of
 config.toml, and what ``containerd config dump`` says.
 
-How containerd reads its files (services/server/config/config.go, 1.6 to 2.x):
-config.toml is loaded, then every file its top-level ``imports = [...]`` lists (paths
-relative to config.toml's directory, globbed), recursively. An imported file's
-``plugins."<name>"`` table *replaces* config.toml's table of the same plugin whole
-("maps merged by keys, but values are replaced entirely"): a drop-in that holds only
-``runtimes.nvidia`` would drop the node's runc runtime, its cgroup driver and its
-sandbox image. So the drop-in carries config.toml's whole CRI runtime plugin table with
-the nvidia runtime added, as ``nvidia-ctk runtime configure --drop-in-config`` does.
-
-The plugin's name follows the *file's* schema version: 1 ``cri``, 2
-``io.containerd.grpc.v1.cri``, 3 ``io.containerd.cri.v1.runtime`` (containerd 2.x
-migrates older files when it loads them; 1.x knows versions 1 and 2 only). The dump is
-in the binary's own schema: version 2 for 1.x, version 3 for 2.x.
+An imported plugin table replaces config.toml's whole (containerd 1.6-2.x), so the
+drop-in carries config.toml's entire CRI runtime plugin table plus the nvidia runtime, as
+``nvidia-ctk runtime configure --drop-in-config`` does.
 """
 
 from __future__ import annotations
@@ -47,6 +37,7 @@ CONFIG = "/etc/containerd/config.toml"
 DROPIN = "/etc/containerd/config.d/10-nvidia-runtime.toml"
 DROPIN_GLOB = "/etc/containerd/config.d/*.toml"
 RUNTIME_BINARY = "/usr/bin/nvidia-container-runtime"
+# by the file's schema version; the dump is in the binary's own (2 for 1.x, 3 for 2.x)
 _PLUGINS = {1: "cri", 2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
 
 
@@ -127,9 +118,9 @@ def render_toml(data: Mapping[str, Any], prefix: Sequence[str] = ()) -> str:
 
 
 def dropin_text(config_text: str | None, major: int) -> str:
-    """The drop-in for a node whose config.toml is ``config_text`` (None: absent) and
-    whose containerd is ``major``.x: config.toml's CRI runtime plugin table, whole, with
-    the nvidia runtime added, in config.toml's own schema version."""
+    """The drop-in for config.toml ``config_text`` (None: absent) and containerd
+    ``major``.x: its whole CRI runtime plugin table plus the nvidia runtime, in its
+    schema version."""
     data = _load(config_text, "config.toml") if config_text is not None else {}
     default = 1 if major < 2 else 2  # containerd's reading of a file without version
     version = _version(data, default) if config_text is not None else (3 if major >= 2 else 2)
@@ -214,12 +205,9 @@ def ensure_import(
     dropin: str = DROPIN,
     config: str = CONFIG,
 ) -> str | None:
-    """config.toml with ``entry`` in its imports, or None when it is already covered.
-
-    Only the ``imports`` line changes (added before the first table when absent); every
-    other byte stays. The result is re-read and must differ from the input in imports
-    alone, else ContainerdConfigError. ``text`` None (no config.toml): a minimal file.
-    """
+    """config.toml with ``entry`` in its imports (a minimal file for ``text`` None),
+    or None when already covered. Only the imports line changes, else
+    ContainerdConfigError."""
     if text is None:
         return f"version = {3 if major >= 2 else 2}\nimports = [{json.dumps(entry)}]\n"
     before = _load(text, "config.toml")
@@ -257,9 +245,8 @@ def _insert_line(text: str, line: str) -> str:
 
 
 def import_edit(before: str, after: str) -> dict[str, Any]:
-    """What ``ensure_import`` changed in config.toml ``before`` to make ``after`` (pure):
-    the text it replaced (``from``), the text it put there (``to``) and the imports
-    before (``imports``), as the install record keeps it for ``undo_import``."""
+    """What ``ensure_import`` changed from ``before`` to ``after`` (pure): ``from``,
+    ``to`` and the earlier ``imports``, for ``undo_import``."""
     head = 0
     while head < min(len(before), len(after)) and before[head] == after[head]:
         head += 1
@@ -274,9 +261,9 @@ def import_edit(before: str, after: str) -> dict[str, Any]:
 
 
 def undo_import(text: str, edit: Mapping[str, Any]) -> str | None:
-    """config.toml ``text`` (edited by someone since) with bootfsm's imports edit undone:
-    the one occurrence of ``edit["to"]`` put back to ``edit["from"]``; None unless the
-    result reads with exactly the imports from before and every other key unchanged."""
+    """``text`` with bootfsm's imports edit undone (``edit["to"]`` back to
+    ``edit["from"]``); None unless it then has the earlier imports and every other key
+    unchanged."""
     to, frm = edit.get("to"), edit.get("from")
     if not isinstance(to, str) or not isinstance(frm, str) or not to or text.count(to) != 1:
         return None
@@ -293,9 +280,8 @@ def undo_import(text: str, edit: Mapping[str, Any]) -> str | None:
 
 
 def runtime_problem(dump: str, major: int, config_text: str | None = None) -> str | None:
-    """What is wrong with ``containerd config dump`` output for containerd ``major``.x
-    (None: the nvidia runtime is there, with its binary, and every runtime config.toml
-    defines survived the merge)."""
+    """What is wrong with ``containerd config dump`` output of containerd ``major``.x;
+    None when the nvidia runtime, its binary and every config.toml runtime are there."""
     data = _load(dump, "containerd config dump output")
     version = 3 if major >= 2 else 2
     plugin = plugin_for_version(version)

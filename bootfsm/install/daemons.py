@@ -1,14 +1,7 @@
-"""The host daemons bootfsm owns, in one small shape (after EKS nodeadm's daemons):
-each is a systemd unit with a failure code, and three questions and answers:
+"""The host daemons bootfsm owns (after EKS nodeadm's daemons): each a systemd unit with
+a failure code, asked ``configured``, ``ensure_running`` and ``healthy``.
 
-- ``configured``: the unit is enabled (or, for a daemon that must not run on the host,
-  masked): `systemctl show` once;
-- ``ensure_running``: enable, clear an earlier failure, start, and require it active;
-- ``healthy``: active, and whatever the daemon's own health check says (kubelet: its
-  healthz answers ``ok``).
-
-States say which daemon they need by name (``FABRIC_MANAGER``, ``KUBELET``...), so a
-unit name or its failure code is written down once, here.
+A unit name or its failure code is written down once, here.
 """
 
 from __future__ import annotations
@@ -47,8 +40,7 @@ class Daemon:
     check: Callable[[Context], bool] | None = None
 
     def state(self, ctx: Context) -> UnitState:
-        """Its enablement and activity (what `is-enabled` and `is-active` answer), from
-        one `systemctl show` that asks about every daemon here (``ALL``)."""
+        """Enablement and activity, from one `systemctl show` of every daemon here (``ALL``)."""
         names = [d.unit for d in ALL] if self in ALL else [self.unit]
         found = unit_states(ctx, names).get(self.unit)
         return found if found is not None else unit_state(ctx, self.unit)
@@ -71,8 +63,8 @@ class Daemon:
         return self.running(ctx) and (self.check is None or self.check(ctx))
 
     def start(self, ctx: Context, *, reset_failed: bool = False) -> None:
-        """Enable it unless enabled, and start it unless active (clearing an earlier
-        failed start first with ``reset_failed``); ``code`` when systemctl fails."""
+        """Enable unless enabled, start unless active (``reset_failed`` first);
+        ``code`` on failure."""
         state = self.state(ctx)
         if state.enabled != "enabled":
             systemctl(ctx, "enable", self.unit, code=self.code)
@@ -109,8 +101,7 @@ class Daemon:
         systemctl(ctx, "disable", "--now", self.unit, code=self.code)
 
     def mask(self, ctx: Context) -> None:
-        """Stop, disable (when enabled) and mask it, recorded: it must not run on this
-        host. Nothing to do when it is masked already."""
+        """Stop, disable and mask it, recorded (it must not run on this host); no-op when masked."""
         state = self.state(ctx).enabled
         if state == "masked":
             return

@@ -1,12 +1,8 @@
 """Debian packages through `dpkg`: a bounded wait for the locks, repair after an
 interrupted dpkg, installed versions, installs.
 
-dpkg takes two POSIX (``fcntl``) locks: ``lock-frontend`` (what apt and dpkg take first,
-unless a frontend already holds it for them) and ``lock``, the database lock that dpkg
-holds while it changes the database. Both are waited on. A dpkg killed mid-install
-leaves its journal in ``/var/lib/dpkg/updates/`` (files named by a number, dpkg's
-``lib/dpkg/dbmodify.c``) or packages that `dpkg --audit` lists as unpacked or half
-configured; `dpkg --configure -a` runs before the next install.
+Both ``fcntl`` locks are waited on; an interrupted dpkg (a journal in
+/var/lib/dpkg/updates/, or `dpkg --audit` output) is repaired before the next install.
 """
 
 from __future__ import annotations
@@ -54,8 +50,8 @@ _HEADING = re.compile(r"^The following packages (.*)$")
 
 
 def parse_audit(text: str) -> dict[str, list[str]]:
-    """`dpkg --audit` output to {state: [package, ...]} for the states `--configure -a`
-    completes (pure). Empty output (a sound database) gives {}."""
+    """`dpkg --audit` output -> {state: [package, ...]} for the states `--configure
+    -a` completes (pure); {} for a sound database."""
     out: dict[str, list[str]] = {}
     state: str | None = None
     for line in text.splitlines():
@@ -109,9 +105,7 @@ def interrupted(ctx: Context) -> str | None:
 
 
 def repair(ctx: Context) -> bool:
-    """`dpkg --configure -a` when an earlier dpkg was interrupted; True if it ran.
-
-    DPKG_REPAIR_FAILED when it fails (the database needs a person)."""
+    """`dpkg --configure -a` after an interrupted dpkg; True if it ran; DPKG_REPAIR_FAILED."""
     reason = interrupted(ctx)
     if reason is None:
         return False
@@ -128,18 +122,14 @@ def repair(ctx: Context) -> bool:
 
 
 def installed_version(ctx: Context, package: str) -> str | None:
-    """The version of ``package`` when fully installed (status ``ii``), else None.
-
-    A package dpkg only unpacked (failed configure, unmet dependencies) is not installed.
-    """
+    """The version of ``package`` when fully installed (``ii``; only unpacked is not), else None."""
     return installed_versions(ctx, [package])[package]
 
 
 def asked_versions(ctx: Context, packages: Sequence[str]) -> dict[str, str | None]:
-    """``installed_versions`` of ``packages`` for a postcondition, asked in the one
-    `dpkg-query` that names every package this run deals in (``packages``, the
-    toolkit's, every deb fetch resolved, such as nvidia-imex): inside ``ctx.asking``
-    the driver's and imex's questions then share one answer."""
+    """``installed_versions`` of ``packages`` from the one `dpkg-query` that names
+    every package of the run, so inside ``ctx.asking`` the postconditions share one
+    answer."""
     debs = [a.name for a in resolved(ctx) or () if a.filename.endswith(".deb")]
     every = sorted({*packages, *ctx.config.sources.toolkit_packages, *debs})
     found = installed_versions(ctx, every)
@@ -155,9 +145,8 @@ def installed_versions(ctx: Context, packages: Sequence[str]) -> dict[str, str |
 
 
 def parse_query(output: str, packages: Sequence[str]) -> dict[str, str | None]:
-    """Pure: the lines ``name|status|version`` of `dpkg-query -W` (its stderr lines,
-    such as "no packages found matching", have no such shape) -> name -> version when
-    the status is ``ii`` (installed, no error), else None."""
+    """Pure: `dpkg-query -W` lines ``name|status|version`` -> name -> version when
+    ``ii``, else None; other lines (its stderr) are ignored."""
     found: dict[str, str | None] = dict.fromkeys(packages)
     for line in output.splitlines():
         name, sep, rest = line.partition("|")
@@ -180,18 +169,9 @@ def install_debs(
     code: Code,
     names: Sequence[str] = (),
 ) -> None:
-    """`dpkg -i` the given debs ((node path, sha256) pairs) once both locks are free and
-    any interrupted dpkg is repaired; a lock race is transient. Of the packages ``names`` (those the
-    debs hold), the ones not installed before are recorded (bootfsm/install/records.py),
-    and so is the new version of one bootfsm installed earlier: `bootfsm uninstall`
-    purges those and never one that was on the node before.
-
-    What dpkg reads is what was verified: right before it runs, each cached deb is
-    copied into ``<state_dir>/extract`` (bootfsm's own 0700 directory) and hashed as it
-    is copied, as the runfile is (``Host.private_copy``); a deb whose bytes changed in
-    the cache since fetch hashed them is refused (CHECKSUM_MISMATCH), and dpkg installs
-    the copies, which no one else can write, then they are removed. ``debs_of`` gives
-    the pairs of verified cached artifacts."""
+    """`dpkg -i` the debs ((node path, sha256) pairs) once the locks are free and dpkg
+    is repaired; a lock race is transient. Of ``names``, records the packages new here
+    or bootfsm's own upgraded, never one that was on the node before."""
     wait_for_lock(ctx)
     repair(ctx)
     before = installed_versions(ctx, names) if names else {}
@@ -217,6 +197,7 @@ def _dpkg_install(
     copies: list[Path] = []
     try:
         for node_path, sha256 in debs:
+            # dpkg reads what was verified: a private (0700) copy, hashed as it is copied
             copies.append(ctx.host.private_copy(node_path, extract, sha256))
         argv = ["dpkg", "-i", *(f"--force-{f}" for f in force), *(str(d) for d in copies)]
         ctx.require(argv, code=code, timeout=300, what="dpkg -i failed")

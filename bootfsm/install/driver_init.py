@@ -1,17 +1,8 @@
 """The driver's per-boot initialization and the modules bootfsm loaded this boot.
 
-Loading the module is not the whole of a usable driver: `nvidia-modprobe -u -c0` loads
-nvidia_uvm and creates /dev/nvidia-uvm (udev never autoloads nvidia_uvm: it has no PCI
-alias), ldconfig puts libnvidia-ml.so.1 in the linker cache, and nvidia-smi must answer.
-A prebaked image or a udev-autoloaded module has none of that done at boot, so the
-driver state's postcondition asks for the device nodes and the cache (``init_missing``).
-
-/run/bootfsm/driver-loaded lists the NVIDIA modules bootfsm's own commands loaded this
-boot (/run is per boot). An upgrade in place or a rebuild (``unload_driver``) first stops
-the daemons bootfsm started that hold /dev/nvidia* (``daemons.DRIVER_USERS``, in NVIDIA's
-driver container's order), unloads the modules bootfsm loaded (``unload_own``), then
-nvidia, and judges by what is loaded afterwards, never by modprobe's exit status (kmod
-exits 0 for a module already gone, 1 with --first-time in $MODPROBE_OPTIONS).
+A loaded module is not a usable driver: nvidia_uvm with /dev/nvidia-uvm (udev never
+autoloads it), libnvidia-ml.so.1 in the linker cache and an answering nvidia-smi come
+every boot. /run/bootfsm/driver-loaded lists the modules bootfsm's own commands loaded.
 """
 
 from __future__ import annotations
@@ -130,15 +121,12 @@ def _start_again(ctx: Context, stopped: list[Daemon]) -> None:
 
 
 def unload_driver(ctx: Context, loaded: str) -> None:
-    """Unload the loaded driver ``loaded`` so another can be loaded: stop the daemons
-    bootfsm started that hold /dev/nvidia* (``DRIVER_USERS`` order), unload the modules
-    bootfsm loaded this boot, then nvidia. REBOOT_REQUIRED, naming what holds it, when
-    nvidia is still loaded afterwards (the stopped daemons are started again first).
-    The stopped daemons come back with the new driver: nvidia-persistenced in this
-    state, fabric manager in the fabric state (after its version matches)."""
+    """Unload driver ``loaded`` so another can load: bootfsm's daemons holding
+    /dev/nvidia* stopped, its modules then nvidia unloaded. REBOOT_REQUIRED, naming
+    the holders, when nvidia stays loaded (the daemons started again first)."""
     mine = _started_by_bootfsm(ctx)
     stopped = [d for d in DRIVER_USERS if d.unit in mine and d.running(ctx)]
-    for daemon in stopped:
+    for daemon in stopped:  # back with the new driver (persistenced here, FM in fabric)
         daemon.stop(ctx)
     if stopped:
         ctx.event("driver.daemons_stopped", units=[d.unit for d in stopped])
@@ -148,6 +136,7 @@ def unload_driver(ctx: Context, loaded: str) -> None:
         r = ctx.run(["modprobe", "-r", "nvidia"], timeout=60)
         ctx.event("driver.unload", module="nvidia", ok=r.ok, rc=r.returncode)
         output = r.output[-1000:]
+    # judged by what is loaded: kmod exits 0 for a module already gone
     if loaded_module_version(ctx.host) is not None:
         users = nvidia_users(ctx)
         _start_again(ctx, stopped)
@@ -163,9 +152,8 @@ def unload_driver(ctx: Context, loaded: str) -> None:
 
 
 def device_nodes(ctx: Context) -> list[str]:
-    """The device nodes a usable driver has: nvidiactl, nvidia-uvm and one nvidiaN per GPU
-    the driver attached (/proc/driver/nvidia/gpus/<bus id>; a GPU on PCI that the driver
-    does not see is verify's GPU_COUNT_MISMATCH, not a missing node)."""
+    """The device nodes of a usable driver: nvidiactl, nvidia-uvm and one nvidiaN per
+    GPU the driver attached (one it does not see is verify's GPU_COUNT_MISMATCH)."""
     attached = len(ctx.host.listdir("/proc/driver/nvidia/gpus"))
     return ["/dev/nvidiactl", "/dev/nvidia-uvm", *(f"/dev/nvidia{i}" for i in range(attached))]
 
@@ -198,9 +186,8 @@ def _load(ctx: Context) -> None:
 
 
 def inforom_error(output: str, returncode: int) -> BootError | None:
-    """INFOROM_CORRUPTED when plain `nvidia-smi` reported a corrupted infoROM (its
-    warning line, or exit 14), naming the GPUs it warned about; None otherwise. Only the
-    plain table says so: `-q -x` exits 0 without the warning, so nothing else is asked."""
+    """INFOROM_CORRUPTED, naming the GPUs, when plain `nvidia-smi` warned of a
+    corrupted infoROM or exited 14, else None (`-q -x` exits 0 without the warning)."""
     gpus = inforom_warnings(output)
     if not gpus and returncode != SMI_INFOROM_EXIT:
         return None
@@ -213,9 +200,7 @@ def inforom_error(output: str, returncode: int) -> BootError | None:
 
 
 def _smi_answers(ctx: Context, seen: list[str]) -> bool | None:
-    """One nvidia-smi try: True when it answers, None to try again (its failure appended
-    to ``seen``); a version mismatch (DRIVER_LIBRARY_MISMATCH) and a corrupted infoROM
-    (INFOROM_CORRUPTED, what AgentBaker's validateGPUDrivers exits 87 for) are final."""
+    """One nvidia-smi try: True, or None to retry; library mismatch and infoROM are final."""
     r = ctx.run(["nvidia-smi"], timeout=120, die_with_bootfsm=False)  # only reads
     inforom = inforom_error(r.output, r.returncode)
     if inforom is not None:

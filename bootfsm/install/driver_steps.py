@@ -1,10 +1,7 @@
-"""Driver steps shared by the driver state and ``bootfsm bake``.
+"""Driver steps shared by the driver state and ``bootfsm bake``: nouveau off, the toolkit
+debs, the DKMS build of the runfile and the checks of what it built.
 
-nouveau off, the container toolkit debs, the DKMS build of the runfile and the checks
-of what DKMS built. The driver state (states/driver.py) adds what only a boot does
-(load, per-boot init, unload for an upgrade in place); bake runs these same steps
-against an image root. Pure helpers (``parse_module_type``, ``fallback_module_type``)
-take text in and give a value out.
+Bake runs them against an image root; only a boot loads, initializes or unloads.
 """
 
 from __future__ import annotations
@@ -86,12 +83,9 @@ def built(ctx: Context) -> bool:
 
 
 def modprobe_conf_ok(ctx: Context, path: str, text: str) -> bool:
-    """The modprobe.d file ``path`` says ``text`` and an initramfs was rebuilt after it
-    was written (a module loaded from the initramfs reads the initramfs's copy).
-
-    A run killed between writing the file and `update-initramfs` rebuilds it on the
-    rerun; otherwise the next boot would load modules from the old initramfs.
-    """
+    """The modprobe.d file ``path`` says ``text`` and an initramfs was rebuilt since
+    (a module loaded from it reads its copy), so a run killed before the rebuild
+    redoes it."""
     if ctx.host.read_text(path) != text:
         return False
     written = ctx.host.mtime(path) or 0.0
@@ -137,13 +131,8 @@ def install_toolkit(ctx: Context) -> bool:
 
 
 def parse_module_type(text: str) -> str | None:
-    """What `nvidia-installer --print-recommended-kernel-module-type` printed.
-
-    The installer prints one word, ``open`` or ``proprietary`` (nvidia-installer's
-    print_module_type; samples/installer/nvidia-run_help_info_advanced_excerpts.txt).
-    A ``kernel_module_type=<word>`` line (the shell trace some docs quote) is accepted
-    too. None when no line says either.
-    """
+    """The type `nvidia-installer --print-recommended-kernel-module-type` printed
+    (``open`` or ``proprietary``, alone or as ``kernel_module_type=<word>``), or None."""
     for raw in text.splitlines():
         line = raw.strip()
         key, eq, value = line.partition("=")
@@ -159,9 +148,9 @@ def _branch(version: str) -> int:
 
 
 def fallback_module_type(version: str, models: Iterable[GpuModel]) -> str:
-    """The type to build when the installer gives no recommendation: ``proprietary`` when
-    a GPU is older than Turing (the open modules need its GSP), ``open`` from branch 560 on
-    (NVIDIA's default since then) or when a GPU needs it, else ``proprietary``."""
+    """The type to build without a recommendation: ``proprietary`` for a GPU older
+    than Turing (open needs GSP), ``open`` from branch 560 or when a GPU needs it,
+    else ``proprietary``."""
     gpus = list(models)
     if requires_proprietary_module(gpus):
         return "proprietary"
@@ -171,10 +160,9 @@ def fallback_module_type(version: str, models: Iterable[GpuModel]) -> str:
 
 
 def installer_module_args(version: str, module_type: str) -> list[str]:
-    """The installer option that picks ``module_type`` in ``version``'s branch (pure):
-    ``--kernel-module-type=T`` from 560, ``-m=kernel-open`` / ``-m=kernel`` (the module
-    source directory, as NVIDIA's driver container passes it) from 515, nothing before
-    (proprietary only). ValueError for open modules before 515."""
+    """The installer option picking ``module_type`` in ``version``'s branch (pure):
+    ``--kernel-module-type`` from 560, ``-m=kernel-open``/``-m=kernel`` from 515, none
+    before; ValueError for open before 515."""
     branch = _branch(version)
     if branch >= OPEN_DEFAULT_BRANCH:
         return [f"--kernel-module-type={module_type}"]
@@ -214,15 +202,11 @@ def build_module(
     *,
     dkms: bool = True,
 ) -> str:
-    """Extract the verified runfile and DKMS-build the driver for ``ctx.facts.kernel``.
+    """Build the verified runfile's driver for ``ctx.facts.kernel``; return the module
+    type.
 
-    ``module_type`` None follows the config (``auto`` asks the installer); ``extra`` is
-    appended to the installer's argv (bake passes ``--skip-module-load``). ``dkms``
-    False (bake): ``--no-dkms`` with the modules in /lib/modules/<kernel>/updates/dkms
-    and nothing registered with DKMS (Azure/aks-gpu#191: a shared image must not make
-    a CPU node's next kernel update build NVIDIA); their files are recorded instead.
-    Returns the module type built.
-    """
+    ``module_type`` None follows the config; ``extra`` extends the installer's argv;
+    ``dkms`` False installs without DKMS, the files recorded instead."""
     kernel = ctx.facts.kernel
     if not ctx.host.exists(f"/lib/modules/{kernel}/build"):
         raise BootError(
@@ -262,6 +246,7 @@ def build_module(
         wall=ctx.host.wall,
     )
     dest = f"/lib/modules/{kernel}/updates/dkms"
+    # bake: no DKMS registration, or a CPU node's kernel update builds NVIDIA (aks-gpu#191)
     registration = (
         ["--dkms"] if dkms else ["--no-dkms", f"--kernel-install-path={ctx.host.path(dest)}"]
     )
@@ -295,9 +280,8 @@ def build_module(
 
 def module_problem(ctx: Context, module_type: str = "", *, dkms: bool = True) -> str | None:
     """Why the module for ``ctx.facts.kernel`` is unusable, or None when `dkms status`
-    lists the configured version installed (``dkms``; a module bake installed without
-    DKMS is asked of modinfo alone) and `modinfo` agrees (version and, unless
-    ``module_type`` is empty, the type its licence names)."""
+    (only if ``dkms``) and `modinfo` agree on the version and, if given,
+    ``module_type``."""
     version, kernel = ctx.config.driver.version, ctx.facts.kernel
     if dkms and not built(ctx):
         return f"dkms status lists no installed nvidia/{version} for {kernel}"
