@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 from bootfsm.core.codes import Code
-from bootfsm.core.errors import BootError, TransientError
+from bootfsm.core.errors import BootError
 from bootfsm.install import containerd, records
 from bootfsm.install.cdi import CDI_SPEC, CDI_TOLERATED, refresh_cdi, unit_installed
 from bootfsm.install.containerd import CONFIG, DROPIN, ContainerdConfigError
-from bootfsm.install.daemons import CONTAINERD, KUBELET
+from bootfsm.install.daemons import CONTAINERD, KUBELET, kubelet_healthy
 from bootfsm.machine.context import Context
 from bootfsm.parsers import ParseError
 from bootfsm.parsers.driver_info import parse_containerd_version
@@ -35,14 +35,6 @@ def _containerd_major(ctx: Context) -> int:
         raise BootError(Code.CONTAINERD_RESTART_FAILED, str(exc)) from exc
 
 
-def _healthy(ctx: Context) -> bool | None:
-    try:
-        r = ctx.http.get(ctx.config.join.kubelet_healthz_url, timeout=3, check=False)
-    except (TransientError, BootError):
-        return None
-    return True if r.status == 200 and r.body.strip() == b"ok" else None
-
-
 def satisfied(ctx: Context) -> bool:
     """Marker matches this driver and config, files in place, kubelet healthy."""
     try:
@@ -61,7 +53,7 @@ def satisfied(ctx: Context) -> bool:
             return False  # config.toml does not import the drop-in (edited since?)
     except ContainerdConfigError:
         return False
-    return not ctx.config.join.start_kubelet or bool(_healthy(ctx))
+    return not ctx.config.join.start_kubelet or kubelet_healthy(ctx)
 
 
 def _cdi_fresh(ctx: Context) -> bool:
@@ -130,7 +122,7 @@ def run(ctx: Context) -> None:
     if cfg.start_kubelet:
         KUBELET.start(ctx)
         ctx.wait_until(
-            lambda: _healthy(ctx),
+            lambda: True if kubelet_healthy(ctx) else None,
             timeout=cfg.kubelet_timeout,
             interval=cfg.kubelet_poll_interval,
             on_timeout=lambda: BootError(

@@ -5,9 +5,11 @@ masking for a daemon that must not run on the host."""
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 import pytest
+from pytest_httpserver import HTTPServer
 
 from bootfsm.core.codes import Code
 from bootfsm.core.config import parse_config
@@ -40,7 +42,7 @@ def test_start_enables_and_starts_only_what_is_not(tmp_path: Path) -> None:
     seen.clear()
     KUBELET.ensure_running(ctx)
     assert [a[1] for a in seen] == ["show", "enable", "start", "show"]
-    assert KUBELET.ready(ctx) and KUBELET.healthy(ctx)
+    assert KUBELET.ready(ctx) and KUBELET.running(ctx)
     seen.clear()
     KUBELET.ensure_running(ctx)  # already enabled and active: nothing to do
     assert [a[1] for a in seen] == ["show", "show"]
@@ -79,3 +81,25 @@ def test_every_unit_is_named_once() -> None:
         text = path.read_text()
         for unit in units:
             assert f'"{unit}"' not in text, f"{path.name} names {unit} itself"
+
+
+def test_kubelet_is_healthy_only_when_its_healthz_answers_ok(
+    tmp_path: Path, httpserver: HTTPServer
+) -> None:
+    # kubelet's /healthz answers 200 "ok", or 500 with the failed checks (kubelet source,
+    # pkg/kubelet/server: healthz.InstallHandler); a refused connection is not healthy either
+    def healthy(url: str) -> bool:
+        config = parse_config({"join": {"kubelet_healthz_url": url}})
+        ctx = Context.create(config, Host(tmp_path), Journal(None, run_id="t"))
+        return daemons.kubelet_healthy(ctx)
+
+    httpserver.expect_request("/ok").respond_with_data("ok", status=200)
+    httpserver.expect_request("/failed").respond_with_data("[-]ping failed", status=500)
+    httpserver.expect_request("/other").respond_with_data("okay", status=200)
+    assert healthy(httpserver.url_for("/ok"))
+    assert not healthy(httpserver.url_for("/failed"))
+    assert not healthy(httpserver.url_for("/other"))
+    with socket.socket() as s:  # a port nobody listens on: the connection is refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert not healthy(f"http://127.0.0.1:{port}/healthz")

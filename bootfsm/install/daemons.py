@@ -1,16 +1,16 @@
 """The host daemons bootfsm owns (after EKS nodeadm's daemons): each a systemd unit with
-a failure code, asked ``configured``, ``ensure_running`` and ``healthy``.
+a failure code, asked ``configured``, ``running`` and ``ensure_running``; kubelet's
+health beyond "active" is ``kubelet_healthy``.
 
 A unit name or its failure code is written down once, here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from bootfsm.core.codes import Code
-from bootfsm.core.errors import BootError
+from bootfsm.core.errors import BootError, TransientError
 from bootfsm.install import records, units
 from bootfsm.install.units import UnitState, systemctl, unit_state, unit_states
 from bootfsm.machine.context import Context
@@ -24,20 +24,19 @@ __all__ = [
     "KUBELET",
     "PERSISTENCED",
     "Daemon",
+    "kubelet_healthy",
 ]
 
 
 @dataclass(frozen=True)
 class Daemon:
-    """One host daemon: its unit, the code its failures get, how long it may take to
-    start, and (optionally) a health check beyond "active"."""
+    """One host daemon: its unit, the code its failures get, how long it may take to start."""
 
     name: str
     unit: str
     code: Code
     start_timeout: float = 120.0
     masked: bool = False  # it must not run on the host: configured means masked
-    check: Callable[[Context], bool] | None = None
 
     def state(self, ctx: Context) -> UnitState:
         """Enablement and activity, from one `systemctl show` of every daemon here (``ALL``)."""
@@ -57,10 +56,6 @@ class Daemon:
         """Enabled and active (a postcondition's question)."""
         state = self.state(ctx)
         return state.enabled == "enabled" and state.active
-
-    def healthy(self, ctx: Context) -> bool:
-        """Active, and its own health check (when it has one) passes."""
-        return self.running(ctx) and (self.check is None or self.check(ctx))
 
     def start(self, ctx: Context, *, reset_failed: bool = False) -> None:
         """Enable unless enabled, start unless active (``reset_failed`` first);
@@ -126,7 +121,17 @@ CONTAINERD = Daemon("containerd", "containerd.service", Code.CONTAINERD_RESTART_
 """Restarted when its NVIDIA runtime configuration changes (states/join.py)."""
 
 KUBELET = Daemon("kubelet", "kubelet.service", Code.KUBELET_NOT_HEALTHY)
-"""Started last; healthy when its healthz answers ``ok`` (states/join.py sets the wait)."""
+"""Started last; healthy when ``kubelet_healthy`` (states/join.py sets the wait)."""
+
+
+def kubelet_healthy(ctx: Context) -> bool:
+    """kubelet's healthz (``join.kubelet_healthz_url``) answers 200 ``ok``; an error is not."""
+    try:
+        r = ctx.http.get(ctx.config.join.kubelet_healthz_url, timeout=3, check=False)
+    except (TransientError, BootError):
+        return False
+    return r.status == 200 and r.body.strip() == b"ok"
+
 
 DRIVER_USERS = (PERSISTENCED, FABRIC_MANAGER)
 """The daemons bootfsm runs that keep /dev/nvidia* open, in the order NVIDIA's driver
