@@ -23,11 +23,8 @@ __all__ = [
 
 
 def filter_is_sound() -> bool:
-    """Python's ``data`` filter takes an inside link for what it is. The first releases
-    with the filter (3.10.12, 3.11.4; 3.8.17, 3.9.17) resolve a symlink's target against
-    the destination instead of the link's own directory (CPython gh-107845, fixed in
-    3.10.13, 3.11.5, 3.12.0), so they refuse ``lib/up -> ../bin/x``; Ubuntu 22.04's
-    python3 is 3.10.12 with that bug. Asked of the filter itself, on a member in memory."""
+    """Whether Python's ``data`` filter accepts an inside relative link (CPython gh-107845:
+    3.10.12 and 3.11.4, Ubuntu 22.04's python3 among them, resolve it against the target)."""
     info = tarfile.TarInfo("a/b/link")
     info.type, info.linkname = tarfile.SYMTYPE, "../c"
     try:
@@ -59,11 +56,7 @@ def _escapes(path: str) -> bool:
 
 
 def check_member(name: str, type_: bytes, linkname: str = "") -> str | None:
-    """Why member ``name`` is unsafe, or None when it may be extracted.
-
-    Refused: absolute names, names with ``..`` that leave the target, devices, FIFOs,
-    and symbolic or hard links whose target leaves the target directory.
-    """
+    """Why member ``name`` is unsafe (absolute, ``..`` out, device, FIFO, link out), or None."""
     if not name or "\x00" in name:
         return f"empty or NUL in member name {name!r}"
     if posixpath.isabs(name) or _escapes(name) or ".." in name.split("/"):
@@ -92,14 +85,8 @@ def _through(path: str, links: set[str]) -> str | None:
 
 
 def check_members(members: Iterable[tuple[str, bytes, str]]) -> str | None:
-    """Why an archive of (name, type, linkname) members is unsafe, or None.
-
-    ``check_member`` for each, and no name, hard link or symlink target may pass through
-    a symlink the archive itself creates: such a path is inside lexically but can land
-    anywhere on disk (``d/up -> ..`` then ``d/up/../x``). Every symlink of the archive
-    counts, wherever it comes in the archive: a link added after a member that goes
-    through its name (``p/q -> ../r`` and then ``p -> .``) chains just as well.
-    """
+    """Why an archive of (name, type, linkname) members is unsafe, or None: ``check_member``
+    for each, and no path through a symlink the archive itself creates, wherever it comes."""
     rows = list(members)
     for name, type_, linkname in rows:
         problem = check_member(name, type_, linkname)
@@ -140,13 +127,8 @@ def extract_members(
     use_filter: bool,
     check_time: Callable[[], None] = lambda: None,
 ) -> None:
-    """Extract members that ``check_members`` accepted (the caller's duty) into ``target``.
-
-    With ``use_filter`` (``HAS_EXTRACTION_FILTER``) Python's ``data`` filter applies as
-    well; without it bootfsm's own rules (already applied by the caller) are the only
-    gate and the members' modes and owners are cleaned as the filter would.
-    ``check_time`` runs before each member (it raises when the time is up).
-    """
+    """Extract members the caller checked into ``target``; the ``data`` filter too when
+    ``use_filter``, else modes and owners cleaned as it would; ``check_time`` per member."""
     for m in members:
         check_time()
         if use_filter:
@@ -166,12 +148,8 @@ def extract_bounded(
     monotonic: Callable[[], float],
     on_timeout: Callable[[], BootError] | None,
 ) -> list[str]:
-    """List, check and extract ``archive`` into ``target`` (``Host.extract_tar``'s body).
-
-    The listing is read one member at a time, so a member-count or size bomb is refused
-    before it is read further; ``make_dest`` creates the target only once every member
-    passed; ``deadline`` bounds listing and extraction.
-    """
+    """List (one member at a time, bounded), check and extract ``archive`` into ``target``;
+    ``make_dest`` runs only once every member passed; ``deadline`` bounds all of it."""
 
     def check_time() -> None:
         if deadline is not None and monotonic() > deadline:

@@ -1,12 +1,5 @@
-"""Durable file primitives of the host boundary: atomic replace and durable append.
-
-``publish`` gives a file new content so that readers (and a reboot after a crash) see
-the old or the new bytes, never a mix: a temporary beside it, fsynced, renamed over it,
-the directory fsynced. ``append_line`` adds one line to a file bootfsm owns with one
-write and one fsync, for records that grow a line at a time (the install records):
-cheaper than rewriting the whole file, and a crash can only tear the last line, which
-the reader recognises by its missing newline.
-"""
+"""Durable file primitives: atomic replace (old or new bytes, never a mix, across a crash)
+and durable append (a crash tears at most the last line, which lacks its newline)."""
 
 from __future__ import annotations
 
@@ -47,17 +40,9 @@ def publish(
     durable: bool = True,
     sync_dir: bool = True,
 ) -> None:
-    """Give ``p`` new content atomically: temporary written, chmodded and fsynced, renamed
-    over ``p``, directory fsynced. Readers see the old or the new file, never a mix.
-
-    ``durable=False`` skips both fsyncs, for files that are checked when read and
-    rebuilt when lost (a hint, a cache's memo, a copy made to be executed now): readers
-    still never see a mix, but after a power loss the file may be the old one, or gone.
-    ``sync_dir=False`` leaves the directory's fsync to a caller that writes several
-    files there (one fsync of each directory after all of them).
-    A run killed mid-write can leave only a ``.NAME.*.tmp`` beside ``p``; the next write
-    of ``p`` removes it.
-    """
+    """Give ``p`` new content atomically: temporary, chmod, fsync, rename, directory fsync.
+    ``durable=False`` skips the fsyncs (for files checked when read); ``sync_dir=False``
+    leaves the directory's fsync to the caller. A stale ``.NAME.*.tmp`` is removed."""
     p.parent.mkdir(parents=True, exist_ok=True)
     sweep(p)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)

@@ -1,9 +1,7 @@
-"""The I/O boundary: node files under the root, commands on PATH, the clock.
+"""The I/O boundary: node files under ``root``, commands on PATH, the clock.
 
-Every host fact bootfsm reads and every action it takes goes through a ``Host``; the
-network half lives in ``bootfsm.host.http``. Everything else in bootfsm is pure. Node paths
-are absolute (``/etc/os-release``) and are joined under ``root`` here and only here.
-"""
+Node paths are absolute (``/etc/os-release``) and joined under ``root`` here only;
+the network half is ``bootfsm.host.http``."""
 
 from __future__ import annotations
 
@@ -142,17 +140,9 @@ class Host(Commands):
 
     # -- bootfsm's own directories ------------------------------------------------------
     def own_dir(self, node_path: str, mode: int = 0o700) -> Path:
-        """Create or check one of bootfsm's own directories; return its real path.
-
-        A missing directory is created ``mode`` (0700), owned by bootfsm's uid (root).
-        One that exists must be a real directory (not a symlink), owned by root (or the
-        uid bootfsm runs as) and not writable by group or others; so must every
-        directory above it, symlinks resolved (a sticky 1777 parent such as /tmp is
-        not trusted: its owner, not root, controls the name). Anything else is
-        ``BootError(UNSAFE_STATE_DIR)``: an unprivileged user could plant or swap what
-        root runs. Nothing is repaired: a directory that was open to others may already
-        hold what they planted.
-        """
+        """Create (``mode``, root-owned) or check one of bootfsm's own directories; its real path.
+        Not a symlink, root-owned, not group/other-writable, nor any directory above it, else
+        ``UNSAFE_STATE_DIR``; nothing is repaired (it may already hold what others planted)."""
         p = self.path(node_path)
         parent = p.parent
         try:
@@ -190,11 +180,8 @@ class Host(Commands):
         return p
 
     def private_copy(self, src: str, dst_dir: str, sha256: str) -> Path:
-        """Copy node file ``src`` into bootfsm directory ``dst_dir`` (checked 0700), hashing
-        the bytes as they are copied; return the copy (mode 0700) when they match
-        ``sha256``. What is then executed is this copy, which no other uid can write:
-        a swap of ``src`` after its last hash changes nothing (the hash is of the bytes
-        copied, read from one descriptor opened without following links)."""
+        """Copy node file ``src`` into ``dst_dir`` (0700), hashing the bytes copied (one
+        descriptor, no links followed); the copy when they match ``sha256``. Run the copy."""
         out_dir = self.own_dir(dst_dir)
         sp = self.path(src)
         name = sp.name
@@ -241,11 +228,7 @@ class Host(Commands):
     def write_atomic(
         self, node_path: str, data: bytes | str, mode: int = 0o644, *, durable: bool = True
     ) -> None:
-        """Write a file so that readers see the old or the new content, never a mix.
-
-        Temporary file in the same directory, fsync, chmod, rename, fsync the directory
-        (no fsyncs when not ``durable``: bootfsm.host.atomic.publish).
-        """
+        """Write a file: readers see the old or the new content, never a mix (``publish``)."""
         p = self.path(node_path)
         payload = data.encode() if isinstance(data, str) else data
         try:
@@ -331,16 +314,10 @@ class Host(Commands):
         deadline: float | None = None,
         on_timeout: Callable[[], BootError] | None = None,
     ) -> list[str]:
-        """Extract a verified tar archive under node dir ``dest``, refusing unsafe members.
-
-        Absolute names, ``..``, links that leave ``dest``, paths through the archive's own
-        symlinks, devices and FIFOs are refused before anything is written (``BootError``
-        UNSAFE_ARCHIVE); Python's ``data`` filter applies too, with the same code. So are
-        archives with more than ``max_members`` members or more than ``max_bytes``
-        uncompressed (default: 32 times the archive's size, at least 64 MiB), counted
-        while the listing is read; ``deadline`` (monotonic) bounds listing and extraction
-        (``on_timeout()`` is raised, else DEADLINE_EXCEEDED).
-        """
+        """Extract a verified tar under node dir ``dest``; ``UNSAFE_ARCHIVE`` for unsafe members
+        (``archive.check_members``, the ``data`` filter) or more than ``max_members`` or
+        ``max_bytes`` (default 32x the archive, at least 64 MiB), before anything is written.
+        ``deadline`` (monotonic) bounds it: ``on_timeout()``, else DEADLINE_EXCEEDED."""
         from bootfsm.host import archive as archive_rules  # tarfile: only when extracting
 
         parent = dest.rsplit("/", 1)[0]

@@ -1,16 +1,9 @@
 """The network half of the I/O boundary: small GETs, POSTs and resumable downloads.
 
-``requests`` is imported lazily so commands that never touch the network start fast.
-Failures are classified here once: connection errors, timeouts, short bodies and
-408/429/5xx are ``TransientError``; 404 and other client errors are permanent; a
-certificate that does not verify is ``TLS_VERIFY_FAILED``. Proxies come from the
-``Http``'s environment (``https_proxy``, ``http_proxy``, ``all_proxy``, ``no_proxy``),
-never for link-local (metadata) or loopback hosts. No URL query string (a signature)
-ever appears in an error message. ``bootfsm.host.http_wire`` holds the bounds a hostile
-peer cannot stretch (a total-time watchdog per request, the redirect policy, the body
-reader); ``bootfsm.host.partfile`` the ``.part`` bookkeeping. A segmented download
-(``bootfsm.host.segments``) is made through an ``Http``, which knows nothing of it.
-"""
+Failures are classified once (``http_errors``): transient, permanent or TLS. Proxies
+come from the client's environment, never for link-local or loopback hosts; no URL
+query string (a signature) appears in a message. ``http_wire`` holds the bounds a
+hostile peer cannot stretch; segmented downloads (``segments``) use an ``Http``."""
 
 from __future__ import annotations
 
@@ -77,12 +70,8 @@ class HttpResult:
 
 class Http:
     """HTTP with bounded timeouts; proxies from ``env`` except for link-local/loopback.
-
-    ``budget`` (seconds, asked at each request) caps every request's total time on top
-    of its own limit: the run gives what remains of the state's limit, the global
-    deadline and the wait the request is part of (``Context.request_budget``), so no
-    request outlives a bound of its caller, whatever limit the caller passed.
-    """
+    ``budget`` (seconds, asked per request; ``Context.request_budget``) caps every
+    request's total time, so no request outlives a bound of its caller."""
 
     def __init__(
         self,
@@ -171,11 +160,8 @@ class Http:
         method: str = "GET",
         **kw: Any,
     ) -> Iterator[tuple[requests.Response, Watch]]:
-        """One streamed request and its watch: the total time is ``limit`` (None: none of
-        its own) capped by the budget, and with ``cap_timeouts`` the connect and read
-        timeouts too. With ``allow_http_hosts`` the final URL must pass ``check_url``.
-        A failure of the request, or of reading its body in the block, is classified
-        (``bootfsm.host.http_errors``); the status is the caller's to check."""
+        """One streamed, watched request: total time ``limit`` capped by the budget; failures
+        classified (``http_errors``); the status is the caller's to check."""
         import requests  # noqa: TID251
 
         limit = self._within(url, limit)
@@ -210,12 +196,8 @@ class Http:
         check: bool = True,
         allow_http_hosts: Sequence[str] | None = None,
     ) -> HttpResult:
-        """GET a small resource whole; raise Transient/BootError on failure when ``check``.
-
-        With ``allow_http_hosts`` the final URL (after redirects) must pass ``check_url``.
-        Without it, a plain-HTTP link-local or loopback URL (IMDS, kubelet) is read
-        directly (never proxied) and a redirect from it is refused, not followed.
-        """
+        """GET a small resource whole; Transient/BootError on failure when ``check``. A plain-HTTP
+        link-local or loopback URL (IMDS, kubelet) is never proxied and never redirected."""
         own = self.connect_timeout + self.read_timeout if timeout is None else timeout
         local = allow_http_hosts is None and url.startswith("http://") and never_proxied(url)
         with self.request(
@@ -254,11 +236,8 @@ class Http:
         headers: Mapping[str, str] | None = None,
         timeout: float | None = None,
     ) -> HttpResult:
-        """POST ``body`` once (no retries, no redirects); the response body is capped at 1 MiB.
-
-        Raises ``TransientError`` when the request cannot be made; the caller reads the
-        status (no status is turned into an exception here).
-        """
+        """POST ``body`` once (no retries, no redirects; response capped at 1 MiB);
+        ``TransientError`` when it cannot be made, the status is the caller's."""
         own = self.connect_timeout + self.read_timeout if timeout is None else timeout
         with self.request(
             url,
@@ -287,26 +266,13 @@ class Http:
         allow_http_hosts: Sequence[str] | None = None,
         fsync: bool = False,
     ) -> StreamResult:
-        """Download ``url`` into ``part``, resuming from bytes already there.
+        """Download ``url`` into ``part``, resuming from the bytes there; sha256 of the whole.
 
-        A sidecar ``<part>.meta`` holds the validators (ETag, Last-Modified), total size
-        and source of the bytes on disk; a resume sends ``Range`` with ``If-Range`` and
-        accepts only a ``206`` for the same entity whose Content-Range starts where the
-        file ends. ``200`` (Range ignored or the artifact changed) restarts from zero; a
-        ``416`` keeps a file that is already whole, else discards it (transient). The
-        sha256 returned covers the whole file, the resumed prefix included.
-
-        ``deadline`` (monotonic) bounds the whole transfer (DOWNLOAD_TIMEOUT, transient);
-        ``cancel`` is checked between chunks (``Cancelled``). A body whose size differs
-        from ``expect_size`` is refused before any byte is written (CHECKSUM_MISMATCH),
-        as is one larger than the free space (INSUFFICIENT_SPACE). ``fsync`` makes the
-        bytes durable before returning (the caller re-verifies on every use either way).
-
-        A resume answered with a ``206`` that does not continue the bytes on disk (its
-        Content-Range starts elsewhere, or its total is not the known size, or another
-        entity) is never appended: the part is discarded and the file fetched whole,
-        once, in the same call.
-        """
+        A resume sends ``Range`` + ``If-Range`` (validators in ``<part>.meta``) and appends only
+        a ``206`` that continues the same entity; anything else refetches whole, once. ``416``
+        keeps a whole file. ``deadline`` bounds it (DOWNLOAD_TIMEOUT); ``cancel`` is checked
+        between chunks; a size other than ``expect_size`` (CHECKSUM_MISMATCH) or over the free
+        space (INSUFFICIENT_SPACE) is refused before a byte is written."""
         args = (timeout, deadline, progress, cancel, expect_size, allow_http_hosts, fsync)
         try:
             return self._stream_once(url, part, *args)

@@ -1,11 +1,6 @@
-"""How ``bootfsm.host.http`` names a failed request: its status, or its exception.
-
-408/429/5xx are ``TransientError`` (with the server's Retry-After), other 4xx permanent
-(``ARTIFACT_NOT_FOUND``); an exception is the time limit's when the request's watch
-says its time is spent, ``TLS_VERIFY_FAILED`` for a certificate that does not verify
-(naming the trust store, and the clock for one not yet valid), else transient. No
-URL query string (a signature) appears in any message.
-"""
+"""How a failed request is named: 408/429/5xx transient (with Retry-After), other 4xx
+permanent, a spent watch the time limit's, a bad certificate ``TLS_VERIFY_FAILED``
+(naming the trust store); never a URL query string."""
 
 from __future__ import annotations
 

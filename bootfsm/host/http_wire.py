@@ -1,12 +1,7 @@
-"""The wire under ``bootfsm.host.http``: the watched requests Session, redirect policy
-and the streaming body reader.
+"""The wire under ``bootfsm.host.http``: watched sessions, the redirect policy, ``receive``.
 
-Every connection a request uses registers with that request's ``Watch``; when the
-request's total time is up the watch shuts the sockets down, so a peer that trickles
-headers or body bytes cannot keep a request alive past its bound. Redirects pass
-``check_redirect`` at every hop. ``receive`` streams a body into a ``.part`` file with
-its deadline, watch and the size its index states (never more than one byte past it).
-"""
+A request's ``Watch`` shuts its sockets down when its total time is up, so a trickling
+peer cannot outlive the bound; every redirect hop passes ``check_redirect``."""
 
 from __future__ import annotations
 
@@ -71,17 +66,8 @@ _local = threading.local()
 
 
 class Watch:
-    """Shuts down the sockets of one request when its total time is up.
-
-    Connections register themselves (on connect and on every request, so a pooled
-    keep-alive connection counts too) with the watch of the thread that uses them. The
-    watch keeps each connection's socket, not only the connection: ``http.client``
-    drops ``conn.sock`` as soon as a response says ``Connection: close`` (the response
-    then reads from the socket alone), and a socket reached only through the connection
-    would be out of the watch's reach for the whole body. A TLS handshake is one call
-    under the connect timeout (CPython's ``do_handshake`` holds the socket's timeout as
-    one deadline for all of it), which ``Http`` caps at the request's limit.
-    """
+    """Shuts down the sockets of one request when its total time is up. It holds sockets, not
+    connections: ``http.client`` drops ``conn.sock`` after ``Connection: close``."""
 
     def __init__(self, seconds: float | None) -> None:
         self.seconds = seconds
@@ -140,21 +126,9 @@ class Watch:
 def _shut(sock: socket.socket) -> None:
     """Wake a read blocked on ``sock``: it returns what it has, then end of file.
 
-    The read side only. After a FIN of ours, Linux answers the peer's next segment with
-    a reset (RFC 1122; tcp_rcv_state_process in FIN_WAIT1/2), and a reset fails the read
-    that was under way, dropping the bytes it had received: a download whose deadline
-    fell while its reader was off the CPU kept nothing for the resume. The request was
-    sent whole before any read, so no write is left to wake; the connection is closed
-    when the error unwinds. A read-shut socket still takes what the peer sends later,
-    but a read that finds nothing queued returns end of file at once instead of waiting,
-    and every reader stops at its first end of file (and ours check the watch between
-    reads), so a peer that keeps trickling keeps nothing alive.
-
-    On the kernel socket, under TLS: ``ssl.SSLSocket.shutdown`` drops the TLS state
-    first, and a read that came after it returned the still-queued records as they are,
-    ciphertext appended to the part file as body. A socket closed meanwhile has no
-    descriptor left to shut (its number may already be another file's): skipped.
-    """
+    Read side only: a FIN would make Linux answer the peer with a reset, which drops the
+    bytes the read had (nothing kept to resume). On the kernel socket, not the TLS one
+    (``SSLSocket.shutdown`` let queued ciphertext through as body). Closed: skipped."""
     if sock.fileno() < 0:
         return
     with contextlib.suppress(OSError):
@@ -311,12 +285,8 @@ def receive(
     *,
     fsync: bool,
 ) -> StreamResult:
-    """Stream the body after ``resumed`` bytes on disk into ``part``; hash all of it.
-
-    Plain bodies are read straight into the writer's recycled buffers (``readinto`` of
-    the underlying http.client response: no allocation or extra copy per chunk);
-    content-encoded ones go through urllib3's decoder.
-    """
+    """Stream the body after ``resumed`` bytes into ``part``; hash all of it. Plain bodies
+    are read straight into the writer's buffers; encoded ones through urllib3's decoder."""
     digest = hashlib.sha256()
     flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | (0 if resumed else os.O_TRUNC)
     encoded = r.headers.get("Content-Encoding", "identity") not in ("", "identity")

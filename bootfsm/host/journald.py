@@ -1,27 +1,9 @@
 """Structured entries for systemd-journald, without libsystemd.
 
-Under systemd, a unit's stdout/stderr is a stream to journald and every line gets the
-unit's default priority (6, info): `journalctl -p warning -u bootfsm` would show nothing
-of a failed run. When ``$JOURNAL_STREAM`` names the stream bootfsm writes its console to
-(systemd.exec(5): ``device:inode`` of that fd, compared with fstat, as
-sd_journal_stream_fd(3) describes), bootfsm instead sends each console event to
-journald's native socket (``/run/systemd/journal/socket``, AF_UNIX datagrams) with its
-own PRIORITY and fields (systemd's "Native Journal Protocol" document):
-
-- ``KEY=value\\n`` for a value without a newline;
-- ``KEY\\n`` + the value's length as a little-endian 64-bit integer + the value + ``\\n``
-  for a value with one (the binary-safe form).
-
-Keys are upper-case letters, digits and ``_``, not starting with ``_`` or a digit, at most
-64 characters. journald adds the trusted fields (``_PID``, ``_SYSTEMD_UNIT``, ...) itself
-from the sender's credentials, so `journalctl -u bootfsm` finds native entries too.
-Entries too large for one datagram would need a memfd passed with SCM_RIGHTS; bootfsm
-bounds each entry to ``MAX_ENTRY`` bytes instead (long values are cut).
-
-When the socket is absent or refuses, :func:`prefixed` gives the ``<N>`` syslog prefix a
-stream line may carry (sd-daemon(3); journald's ``SyslogLevelPrefix=`` is on by default).
-Everything here is best effort: a failure to send never fails a run.
-"""
+Under systemd every stdout line gets priority 6, so when ``$JOURNAL_STREAM`` is our
+console (sd_journal_stream_fd(3)) each console event goes to the native socket with its
+own PRIORITY and fields (the "Native Journal Protocol"), at most ``MAX_ENTRY`` bytes.
+Else ``prefixed`` gives the ``<N>`` syslog prefix. Best effort: never fails a run."""
 
 from __future__ import annotations
 

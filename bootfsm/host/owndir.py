@@ -1,10 +1,6 @@
-"""Whether a directory bootfsm owns is safe to use: root-owned, closed, no symlink.
-
-bootfsm refuses (UNSAFE_STATE_DIR) a directory of its own that is a symlink, owned by
-another uid, or group/other-writable, and checks every directory above it (symlinks
-resolved): a sticky 1777 parent is not trusted. Above bootfsm's own directory, group
-write by a system group is accepted (Ubuntu ships /var/log 0775 root:syslog).
-"""
+"""Whether a directory bootfsm owns is safe: not a symlink, root-owned, not group/other
+writable, nor any directory above it (a sticky 1777 parent is not trusted; group write
+by a system group is, above our own: Ubuntu's /var/log is 0775 root:syslog)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""A download in progress: the ``.part`` file, its sidecar metadata, the hashing writer.
-
-``<name>.part.meta`` (JSON) records what the bytes on disk are: the validators the
-server sent (ETag, Last-Modified), the total size and which URL they came from (an id,
-never the URL: it may carry a signature). ``PartWriter`` hashes and writes chunks on two
-helper threads while the caller reads the socket, in recycled buffers (no allocation per
-chunk). This module knows nothing of HTTP libraries; ``bootfsm.host.http`` drives it.
-"""
+"""A download in progress: the ``.part`` file, its ``.part.meta`` sidecar (validators,
+size, a source id, never the URL) and the hashing writer. Knows nothing of HTTP."""
 
 from __future__ import annotations
 
@@ -235,18 +229,9 @@ def write_error(part: Path, exc: OSError) -> BootError:
 
 
 class PartWriter:
-    """Hashes chunks on one helper thread and writes them on another; the caller fills
-    the buffers.
-
-    A chunk goes caller -> hasher -> writer, in order, so the three overlap: the socket
-    is read while an earlier chunk is hashed and a still earlier one written (sha256
-    alone is about as slow as a fast network; hashing and writing on one thread capped a
-    download near 0.85 GB/s). ``buffer()`` hands out a free buffer (blocking while all
-    are in flight), ``put(buf, n)`` queues its first ``n`` bytes, ``give_back(buf)``
-    returns an unused one; ``put`` also takes plain ``bytes``. After a write error the
-    threads keep draining (so the caller never blocks forever) and the error is raised
-    by the next ``put`` or by ``close``.
-    """
+    """Hashes chunks on one helper thread and writes them on another (sha256 alone is about
+    as slow as a fast network). ``buffer``/``put``/``give_back`` recycle the buffers; a
+    write error is raised by the next ``put`` or ``close`` (the threads keep draining)."""
 
     def __init__(self, fh: IO[bytes], digest: Any) -> None:
         self.fh = fh

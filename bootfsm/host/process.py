@@ -1,11 +1,8 @@
 """Commands on PATH: argv only, a time limit, bounded output, the whole group killed.
 
-The command half of ``bootfsm.host.host.Host`` (a mixin: ``Host`` holds the state). A
-command runs in its own session with stdin closed; its combined output goes to an
-unlinked temporary file and is read back whole (at most ``OUTPUT_LIMIT_BYTES``); on
-timeout its process group gets SIGTERM, then SIGKILL; if bootfsm dies, the command gets
-SIGKILL (parent-death signal), so no installer outlives the run that started it.
-"""
+The command half of ``Host`` (a mixin). Stdin closed, own session, combined output to
+an unlinked file read back whole; on timeout SIGTERM then SIGKILL to the group; the
+parent-death signal kills a command that would outlive bootfsm."""
 
 from __future__ import annotations
 
@@ -68,14 +65,8 @@ def _die_with(parent: int) -> Callable[[], None]:
 
 @dataclass(frozen=True)
 class CommandResult:
-    """What one command did: argv, exit code, duration and its whole output.
-
-    ``output`` is everything the command printed (stdout and stderr together, at most
-    ``OUTPUT_LIMIT_BYTES``); ``tail`` is the part fit to journal or show. ``spawn_s`` is
-    the part of ``duration_s`` that was bootfsm's own: from the start (its output file
-    made) to the command's exec (under 1 ms by vfork; 3-9 ms by the fork that the
-    parent-death hook needs, on a VM).
-    """
+    """What one command did: argv, exit code, duration, its whole output (``tail`` to show).
+    ``spawn_s`` is bootfsm's part of ``duration_s``: from start to the command's exec."""
 
     argv: tuple[str, ...]
     returncode: int
@@ -96,13 +87,8 @@ class CommandResult:
 
 
 def _wait_exact(proc: subprocess.Popen[bytes], timeout: float) -> bool:
-    """Wait for ``proc`` to exit, at most ``timeout`` s; True when it has (and is reaped).
-
-    ``Popen.wait(timeout=...)`` polls with sleeps that back off to 50 ms, so a command
-    that exits is noticed up to 50 ms late (about 18 ms on average, over some 30
-    commands a boot). A pidfd (Linux >= 5.3) becomes readable the moment the child
-    exits: poll(2) on it wakes exactly then, and the time limit stays exact too. Where
-    pidfd_open is missing, the stdlib wait is the fallback."""
+    """Wait for ``proc`` at most ``timeout`` s; True when it exited (reaped). A pidfd wakes at
+    the exit (``Popen.wait`` polls up to 50 ms late); the stdlib wait where it is missing."""
     try:
         fd = os.pidfd_open(proc.pid)
     except (AttributeError, OSError):
@@ -163,19 +149,9 @@ class Commands:
         cwd: Path | None = None,
         die_with_bootfsm: bool = True,
     ) -> CommandResult:
-        """Run argv (no shell) with a time limit; capture combined output, bounded.
-
-        Output goes to an unlinked temporary file and is read back whole: a parser gets
-        all of it. More than ``OUTPUT_LIMIT_BYTES`` is refused with
-        ``BootError(HOST_IO_ERROR)`` (the command's tail is still journaled). On timeout
-        the whole process group gets SIGTERM, then SIGKILL; if bootfsm itself dies, the
-        command gets SIGKILL (parent-death signal), unless ``die_with_bootfsm`` is False:
-        a command that only reads, or only asks a daemon to act (systemctl: PID 1 carries
-        out the job whether systemctl lives or not), harms nothing left running, and
-        without the signal's pre-exec hook the child is started with vfork, 3-9 ms
-        sooner on a VM (a fork copies bootfsm's page tables). A command not on PATH
-        raises ``BootError(COMMAND_MISSING)``.
-        """
+        """Run argv (no shell) with a time limit; its combined output whole, at most
+        ``OUTPUT_LIMIT_BYTES`` (else HOST_IO_ERROR); not on PATH: COMMAND_MISSING. With
+        ``die_with_bootfsm`` False (readers, systemctl) no parent-death signal, so vfork."""
         exe = self.which(argv[0])
         if exe is None:
             raise BootError(Code.COMMAND_MISSING, f"command not found on PATH: {argv[0]}")

@@ -1,15 +1,6 @@
 """Progress of long work: a redrawn status line on a TTY, coarse journal events always.
-
-Downloads: workers only store numbers in a ``Track`` (plain attribute writes); the thread
-that owns the journal and the console calls ``Progress.tick`` now and then, so the
-journal and the terminal are written from one thread only.
-
-A long command (the driver build: nvidia-installer compiles for ~100 s on a real node):
-``Host.run`` blocks, so ``LogWatch`` runs a thread while it runs that tails the command's
-log file (its last line, from a bounded read), and every ``poll_s`` redraws the TTY line
-(elapsed time and that line) and updates systemd's STATUS=; every ``every_s`` it journals
-a ``<what>.progress`` event. It stops (and joins) when the command ends, either way.
-"""
+Download workers only store numbers in a ``Track``; one thread writes journal and
+console (``Progress.tick``). ``LogWatch`` tails a blocking command's log on a thread."""
 
 from __future__ import annotations
 
@@ -191,11 +182,8 @@ def _tail(path: Path, since: float) -> str:
 
 
 class LogWatch(_StatusLine):
-    """While a blocking command runs (``with LogWatch(...):``): elapsed time and the last
-    line of ``log``, on ``tty`` (redrawn), through ``status`` (systemd STATUS=) every
-    ``poll_s``, and as ``<what>.progress`` events (``elapsed_s``, ``log_line``) through
-    ``emit`` every ``every_s``. Callbacks run on the watcher's thread; the journal they
-    reach is thread-safe."""
+    """While a blocking command runs: elapsed time and the last line of ``log`` on ``tty``
+    and ``status`` every ``poll_s``, a ``<what>.progress`` event every ``every_s``."""
 
     def __init__(
         self,

@@ -1,11 +1,5 @@
-"""The sidecar of a segmented ``.part`` file: the plan, per-segment progress, the hasher's
-frontier.
-
-``segment_plan`` cuts a file into segments, ``write_segments`` / ``resume_segments``
-record and read back how far each got (with the entity's validators, so a changed
-entity starts over), and ``Frontier`` tracks the contiguous prefix that is on disk
-for hashing in order behind the segments.
-"""
+"""The sidecar of a segmented ``.part``: the plan (``segment_plan``), per-segment progress
+(``write_segments``/``resume_segments``, with validators) and the hashing ``Frontier``."""
 
 from __future__ import annotations
 
@@ -83,13 +77,8 @@ def bytes_on_disk(part: Path) -> int:
 
 
 class Frontier:
-    """Per-segment progress of one file, and a thread hashing its contiguous prefix.
-
-    Receivers call ``advance(i, n)`` after each write of ``n`` bytes at the end of
-    segment ``i``; the hasher reads the file from disk up to the first byte not yet
-    written, so the sha256 covers every byte of the file as it is on disk (resumed
-    segments included), in order, while the later segments are still arriving.
-    """
+    """Per-segment progress of one file, and a thread hashing its contiguous prefix from disk
+    (``advance(i, n)`` after each write), so the sha256 covers the file as it is on disk."""
 
     def __init__(self, fd: int, segments: list[list[int]], size: int) -> None:
         self.fd = fd

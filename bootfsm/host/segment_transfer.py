@@ -1,15 +1,9 @@
 """The transfer of a segmented download once its probe has planned it.
 
-``SegmentTransfer`` receives the unfinished segments of one preallocated ``.part``
-through an ``Http`` client (each other connection through a clone of it) and its
-``request``: every request has its own watchdog, ``If-Range`` with the probe's validator
-and a read cap at its range, and writes at its offset (``pwrite``). The other
-connections open at once, or with ``below_rate`` only once the first connection, which
-then asks for every piece left in a row, is seen slower than that over a ``PACE_S``
-window; it then hands back what it has not begun. The sidecar records each segment's
-progress (every ``SAVE_EVERY_S``) so a later attempt asks only for what is missing; the
-sha256 covers the whole file on disk. ``bootfsm.host.segments`` probes and plans.
-"""
+``SegmentTransfer`` receives the unfinished segments of one preallocated ``.part``, each
+request watched, with ``If-Range`` and a read cap at its range, written by ``pwrite``.
+With ``below_rate`` the other connections open only when the first is slower than that.
+The sidecar records progress every ``SAVE_EVERY_S``. ``segments`` probes and plans."""
 
 from __future__ import annotations
 

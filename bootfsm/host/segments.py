@@ -1,13 +1,6 @@
-"""Segmented downloads: one large artifact over several ranged connections.
-
-``stream_segmented`` downloads through an ``Http`` client. The first unfinished
-segment's ranged request probes the server: what to ask for comes from the sidecar (a
-resume asks only for what is missing, with ``If-Range``), and the answer decides the
-rest. A ``206`` for the whole entity plans the segments and hands the probe's
-connection to ``SegmentTransfer`` (``bootfsm.host.segment_transfer``), which opens the
-others; a ``200`` (Range ignored) is read whole on that one connection; a resume
-answered with another entity or other bytes starts over, once.
-"""
+"""Segmented downloads: one large artifact over several ranged connections. The probe
+(the first unfinished segment's ranged request) decides: a ``206`` for the whole entity
+hands over to ``SegmentTransfer``, a ``200`` is read whole, another entity starts over."""
 
 from __future__ import annotations
 
@@ -49,29 +42,13 @@ def stream_segmented(
     below_rate: int = 0,
     min_size: int = 0,
 ) -> StreamResult:
-    """Download ``url`` (``size`` B per its index) on up to ``segments`` connections,
-    all through ``client`` (``SegmentTransfer`` opens the others on clones of it).
+    """Download ``url`` (``size`` B) on up to ``segments`` connections through ``client``
+    (others on its clones); the sha256 of the whole file. Errors as ``stream_to``.
 
-    The first unfinished segment's ranged request is the probe: a ``206`` for the
-    whole entity of ``size`` B starts the other segments, each its own request (its
-    own watchdog, ``If-Range`` with the probe's validator, reads capped at its
-    range) writing at its offset in one preallocated ``part``; the sidecar records
-    each segment's progress, so a later attempt asks only for the missing ranges. A
-    ``200`` to the probe (Range ignored) is read whole on that one connection, as
-    ``stream_to`` would; a ``200`` to a resume (the entity changed) starts over.
-    With ``below_rate`` (B/s) the other connections open only once the first is
-    seen receiving less than that (until then it takes the pieces in turn); 0 opens
-    them at once. The sha256 covers the whole file as it is on disk. Errors are
-    those of ``stream_to``; a failed or cancelled segment stops the others and keeps
-    the rest.
-
-    ``size`` None (an artifact whose index gives no size, such as the driver
-    runfile): the probe asks for ``bytes=0-`` and the segments are planned from its
-    ``Content-Range`` total (a file under ``min_size`` is one segment on that one
-    connection; the total must fit on the disk before anything is reserved); a
-    resume takes the size its sidecar recorded. A 206 that gives no total is read
-    as ``stream_to`` reads an unsized file.
-    """
+    The probe's ``206`` starts the others; a ``200`` is read whole on one connection, and
+    a ``200`` to a resume starts over. With ``below_rate`` (B/s) the others open only when
+    the first is slower. ``size`` None: planned from the ``Content-Range`` total (one
+    segment under ``min_size``); a resume takes the sidecar's size."""
     plan = Plan(deadline, progress, cancel, allow_http_hosts, fsync, segments, below_rate)
     for _ in range(2):  # a resume answered with other bytes or entity starts over once
         try:
