@@ -1,14 +1,7 @@
-"""Artifacts: which files this node needs, resolved from real upstream layouts.
+"""Which files this node needs, resolved (pure) from the index texts fetch hands in.
 
-``index_urls`` and ``resolve`` are pure: the fetch state downloads the indexes (the
-``redistrib_<ver>.json`` manifest, the ``Packages`` indexes) and hands their text in.
-Every artifact carries the sha256 it must match; one without a checksum is refused
-unless ``sources.allow_unverified`` is set. The resolved list is saved beside the
-cache so later states (and reruns) use exactly what fetch verified.
-
-Each source has a primary base URL and optional mirrors (``sources.*_mirrors``); an
-artifact lists the URL on the base that served its index first, then the others.
-Bases may carry a query string (a SAS token): ``join_url`` keeps it on the joined URL.
+Every artifact carries the sha256 it must match; one without is refused unless
+``sources.allow_unverified``. Its URLs list the base that served its index first.
 """
 
 from __future__ import annotations
@@ -175,8 +168,7 @@ def _from_packages(
     wants: Mapping[str, tuple[Sequence[str], str, str]],
     role: str,
 ) -> list[Artifact]:
-    """The artifacts ``wants`` (key -> names, version, arch) name, from one pass over
-    one index; each listed key must be found."""
+    """The artifacts ``wants`` (key -> names, version, arch) names; each must be found."""
     where = redact_url(join_url(bases[0], "Packages"))
     try:
         from bootfsm.parsers.debian_packages import select_packages  # resolving only
@@ -203,11 +195,8 @@ def resolve(
     indexes: Mapping[str, str],
     served: Mapping[str, int] | None = None,
 ) -> list[Artifact]:
-    """Every artifact this node needs, from the fetched index texts (pure).
-
-    ``served`` maps an index key to the position of the base URL that served it; that
-    base comes first in the URLs of the artifacts the index lists (default: primary).
-    """
+    """Every artifact this node needs, from the fetched index texts (pure); ``served``
+    (index key -> base position) puts that base first in the artifacts' URLs."""
     assert facts.arch is not None
     sources = _index_sources(cfg, facts)
     urls = index_urls(cfg, facts)

@@ -1,20 +1,8 @@
-"""Parallel downloads with mirror failover: the orchestration under the fetch state.
+"""Parallel downloads with mirror failover, under the fetch state.
 
-``Fetcher.run`` downloads independent artifacts on up to ``parallel`` threads, each
-with its own ``Http`` (a requests Session per thread). Each artifact tries its URLs in
-order (the mirror its ``.part`` file came from first): a connection error, timeout,
-5xx/429, 404 or a wrong size/sha256 moves on to the next mirror; a transfer that broke
-after receiving bytes stops there so the next attempt resumes from the same mirror.
-Verification happens in the worker; the caller's ``on_done`` (on the calling thread)
-moves the verified ``.part`` to its final name, so nothing unverified ever has it.
-
-The calling thread waits for finished workers on a ``queue.SimpleQueue``, whose ``get``
-blocks in C: a SIGTERM handler's exception raised there leaves no lock half-taken, as
-it can inside ``concurrent.futures.wait`` (bootfsm/run/interrupts.py).
-
-The first failure sets a shared cancel event: the other workers stop at their next
-chunk and keep their ``.part`` files for a resume. The calling thread is the only one
-that writes the journal (events from workers are queued) and the console.
+Up to ``parallel`` worker threads, each with its own ``Http``; workers verify, and only
+the calling thread renames a ``.part``, writes the journal and the console. The first
+failure cancels the others, which keep their ``.part`` for a resume.
 """
 
 from __future__ import annotations
@@ -70,7 +58,7 @@ class Fetched:
 
 @dataclass(eq=False)
 class Fetcher:
-    """Downloads jobs concurrently; see the module docstring for the failure rules."""
+    """Downloads jobs concurrently, each trying its URLs in order (its ``.part``'s first)."""
 
     http: Http
     _: KW_ONLY
@@ -101,10 +89,7 @@ class Fetcher:
     # -- calling thread ----------------------------------------------------------------
     def run(self, jobs: Sequence[Job], on_done: Callable[[Fetched], None]) -> None:
         """Download every job; ``on_done`` runs on this thread for each verified one.
-
-        Raises the first permanent error (else the first transient one) after every
-        worker has stopped. An exception raised here (a signal) cancels the workers too.
-        """
+        Raises the first permanent error, else the first transient, once all workers stop."""
         if not jobs:
             return
         self._cancel.clear()
@@ -112,6 +97,8 @@ class Fetcher:
         errors: list[BaseException] = []
         pool = ThreadPoolExecutor(min(self.parallel, len(jobs)), thread_name_prefix="bootfsm-dl")
         pending: set[Future[Fetched]] = set()
+        # SimpleQueue.get blocks in C: a signal's exception there leaves no lock half-taken,
+        # as it can inside concurrent.futures.wait (bootfsm/run/interrupts.py)
         finished: queue.SimpleQueue[Future[Fetched]] = queue.SimpleQueue()
         try:
             for j in jobs:
@@ -283,14 +270,8 @@ class _Mismatch(Exception):
 
 
 class _Wrong:
-    """What the bytes that did not verify say about the next try.
-
-    A transfer can be corrupted on its way (a bad NIC, a proxy, a CDN edge serving a
-    torn copy): one mismatch is fetched once more from scratch, from the next mirror
-    when there is one, else from the same. A resumed download that does not verify is
-    fetched from scratch from the same mirror (its older bytes may be the bad ones).
-    The same wrong bytes twice, or wrong bytes from every mirror with the one more
-    fetch spent, are the file itself or its pinned sha256: permanent."""
+    """Whether bytes that did not verify earn one more fetch from scratch (a transfer can
+    be torn on its way); the same wrong bytes twice are the file or its pin: permanent."""
 
     def __init__(self) -> None:
         self.seen: set[str] = set()  # the sha256 of every fetch from byte 0 that did not verify
@@ -299,6 +280,7 @@ class _Wrong:
     def again(self, i: int, exc: _Mismatch, *, left: int) -> bool:
         """Whether to fetch mirror ``i`` once more (``left``: mirrors not tried yet); the
         same wrong bytes twice raise CHECKSUM_MISMATCH."""
+        # a resumed download's older bytes may be the bad ones: once from zero, same mirror
         if exc.resumed and i not in self.restarted:
             self.restarted.add(i)
             return True

@@ -1,9 +1,5 @@
-"""The fetch state's indexes: fetched from the first mirror that answers (and that its
-signature and Release agree with), cached for offline runs, and the space check.
-
-A library of the fetch state (``states/fetch.py`` reads as the state alone); every
-function takes the state's ``Context``.
-"""
+"""The fetch state's indexes: from the first mirror that serves a trusted one, cached
+for offline runs; and the space check. Every function takes the state's ``Context``."""
 
 from __future__ import annotations
 
@@ -37,12 +33,8 @@ __all__ = [
 
 
 def cached_ok(ctx: Context, a: Artifact) -> bool:
-    """The cached file exists, has the listed size and hashes to the sha256.
-
-    A hash bootfsm already made of these exact bytes (this run's, or a past run's
-    sidecar while the file's stat stamp is unchanged: bootfsm.fetch.stamps) is not
-    made again, so a rerun reads no artifact; any other file is hashed and remembered.
-    """
+    """The cached file exists, has the listed size and hashes to the sha256 (a hash
+    already made of these bytes, bootfsm.fetch.stamps, is not made again)."""
     node = cache_node_path(ctx.config, a)
     st = ctx.host.stat(node, follow=False)  # a planted link is never "cached"
     if st is None or not stat.S_ISREG(st.st_mode) or (a.size is not None and st.st_size != a.size):
@@ -150,8 +142,7 @@ def _fetch_index(ctx: Context, key: str, urls: tuple[str, ...]) -> tuple[str, in
 
 
 def _keyrings_installed(ctx: Context, keys: Iterable[str]) -> None:
-    """REPO_KEYRING_MISSING, before any download, when a signed index must be fetched
-    and its repository's keyring is not on the node (an image not baked or prefetched)."""
+    """REPO_KEYRING_MISSING, before any download, when a signed index's keyring is absent."""
     if ctx.config.sources.allow_unsigned_repos:
         return
     from bootfsm.fetch.repo_trust import keyring_for  # fetching only

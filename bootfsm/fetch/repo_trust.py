@@ -1,20 +1,8 @@
-"""Trust in repository indexes, the way apt establishes it.
+"""Trust in repository indexes, as apt does (docs/security.md): Packages only through
+the SHA256 and size its gpgv-checked ``InRelease``/``Release`` lists, until Valid-Until.
 
-An apt repository is trusted through its signed ``InRelease`` (or ``Release`` with a
-detached ``Release.gpg``), checked by ``gpgv`` against the keyring named for that source
-(apt's ``signed-by=``); the ``Packages`` index is then trusted only through the SHA256
-and size that Release lists for it, and Release only until its ``Valid-Until``. The
-packages' own sha256 come from Packages, so every deb chains back to the key.
-
-``check_packages`` does this for one fetched Packages body. Failures:
-``REPO_SIGNATURE_INVALID`` (no signed Release, a bad or expired signature, a key not in
-the keyring, a keyring missing) and ``REPO_INDEX_MISMATCH`` (Packages differs from what
-Release lists, or Release has expired). ``sources.allow_unsigned_repos = true`` turns a
-signature failure into a warning (apt's ``trusted=yes``); a Release that was obtained is
-still used to check Packages.
-
-The redist manifest has no signature; ``check_pinned`` compares it with
-``sources.redist_manifest_sha256`` when that is set.
+Raises REPO_SIGNATURE_INVALID or REPO_INDEX_MISMATCH; ``allow_unsigned_repos`` makes a
+signature failure a warning. The unsigned redist manifest is checked against its pin.
 """
 
 from __future__ import annotations

@@ -68,9 +68,7 @@ def _artifact_problem(i: int, a: object) -> str:
 
 
 def resolution_problem(text: str) -> str:
-    """What is wrong with the shape of resolved.json's ``text`` ('' when nothing): an
-    object with a string ``key`` and a list of artifacts, each with exactly the
-    Artifact fields and types, a sha256 of 64 hex digits (or empty), a plain file name."""
+    """What is wrong with the shape of resolved.json's ``text`` ('' when nothing)."""
     try:
         data = json.loads(text)
     except ValueError as exc:
@@ -84,11 +82,8 @@ def resolution_problem(text: str) -> str:
 
 
 def resolved(ctx: Context) -> list[Artifact] | None:
-    """The artifacts fetch resolved for this config and platform, or None.
-
-    A resolved.json of the wrong shape is discarded with a warning (fetch rebuilds it):
-    it must never stop every later run.
-    """
+    """The artifacts fetch resolved for this config and platform, or None; a resolved.json
+    of the wrong shape is discarded with a warning, never stopping every later run."""
     key = resolution_key(ctx.config, ctx.facts)
     text = ctx.host.read_text(resolved_path(ctx))
     if text:
@@ -101,8 +96,7 @@ def resolved(ctx: Context) -> list[Artifact] | None:
 
 
 def verified(ctx: Context, role: str) -> list[tuple[Artifact, Path]]:
-    """Cached artifacts of ``role``, each hashed now (or by this very run, on its way
-    in: the same bytes, same stamp): nothing is used unverified."""
+    """Cached artifacts of ``role``, each hashed now: nothing is used unverified."""
     arts = resolved(ctx)
     if arts is None:
         raise BootError(Code.INTERNAL_ERROR, "no resolved artifacts: fetch has not run")
