@@ -1,7 +1,5 @@
-"""`bootfsm bake`: image build; prefetch verified artifacts and prebuild the driver module.
-
-The exit code is the bake's code (0 baked or already baked); docs/image-build.md.
-"""
+"""`bootfsm bake`: prefetch verified artifacts and prebuild the driver module into an image;
+exits with the bake's code (0: baked or already baked). docs/image-build.md."""
 
 from __future__ import annotations
 

@@ -32,6 +32,5 @@ def load_or_exit(args: argparse.Namespace) -> Config | int:
 
 
 def node_env() -> dict[str, str]:
-    """The environment of the commands bootfsm runs: they must not talk to systemd on its
-    behalf (no NOTIFY_SOCKET)."""
+    """The environment for commands bootfsm runs: no NOTIFY_SOCKET (never systemd's voice)."""
     return {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}

@@ -1,11 +1,8 @@
-"""`bootfsm completion bash|zsh` and `bootfsm manpage`: generated from the argparse parser.
+"""`bootfsm completion bash|zsh` and `bootfsm manpage`, generated from the argparse parser
+and ``bootfsm.cli.EXIT_CODES`` alone, so they cannot drift from the CLI.
 
-Nothing here is written by hand per command: the commands, their options, choices and
-help texts, and each command's exit codes (``bootfsm.cli.EXIT_CODES``) come from the
-parser, so completion and the man page cannot drift from the CLI. `make docs` writes
-them to docs/man/bootfsm.1 and docs/completion/ (installed with the wheel under
-share/man/man1, share/bash-completion/completions and share/zsh/site-functions), and
-tests/test_cli_conventions.py holds those files equal to what this module prints.
+`make docs` writes them to docs/man and docs/completion; tests/test_cli_conventions.py
+holds those files equal to what this module prints.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
 """`bootfsm demo`: boot a simulated node end to end with the real CLI, then trace it.
-
-The simulator (bootfsm/sim) is test and demo tooling: it is in the source tree, never
-in the wheel a node installs. Where it is absent this command says so and exits 2.
-"""
+Exits 2 where bootfsm/sim is absent (it is never in the wheel a node installs)."""
 
 from __future__ import annotations
 

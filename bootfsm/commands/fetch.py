@@ -1,13 +1,7 @@
 """`bootfsm fetch [--prefetch]`: fill the verified artifact cache with the fetch state's code.
 
-Without ``--prefetch`` it fetches what this node needs (detect's checks apply, GPUs
-included). With ``--prefetch`` (image build) the facts come from the root's files only:
-architecture and OS, never the PCI bus, so a build VM without GPUs can run it; the
-hardware is the architecture's superset profile (``bootfsm.image.bake.image_facts``: x86_64
-with NVSwitch, so fabric manager is fetched; aarch64 Grace, so IMEX is), as `bootfsm
-bake` uses. Either way the fetch state's action runs under its table row (limit,
-retries), the cache keeps the indexes too, and a later run with the mirrors unreachable
-uses the cache when everything in it verifies. Exit code: 0 or the failure's code.
+``--prefetch`` (image build) never reads the PCI bus: it fetches for the architecture's
+superset profile (``bootfsm.image.bake.image_facts``). Exit code: 0 or the failure's code.
 """
 
 from __future__ import annotations
@@ -40,8 +34,8 @@ def fetch_cache(
     env: Mapping[str, str] | None = None,
     wait_lock: float = 0.0,
 ) -> SessionResult:
-    """Run detect -> fetch (``stop_after("fetch")``) in a run session for the node (or,
-    ``prefetch``, the image) at ``root``; never raises."""
+    """Run detect -> fetch in a run session for the node (``prefetch``: the image) at
+    ``root``; never raises."""
     from bootfsm.fetch.store import resolved
     from bootfsm.image.bake import image_facts
     from bootfsm.image.steps import FactsDetect

@@ -1,9 +1,5 @@
-"""`bootfsm plan`: what a run would do here, with no side effects.
-
-Reads node facts, evaluates guards, checks each state's postcondition (read-only
-queries only), and resolves artifacts (GETs of manifests and indexes unless
---offline). Reports whether the run would fail fast and with which code.
-"""
+"""`bootfsm plan`: what a run would do here, and whether it would fail fast, with no side
+effects (read-only queries; index GETs unless --offline)."""
 
 from __future__ import annotations
 

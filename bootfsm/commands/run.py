@@ -25,8 +25,7 @@ __all__ = ["exit_code", "main", "summary_line"]
 
 
 def summary_line(result: SessionResult, exit_codes: str = "bootfsm") -> str:
-    """One line a human sees at the end (and the provisioning hook shows):
-    verdict, code, code name, state, message, hint, [the CSE exit code,] run id."""
+    """The one line a human (and the provisioning hook) sees at the end."""
     o = result.outcome
     run = f" | run {result.run_id}" if result.run_id else ""
     if o.ok:
@@ -73,8 +72,7 @@ def _refused(code: Code, message: str, exit_codes: str) -> int:
 def _config(
     path: Path, required: bool, hook: bool
 ) -> tuple[Config, list[caller.Override], dict[str, str]] | str:
-    """The config with the provisioning hook's overrides, and the file that set each
-    value; or why it is invalid."""
+    """The config with the hook's overrides and each value's file; or why it is invalid."""
     try:
         loaded = load_config_sources(path, required=required)
     except ConfigError as exc:

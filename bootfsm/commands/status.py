@@ -1,11 +1,8 @@
-"""`bootfsm status [--json] [--wait --timeout SECONDS]`: where the current or last run is.
+"""`bootfsm status [--json] [--wait --timeout SECONDS]`: where the current or last run is,
+from the checkpoint, the lock's holder (never taking it) and the journal.
 
-Reads ``<state_dir>/checkpoint.json`` (written by the runner at every transition and at
-the end), who holds ``<state_dir>/lock`` (``/proc/locks``, without taking the lock) and
-the run's journal. ``--wait`` polls until the run ends or ``--timeout`` passes (never
-forever), and also waits for a run that has not started yet. Its exit codes (the
-constants below, else a failed run's own code) are distinct from every outcome code;
-`bootfsm status --help` lists them.
+``--wait`` is bounded by ``--timeout``. Exit codes: the constants below, distinct from
+every outcome code, else a failed run's own code.
 """
 
 from __future__ import annotations

@@ -1,14 +1,5 @@
-"""`bootfsm trace`: the story of a run, of a node's runs, or of a fleet.
-
-    bootfsm trace [RUN-ID | FILE] [--json] [--html OUT]   one run (default: the latest)
-    bootfsm trace [RUN-ID | FILE] --otlp FILE|URL         the run as an OpenTelemetry trace
-    bootfsm trace --history [--json]                      every run kept on the node
-    bootfsm trace --fleet DIR [--json] [--top N]          journals collected from many nodes
-
-Exit codes: 0 the trace was printed (whatever the run's outcome); 1 nothing to read
-(no journal, unknown run id, fleet directory without journals) or the OTLP file could
-not be written or the endpoint refused it; 10 invalid config; 2 usage errors (argparse).
-"""
+"""`bootfsm trace`: the story of one run (default: the latest; as text, JSON, HTML or
+OTLP), of a node's runs (``--history``), or of a fleet's journals (``--fleet DIR``)."""
 
 from __future__ import annotations
 

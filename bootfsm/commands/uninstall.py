@@ -1,13 +1,7 @@
-"""`bootfsm uninstall [--plan] [--json]`: remove what bootfsm installed, from its records.
+"""`bootfsm uninstall [--plan] [--json]`: undo ``installed.jsonl``'s records, newest first.
 
-Reads ``<state_dir>/installed.jsonl`` (bootfsm/install/records.py) and undoes it newest
-first (bootfsm/install/uninstall.py). ``--plan`` prints the steps and changes nothing
-(no lock, no journal, no directory created). Otherwise it takes the node lock, journals
-to ``<log_dir>/uninstall-<stamp>-<run id>.jsonl`` in the run session that run, bake and
-fetch use (``bootfsm trace FILE`` or ``bootfsm trace RUN-ID`` reads it),
-and exits 0 when everything listed is undone (a second run finds no records: nothing
-to do, 0) or with the failure's code (UNINSTALL_FAILED 108, the node lock's 11, the
-state dir's 105/106, dpkg's lock 40).
+``--plan`` changes nothing (no lock, no journal, no directory). Otherwise it runs in a
+run session (lock, journal) and exits 0 when all is undone, else the failure's code.
 """
 
 from __future__ import annotations

@@ -1,22 +1,8 @@
-"""`bootfsm install-unit` / `uninstall-unit`: the systemd unit, its drop-in, its environment.
+"""`bootfsm install-unit` / `uninstall-unit`: the systemd unit, its drop-ins, its environment.
 
-``install-unit`` places under ROOT (``/``, or an image being built):
-
-- ``/etc/systemd/system/bootfsm.service``: ExecStart names this bootfsm (or ``--exec``),
-  RestartPreventExitStatus is regenerated from the code table;
-- ``/etc/systemd/system/kubelet.service.d/10-bootfsm.conf``: kubelet after bootfsm;
-- ``/etc/systemd/system/bootfsm.service.d/10-restart-mode.conf``: only for systemd 254+;
-- ``/etc/default/bootfsm``: only when absent, so local edits survive a reinstall;
-- with ``--after-hook``, ``/etc/systemd/system/bootfsm.service.d/20-after-hook.conf``: on an
-  image that the cloud provisioning hook provisions at first boot (AKS), the unit waits
-  for the hook's first run (``ConditionPathExists=`` on the drop-in that run writes), so
-  the two never race at first boot and every later boot runs with the hook's choices;
-
-then enables the unit with ``systemctl --root=ROOT enable``, which works offline (no
-running systemd needed). Without systemctl it creates the ``multi-user.target.wants``
-link exactly as systemctl does. ``uninstall-unit`` disables and removes the same files
-(the environment file only when unedited) and nothing else. On a booted system both
-end with ``systemctl daemon-reload``.
+``install-unit`` places the files of docs/systemd.md under ROOT (``/`` or an image) and
+enables the unit offline (``systemctl --root``, else the same link by hand);
+``uninstall-unit`` removes those files alone (the environment file only when unedited).
 """
 
 from __future__ import annotations
@@ -81,8 +67,8 @@ _FILES = {
 
 
 def source_dir() -> Path:
-    """Where the shipped unit files are: package data when installed, the repo's
-    ``systemd/`` in a checkout. Raises FileNotFoundError when neither has them."""
+    """The shipped unit files' directory (package data, else a checkout's ``systemd/``);
+    FileNotFoundError when neither has them."""
     package = Path(__file__).resolve().parent.parent
     for candidate in (package / "systemd", package.parent / "systemd"):
         if (candidate / UNIT).is_file():
@@ -96,8 +82,7 @@ def restart_prevent_codes() -> list[int]:
 
 
 def render_unit(text: str, exec_path: str) -> str:
-    """The shipped unit with ExecStart's program replaced and RestartPreventExitStatus
-    regenerated from the code table."""
+    """The shipped unit, its ExecStart program and RestartPreventExitStatus replaced."""
     if not exec_path.startswith("/"):
         raise ValueError(f"ExecStart program must be an absolute path, got {exec_path!r}")
     text = text.replace(f"ExecStart={SHIPPED_EXEC} ", f"ExecStart={exec_path} ", 1)
@@ -120,8 +105,8 @@ def default_exec(host: Host) -> str:
 
 
 def has_restart_mode(host: Host) -> bool:
-    """True when the root's systemd knows RestartMode= (254+): it also ships
-    systemd-soft-reboot.service, new in the same release."""
+    """Whether the root's systemd knows RestartMode= (254+; told by
+    systemd-soft-reboot.service, new in the same release)."""
     return any(
         host.exists(f"{d}/systemd-soft-reboot.service")
         for d in ("/usr/lib/systemd/system", "/lib/systemd/system")
@@ -161,9 +146,8 @@ def _place(host: Host, src: Path, dest: str, exec_path: str) -> str:
 
 
 def install(host: Host, exec_path: str, *, after_hook: bool = False) -> list[str]:
-    """Place the unit files under ``host.root`` and enable the unit; return what was done
-    (``after_hook``: the module's doc). BootError: COMMAND_MISSING when ``exec_path`` is
-    not under the root, HOST_IO_ERROR when a file cannot be written or systemctl fails."""
+    """Place the unit files under ``host.root`` and enable the unit; what was done.
+    COMMAND_MISSING: ``exec_path`` not under the root; HOST_IO_ERROR: a write or systemctl."""
     program = exec_path.split()[0]
     if not host.exists(program):
         raise BootError(
@@ -188,8 +172,7 @@ def install(host: Host, exec_path: str, *, after_hook: bool = False) -> list[str
 
 
 def uninstall(host: Host) -> list[str]:
-    """Disable the unit and remove what ``install`` placed (the environment file only when
-    it is the shipped one: local edits stay); return what was done."""
+    """Disable the unit and remove what ``install`` placed (local edits stay); what was done."""
     log: list[str] = []
     if host.exists(UNIT_PATH):
         how = _systemctl(host, "disable")
