@@ -1,3 +1,2 @@
-"""One run session: lock, journal, signals, checkpoint, sd_notify, metrics and guest-agent
-events around the engine.
-"""
+"""One run session around the engine: lock, journal, signals, checkpoint, sd_notify,
+metrics and guest-agent events."""

@@ -1,25 +1,8 @@
-"""Provisioning events for a cloud guest agent: one JSON file per state, as CSE writes them.
+"""Provisioning events for a cloud guest agent, as CSE writes them (docs/trace.md).
 
-With ``run.cse_events_dir`` set (off by default; on Azure
-``/var/log/azure/Microsoft.Azure.Extensions.CustomScript/events``) every state that
-ends, and the run itself, leaves one file ``<epoch milliseconds>.json`` holding one
-event object with the keys the Linux guest agent requires, every value a string:
-
-* ``Timestamp``: when the step started, ``%Y-%m-%d %H:%M:%S.%3N`` in UTC;
-* ``OperationId``: when it ended, same format (AgentBaker's convention, so queries that
-  compute step time as OperationId - Timestamp keep working);
-* ``Version`` (``EVENT_VERSION``), ``TaskName`` (``bootfsm.<state>`` or ``bootfsm.run``);
-* ``EventLevel``: ``Informational`` when the step succeeded, ``Error`` when it failed
-  (the bash path always wrote ``Informational``);
-* ``Message``: what happened, at most 3072 characters (the agent's limit); a failure
-  names bootfsm's own code and name, the CSE exit code of the same meaning (what
-  ``bootfsm run --exit-codes cse`` exits with) and, for the run, the code's hint, which
-  survives a long message (the message is cut, not the hint);
-* ``EventPid``, ``EventTid``: ``"0"``, as the agent expects strings.
-
-Files are written atomically (the temporary name never matches the agent's
-``^\\d+\\.json$``), names are unique and increasing within a run, and a failure to
-write never changes the run's outcome.
+With ``run.cse_events_dir`` set, each ended state and the run leave one
+``<epoch ms>.json`` (atomic; names unique and increasing within a run) holding one
+object of strings; a failure to write never changes the run's outcome.
 """
 
 from __future__ import annotations
@@ -38,7 +21,7 @@ from bootfsm.observe.trace import scrub
 __all__ = ["EVENT_VERSION", "MAX_MESSAGE", "CseEvents", "cse_time"]
 
 EVENT_VERSION = "1.23"
-MAX_MESSAGE = 3072
+MAX_MESSAGE = 3072  # the guest agent's limit
 
 
 def _cse(outcome: Outcome) -> str:
@@ -71,7 +54,7 @@ class CseEvents:
             return
         event = {
             "Timestamp": cse_time(start),
-            "OperationId": cse_time(end),
+            "OperationId": cse_time(end),  # AgentBaker's: step time = OperationId - Timestamp
             "Version": EVENT_VERSION,
             "TaskName": task,
             "EventLevel": level,
@@ -117,7 +100,7 @@ class CseEvents:
                 f"{outcome.code.name} {_cse(outcome)} in state {outcome.state or '-'} "
                 f"after {took}: "
             )
-            tail = f" | hint: {info(outcome.code).hint}"
+            tail = f" | hint: {info(outcome.code).hint}"  # a long message is cut, never the hint
             room = max(MAX_MESSAGE - len(head) - len(tail), 0)
             msg = head + scrub(outcome.message)[:room] + tail
             self._write("bootfsm.run", "Error", msg, self._start, now, clean=True)

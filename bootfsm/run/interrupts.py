@@ -1,18 +1,7 @@
 """SIGTERM/SIGINT for one run session: stop the command in flight, raise ``Interrupted``.
 
-A Python signal handler runs in the main thread between two bytecodes of whatever it
-is doing, so an exception it raises can land inside the standard library's thread
-machinery: in ``Thread.start`` waiting for the new thread, in ``Event.wait`` or in a
-``Condition`` taking its lock back. Raised there, it leaves a lock released that the
-enclosing ``with`` then releases again, and ``RuntimeError: release unlocked lock``
-replaces the interruption (the run ended 110 instead of 12 when a signal came while
-the fetch pool started its threads). So the handler looks where the main thread is:
-inside ``threading``, ``queue`` or ``concurrent.futures`` it raises nothing yet, and
-an interval timer (SIGALRM every ``RETRY_S``) looks again until the main thread is back
-in code that can take the exception; the command in flight is stopped and
-``Interrupted`` raised there. Those moments are short: the main thread's long waits
-block in C (a child's pidfd, ``SimpleQueue.get`` in the fetch loop, ``time.sleep``),
-where the exception is raised at once.
+Never raised inside the standard library's thread machinery (docs/systemd.md): it is
+deferred and looked at again every ``RETRY_S`` by SIGALRM.
 """
 
 from __future__ import annotations
@@ -48,13 +37,8 @@ def in_thread_machinery(frame: FrameType | None) -> bool:
 
 
 class Interrupts:
-    """The session's signal handling (see the module docstring).
-
-    Signals raise only inside ``armed()`` (the lock wait and the body); one that arrives
-    outside is remembered and raised when ``armed()`` is next entered, or ignored once
-    the run has concluded. Only the first signal acts: a second one while stopping
-    (systemd and a terminal may both send one) is ignored.
-    """
+    """The session's signal handling: a signal raises only inside ``armed()`` (one outside
+    is raised on the next entry); only the first acts (systemd and a terminal may both send)."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -99,6 +83,7 @@ class Interrupts:
         if not self._armed:
             self._stop_timer()
             return
+        # raised there, a ``with`` releases a lock twice: RuntimeError (110) replaces 12
         if in_thread_machinery(frame):
             if not self._deferred:
                 self._deferred = True

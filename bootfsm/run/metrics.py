@@ -1,16 +1,8 @@
-"""The current or last run as Prometheus metrics, in a node_exporter textfile.
+"""The current or last run as Prometheus metrics, in a node_exporter textfile (docs/trace.md).
 
-The runner writes the file (``run.metrics_file``, empty disables) twice: ``publish_start``
-when a run takes the node lock (outcome ``running``, start time, boot id; every state
-``not_run``), so a run killed or cut by power loss never leaves the previous boot's
-success behind, and ``publish`` at the end, from the run's journal read back. The text
-is the exposition format (``# HELP``/``# TYPE`` then samples; every metric a gauge),
-written atomically so node_exporter never reads half a file. Every state of the table
-appears in every file, one-hot over ``STATE_OUTCOMES``, so a series never vanishes.
-No label changes per run (no run id): a boot adds no new series except ``boot_id``
-on ``bootfsm_run_info``. docs/trace.md lists the metrics. A failure to write is
-returned as a message (the runner journals it as a warning); it never changes the
-run's outcome.
+Written atomically at the start (so a killed run never leaves the last boot's success)
+and at the end; every state in every file, no per-run label, so no series appears or
+vanishes. A failure to write comes back as a message, never changing the outcome.
 """
 
 from __future__ import annotations
@@ -52,8 +44,8 @@ def _metric(name: str, help_: str, samples: Iterable[tuple[str, float]]) -> list
 
 
 def textfile(r: TraceReport, *, now: float, started: float | None = None) -> str:
-    """The exposition text of one run (``now``: when it ended, or when it started for a
-    run still ``running``; ``started``: its start as Unix time, when known)."""
+    """The exposition text of one run; ``now``: its end (its start while ``running``),
+    ``started``: its start; both Unix time."""
     code = r.code if r.code is not None else -1
     running = r.outcome == "running"
     info = (

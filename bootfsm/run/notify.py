@@ -1,14 +1,5 @@
-"""systemd notifications (the sd_notify protocol) without libsystemd.
-
-When systemd starts bootfsm with ``NotifyAccess=`` set, it passes ``$NOTIFY_SOCKET``: an
-AF_UNIX datagram socket, a path (``/run/systemd/notify``) or an abstract name written
-with a leading ``@``. Each datagram is newline-separated ``KEY=VALUE`` lines; bootfsm
-sends only ``STATUS=`` (what `systemctl status bootfsm` shows as "Status:"). A oneshot
-unit never sends ``READY=1``: its start finishes when the process exits.
-
-Notifications are best effort: no socket, a vsock address or a send error is silently
-ignored, never a reason to fail a run.
-"""
+"""systemd's sd_notify without libsystemd: ``STATUS=`` datagrams only (a oneshot unit
+never sends ``READY=1``). Best effort: no socket or a send error never fails a run."""
 
 from __future__ import annotations
 
@@ -31,8 +22,8 @@ def state_status(state: str) -> str:
 
 
 def socket_address(value: str | None) -> str | None:
-    """The AF_UNIX address of a ``$NOTIFY_SOCKET`` value: ``/path`` as is, ``@name`` as the
-    abstract ``\\0name``; None for anything else (``vsock:...``) or nothing."""
+    """The AF_UNIX address of a ``$NOTIFY_SOCKET`` value (``@name``: abstract ``\\0name``);
+    None for anything else (``vsock:...``) or nothing."""
     if not value:
         return None
     if value.startswith("/"):
@@ -60,8 +51,8 @@ class Notifier:
         return self.address is not None
 
     def status(self, text: str) -> bool:
-        """Send ``STATUS=text``, shortened to one line of at most 400 characters (a newline
-        would start a new assignment); True when it was sent."""
+        """Send ``STATUS=text`` as one line of at most 400 characters (a newline would start
+        a new assignment); True when it was sent."""
         if self.address is None:
             return False
         line = " ".join(text.split())

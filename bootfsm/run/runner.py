@@ -1,10 +1,5 @@
-"""One provisioning run, end to end: the whole machine in a run session.
-
-``execute`` is what `bootfsm run` (and the demo, and the tests) call. The session
-(bootfsm/run/session.py) owns the lock, the journal, signals, the checkpoint and the
-command events, as it does for `bake` and `fetch`; this module adds what only a node's
-run does: the metrics textfile, the guest-agent (CSE) events and the OTLP export.
-"""
+"""One provisioning run, end to end: the whole machine in a run session (``execute``),
+plus what only a node's run does: metrics textfile, guest-agent events, OTLP export."""
 
 from __future__ import annotations
 
@@ -30,8 +25,7 @@ __all__ = ["RunOptions", "checkpoint_problem", "execute"]
 
 @dataclass(frozen=True)
 class RunOptions(SessionOptions):
-    """A node's run: the session's options (kind and checkpoint set by ``execute``), and
-    what only a run has."""
+    """The session's options (kind and checkpoint set by ``execute``) and a run's own."""
 
     on_state: Callable[[str], object] | None = None
     on_status: Callable[[str], object] | None = None  # progress text within a state
@@ -44,9 +38,7 @@ CHECKPOINT_OUTCOMES = ("running", "done", "failed", "interrupted")
 
 
 def checkpoint_problem(data: object) -> str:
-    """What is wrong with the shape of checkpoint.json's parsed ``data`` ('' when nothing):
-    the object the session writes (run_id, journal, pid, state, outcome; code and
-    code_name once finished)."""
+    """What is wrong with the shape of checkpoint.json's parsed ``data`` ('' when nothing)."""
     if not isinstance(data, dict):
         return "not a JSON object"
     for key in ("run_id", "journal", "state", "outcome"):
@@ -73,8 +65,8 @@ def execute(cfg: Config, opts: RunOptions) -> SessionResult:
 
 
 def _persist_caller(s: Session, opts: RunOptions) -> None:
-    """`run --hook`: keep the caller's choices for later runs (the unit at the next
-    boot), as a drop-in beside the config file; rewritten only when they changed."""
+    """`run --hook`: keep the caller's choices for later runs as a drop-in beside the
+    config file; rewritten only when they changed."""
     root, config = opts.root.resolve(), Path(opts.config_path).resolve()
     if not config.is_relative_to(root) or not any(o.persist for o in opts.overrides):
         return
@@ -141,9 +133,8 @@ def _machine(s: Session, opts: RunOptions) -> Outcome:
 
 
 def _cleanup(ctx: Context) -> None:
-    """detect.cleanup_on_no_gpu: a GPU image booted as a node without a GPU (a CPU VM size
-    of a shared image) removes what bootfsm installed (as `bootfsm uninstall`, what
-    AgentBaker's cleanUpGPUDrivers does for its own prebake); the run still ends 0."""
+    """detect.cleanup_on_no_gpu: on a node without a GPU, undo what bootfsm installed (as
+    `bootfsm uninstall`; AgentBaker's cleanUpGPUDrivers); the run still ends 0."""
     from bootfsm.install import uninstall
 
     ctx.state, ctx.state_row, ctx.state_deadline = "uninstall", None, None

@@ -1,15 +1,6 @@
-"""One run session: what `bootfsm run`, `bootfsm bake` and `bootfsm fetch` share.
-
-``run_session`` takes the node lock (one error path: the same code and message for
-every command), opens the journal (``<kind>-<UTC time>-<run id>.jsonl`` in
-``run.log_dir``; one pruning policy: the newest ``run.keep_journals`` of each kind stay),
-handles SIGTERM/SIGINT (the command in flight and its process group are stopped, the
-run ends ``interrupted`` with code 12), builds the Context, journals every command the
-host runs as a ``command`` event, writes ``run.start`` and ``run.end`` with the same
-fields whatever the kind, and (``checkpoint=True``, `bootfsm run` only) keeps
-checkpoint.json current. The body it is given drives the engine (``Session.drive``)
-over the table or a sub-table and returns the outcome.
-"""
+"""One run session, what run, bake, fetch and uninstall share (docs/architecture.md):
+node lock, journal, signals (code 12), Context, ``command`` events, ``run.start`` and
+``run.end``, and the checkpoint for `bootfsm run`. The body drives the engine."""
 
 from __future__ import annotations
 
@@ -70,16 +61,14 @@ class SessionResult:
 
 
 def journal_stamp(names: list[str], kind: str, now: float) -> str:
-    """The start stamp of a new ``kind`` journal, given the names already in the log dir.
-    Names must sort in start order (prune, trace and status take the last one as the
-    newest) even when the wall clock went back (an RTC reset before NTP) or two runs
-    start within a second: then it is one second after the newest journal's stamp."""
+    """The start stamp of a new ``kind`` journal, given the names in the log dir; always
+    after the newest one's, which prune, trace and status take as the latest."""
     stamp = time.strftime(STAMP, time.gmtime(now))
     prefix = f"{kind}-"
     width = len(stamp)
     mine = [n[len(prefix) : len(prefix) + width] for n in names if n.startswith(prefix)]
     newest = max(mine, default="")
-    if newest < stamp:
+    if newest < stamp:  # else the clock went back (an RTC reset before NTP) or same second
         return stamp
     try:
         last = calendar.timegm(time.strptime(newest, STAMP))
@@ -177,9 +166,8 @@ class Session:
     def checkpoint(
         self, state: str, outcome: str, *, durable: bool = False, **fields: object
     ) -> None:
-        """checkpoint.json (``checkpoint=True`` only); a read-only or full state dir must
-        not hide the real outcome. A transition's is a hint (the fsynced journal has the
-        same; it is checked when read), so only the run's last one is ``durable``."""
+        """checkpoint.json (``checkpoint=True`` only); a write failure never hides the real
+        outcome. Only the last is ``durable``: a transition's is a hint the journal backs."""
         if not self.opts.checkpoint:
             return
         data = {"run_id": self.run_id, "journal": str(self.path or ""), "pid": os.getpid()}
