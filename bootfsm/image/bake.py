@@ -1,13 +1,8 @@
 """Image build ("bake"): fetch verified artifacts and prebuild the driver; the bake marker.
 
-One code path for image build and boot: ``bake`` is a run of the engine, in a run
-session (bootfsm/run/session.py: lock, journal, signals, command events), over the
-table up to the driver state (``table.stop_after("driver")``): detect with the facts of
-the image root, the fetch state itself, and the image's driver step
-(bootfsm/image/steps.py: nouveau blacklist, toolkit debs, DKMS build, never loading a
-module or starting a service), which records what DKMS built in a marker. At boot the
-driver state compares that marker with the node (``check_marker``) to decide whether the
-compile can be skipped. docs/image-build.md describes the marker and every decision.
+A bake is an engine run in a run session over the table up to the driver state, with
+the image root's facts and the image's driver step (bootfsm/image/steps.py); it never
+loads a module or starts a service. docs/image-build.md has the marker and decisions.
 """
 
 from __future__ import annotations
@@ -101,9 +96,8 @@ def _image_arch(host: Host) -> str:
 
 
 def image_facts(host: Host, kernel: str) -> NodeFacts:
-    """Facts of an image root: arch, OS and the target kernel from the root; the hardware
-    is the architecture's superset profile, never the build VM's PCI bus (it may have no
-    GPU): x86_64 is an NVSwitch HGX (fabric manager fetched), aarch64 a Grace tray (IMEX)."""
+    """Facts of an image root: arch, OS, kernel from the root; hardware the arch's superset
+    profile (x86_64 an NVSwitch HGX, aarch64 a Grace tray), never the build VM's PCI bus."""
     raw_arch = _image_arch(host)
     try:
         text = host.read_text("/etc/os-release") or host.read_text("/usr/lib/os-release")

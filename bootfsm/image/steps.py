@@ -1,12 +1,8 @@
-"""The states a partial run drives in place of the node's own: `bake` and `fetch`.
+"""The states a partial run (`bake`, `fetch`) drives in place of the node's own.
 
-`bake` and `fetch [--prefetch]` are runs of the engine over a sub-table of the machine
-(``table.stop_after``): detect -> fetch for `fetch`, detect -> fetch -> driver for
-`bake`. Their fetch is the fetch state itself; their detect and (bake) driver are the
-ones below, because an image root is not a booted node: detect takes its facts from
-the root's files (never the PCI bus, which a build VM may lack) and judges them with the
-detect state's own rules; the bake's driver builds the DKMS module for the image's
-kernel and writes the marker, never loading a module or starting a service.
+An image root is not a booted node: detect takes its facts from the root's files, judged
+by the detect state's rules; bake's driver builds the DKMS module and writes the marker,
+never loading a module or starting a service. Fetch is the fetch state itself.
 """
 
 from __future__ import annotations
@@ -29,8 +25,7 @@ __all__ = ["BakeDriver", "Counted", "FactsDetect"]
 
 
 class FactsDetect:
-    """detect with facts from ``gather``: journaled as ``node.facts``, then judged by the
-    detect state's own rules (``node.verdict.judge``)."""
+    """detect with facts from ``gather``, journaled and judged by the detect state's rules."""
 
     NAME = "detect"
 
@@ -77,8 +72,7 @@ def _same(old: Marker | None, want: Marker) -> bool:
 
 
 class BakeDriver:
-    """The image's driver step: nouveau off (the image kernel's initramfs), the toolkit
-    debs, the DKMS module for the image's kernel, the marker that describes it."""
+    """The image's driver step: nouveau off, the toolkit, the DKMS module, the marker."""
 
     NAME = "driver"
 
@@ -86,8 +80,7 @@ class BakeDriver:
         self.changed = changed
 
     def satisfied(self, ctx: Context) -> bool:
-        """Nouveau is off, the toolkit installed and (driver.install) the marker equals
-        what this bake would write and DKMS's module agrees with it."""
+        """Nouveau off, toolkit installed, and (driver.install) marker and module match."""
         if not (driver.nouveau_off(ctx) and driver.toolkit_ok(ctx) and coherent.conf_ok(ctx)):
             return False
         if not ctx.config.driver.install:
@@ -107,8 +100,8 @@ class BakeDriver:
             self.changed.append(label)
 
     def run(self, ctx: Context) -> None:
-        """Blacklist nouveau, install the toolkit, build the module unless the marker and
-        module match, write the marker unless it is already what this bake writes."""
+        """Blacklist nouveau, install the toolkit; build the module and write the marker
+        unless each already matches what this bake would make."""
         kernel = ctx.facts.kernel
         self._note(driver.blacklist_nouveau(ctx, kernel=kernel), "nouveau")
         self._note(coherent.write_conf(ctx, kernel=kernel), "coherent")

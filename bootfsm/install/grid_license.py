@@ -1,20 +1,8 @@
-"""GRID (vGPU) licences: a GRID node is ready only once its vGPU licence is acquired.
+"""GRID (vGPU) licences: a GRID node is ready only once every GPU's licence is acquired.
 
-A vGPU guest starts unlicensed; nvidia-gridd acquires the licence from the licence
-server. Until it does the vGPU is throttled after a grace period and CUDA reports the
-device busy: AKS's GRID nodes came up "Unlicensed" (Azure/AKS issues 4870 and 4880;
-Azure/aks-gpu#90 went back to 535 because 550 installed no nvidia-gridd unit).
-`nvidia-smi -q -x` says it per GPU (the `-q` block its guest guides quote, "vGPU
-Software Licensed Product / License Status"), as XML::
-
-    <vgpu_software_licensed_product>
-        <licensed_product_name>NVIDIA RTX Virtual Workstation</licensed_product_name>
-        <license_status>Licensed (Expiry: 2026-7-7 16:1:44 GMT)</license_status>
-    </vgpu_software_licensed_product>
-
-(``Unlicensed`` as gpu-operator #220 shows it; ``Unlicensed (Unrestricted)`` /
-``(Restricted)`` in the grace period and after it). verify waits, bounded by
-``verify.license_timeout``, until every GPU says ``Licensed``; GRID_NOT_LICENSED else.
+verify waits, bounded by ``verify.license_timeout``, until `nvidia-smi -q -x` shows each
+GPU's ``license_status`` as ``Licensed``; GRID_NOT_LICENSED else. An unlicensed vGPU is
+throttled and CUDA reports it busy (Azure/AKS issues 4870, 4880).
 """
 
 from __future__ import annotations
@@ -35,8 +23,7 @@ def wanted(ctx: Context) -> bool:
 
 
 def problems(report: SmiReport) -> list[str]:
-    """``<bus id>: <License Status>`` of each GPU of a `nvidia-smi -q -x` report that is
-    not licensed (pure); empty when all are."""
+    """``<bus id>: <License Status>`` of each unlicensed GPU (pure); empty when all are."""
     return [
         f"{g.bus_id}: {g.license_status or 'no vgpu_software_licensed_product element'}"
         for g in report.gpus
@@ -58,7 +45,7 @@ def _asked(ctx: Context) -> list[str]:
 
 
 def wait_licensed(ctx: Context, report: SmiReport) -> None:
-    """Wait until every GPU is licensed, from ``report`` on, asking again (bounded);
+    """Wait, bounded, until every GPU is licensed, starting from ``report``;
     GRID_NOT_LICENSED with what nvidia-smi said last when the wait runs out."""
     cfg = ctx.config.verify
     last = problems(report)

@@ -1,8 +1,7 @@
 """The prebake marker: what DKMS built, written by `bootfsm bake` or a boot that compiled.
 
-Pure apart from ``read_marker`` (through the Host). The driver state reads it to decide
-whether a boot may skip the compile; bake writes it. The first four keys are the bash
-path's marker lines (kernel, driver_version, driver_kind, arch).
+Pure apart from reading and writing it through the Host. The driver state skips the
+compile only when it matches (``check_marker``); its first four keys are the bash path's.
 """
 
 from __future__ import annotations
@@ -93,8 +92,8 @@ def render_marker(m: Marker) -> str:
 
 
 def parse_marker(text: str) -> Marker:
-    """Parse ``key=value`` lines (``#`` comments, unknown keys ignored); MarkerError names
-    a missing required key (kernel, driver_version, driver_kind, arch) or a bad line."""
+    """Parse ``key=value`` lines (comments, unknown keys ignored); MarkerError names a
+    missing required key or a bad line."""
     values: dict[str, str] = {}
     for lineno, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
@@ -112,10 +111,8 @@ def parse_marker(text: str) -> Marker:
 
 
 def parse_peer_marker(text: str) -> Marker:
-    """Parse the bash path's marker (PEER_MARKER): the same ``key=value`` lines without a
-    module type or runfile hash; ``source`` is ``aks-gpu``. As aks-gpu's ``sed -n
-    's/^key=//p' | head -n1`` does, the first line of a key wins. MarkerError as
-    ``parse_marker``."""
+    """Parse PEER_MARKER (no module type or hash; ``source=aks-gpu``); MarkerError as above."""
+    # the first line of a key wins, as aks-gpu's `sed -n 's/^key=//p' | head -n1`
     first: list[str] = []
     seen: set[str] = set()
     for line in text.splitlines():
@@ -134,8 +131,8 @@ def render_peer_marker(m: Marker) -> str:
 
 
 def read_marker(host: Host, cfg: Config) -> Marker | None:
-    """The node's marker: bootfsm's own, else (``bake.read_peer_marker``) the bash path's
-    at PEER_MARKER; None when neither exists; MarkerError when unreadable."""
+    """bootfsm's marker, else (``bake.read_peer_marker``) PEER_MARKER's; None when neither;
+    MarkerError when unparsable."""
     text, parse = host.read_text(marker_path(cfg)), parse_marker
     if text is None and cfg.bake.read_peer_marker:
         text, parse = host.read_text(PEER_MARKER), parse_peer_marker
@@ -143,8 +140,8 @@ def read_marker(host: Host, cfg: Config) -> Marker | None:
 
 
 def write_marker(host: Host, cfg: Config, m: Marker) -> list[str]:
-    """Write bootfsm's marker and, with ``bake.write_peer_marker``, the bash path's too
-    (atomically); return the node paths written."""
+    """Write the marker atomically (PEER_MARKER too with ``bake.write_peer_marker``);
+    return the node paths written."""
     host.write_atomic(marker_path(cfg), render_marker(m), 0o600)
     if not cfg.bake.write_peer_marker:
         return [marker_path(cfg)]
@@ -156,9 +153,7 @@ def write_marker(host: Host, cfg: Config, m: Marker) -> list[str]:
 def required_module_type(
     cfg_type: str, *, needs_open: bool, needs_proprietary: bool = False
 ) -> str:
-    """The module type a built module must have: ``open`` or ``proprietary``, or "" for
-    either (``auto`` on a node whose GPUs both modules drive: not Blackwell, which needs
-    open, nor older than Turing, which needs proprietary)."""
+    """``open``, ``proprietary``, or "" for either (``auto`` where both drive the GPUs)."""
     if cfg_type == "auto":
         return "open" if needs_open else "proprietary" if needs_proprietary else ""
     return cfg_type
@@ -180,15 +175,8 @@ def expected_marker(cfg: Config, facts: NodeFacts) -> Marker:
 def check_marker(
     m: Marker, want: Marker, *, needs_open: bool, needs_proprietary: bool = False
 ) -> list[Mismatch]:
-    """Every field of ``MATCH_FIELDS`` where marker ``m`` does not fit ``want`` (pure).
-
-    ``module_type = auto`` accepts a baked open or proprietary module, except that a node
-    with a GPU only the open module drives (``needs_open``) accepts only open, and one
-    with a GPU older than Turing (``needs_proprietary``) only proprietary. A marker
-    without a module type (the bash path's) is not judged on it here: the caller checks
-    the built module's licence (``required_module_type``). A sha256 is compared only
-    when both sides have one.
-    """
+    """Every ``MATCH_FIELDS`` field where ``m`` does not fit ``want`` (pure); ``auto``
+    accepts either module type unless the GPUs need one; sha256 compared only if both have one."""
     out: list[Mismatch] = []
     for name in MATCH_FIELDS:
         have, need = getattr(m, name), getattr(want, name)

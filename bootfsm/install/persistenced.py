@@ -1,17 +1,7 @@
-"""nvidia-persistenced: started when the installed driver provides it.
+"""nvidia-persistenced: started (``driver.persistenced``) when the installed driver ships it.
 
-The runfile installs the daemon (/usr/bin/nvidia-persistenced) but no unit: it leaves
-a sample (/usr/share/doc/NVIDIA_GLX-1.0/samples/nvidia-persistenced-init.tar.bz2) for
-the distribution to install. AgentBaker starts the daemon on its Azure Linux and ACL
-paths (``enableNvidiaPersistenceMode``: a unit written to /etc/systemd/system, then
-``systemctl enable`` and ``restart``); its Ubuntu path and aks-gpu's install.sh do not.
-bootfsm starts it on every node whose driver provides it (``driver.persistenced``):
-persistence keeps the GPUs initialized between clients, so nvidia-smi and the first
-CUDA context of each pod do not pay the driver's device init.
-
-A unit already on the node (a distribution's packaged driver ships one) is used as it
-is; otherwise bootfsm writes UNIT_TEXT, which runs the daemon as root as AgentBaker's
-does (NVIDIA's sample template adds ``--user`` and a dedicated account).
+A unit already on the node is used as it is; else UNIT_TEXT is written (the runfile
+ships the daemon, no unit). Persistence spares each pod's first CUDA context the init.
 """
 
 from __future__ import annotations
@@ -29,6 +19,7 @@ UNIT = PERSISTENCED.unit
 UNIT_PATH = f"/etc/systemd/system/{UNIT}"
 UNIT_DIRS = ("/etc/systemd/system", "/run/systemd/system", "/lib/systemd/system",
              "/usr/lib/systemd/system")  # fmt: skip
+# root, as AgentBaker's unit (NVIDIA's sample adds --user and a dedicated account)
 UNIT_TEXT = """\
 # Written by bootfsm (docs/node-contract.md): the runfile ships nvidia-persistenced, no unit.
 [Unit]
@@ -67,7 +58,7 @@ def ready(ctx: Context) -> bool:
 
 
 def ensure(ctx: Context) -> None:
-    """Write the unit when the node has none, enable and start it, require it active
+    """Write the unit if the node has none, enable and start it, require it active
     (DRIVER_NOT_STARTED otherwise: the daemon could not open the GPUs)."""
     if not _wanted(ctx):
         if ctx.config.driver.persistenced:

@@ -1,17 +1,8 @@
 """Whether a boot or a bake may use a module already built, or must compile: one decision.
 
-The marker (bake's, a boot's, or the bash path's) says what was built; the node says
-what it needs. The boot uses the built module when every matched field agrees and the
-module is usable (`dkms status` and `modinfo`; a module bake installed without DKMS,
-``dkms=no``, by `modinfo` alone), and also when only the kernel differs and DKMS built
-the same driver for the running kernel: an unattended kernel update runs DKMS's kernel
-hook, which builds every registered module for the new kernel (aks-gpu's fast path asks
-the same of `dkms status` and `modinfo -k`). Anything else compiles.
-
-``decide`` is the action's question (it may run `modinfo`); ``ready`` the
-postcondition's, which asks only what the postconditions already share (`dkms status`)
-unless the marker names a module installed without DKMS. ``bake_reason`` is the image
-build's question; ``new_marker`` what a build (boot or bake) writes.
+A built module is used when the marker matches and the module is usable, or when only the
+kernel differs and DKMS's kernel hook built the same driver for the running one (a kernel
+update); anything else compiles. Read-only: it runs `dkms status` and `modinfo` at most.
 """
 
 from __future__ import annotations
@@ -84,12 +75,8 @@ def _wanted_type(ctx: Context, m: Marker) -> str:
 
 
 def bake_module_type(cfg: Config) -> str:
-    """The module type an image gets: the configured one, or ``open`` for ``auto``.
-
-    ``auto`` asks the installer about the attached GPUs, which a build VM does not have;
-    open is the type that drives every GPU generation bootfsm targets (Hopper, Blackwell,
-    Grace) and the only one Blackwell accepts.
-    """
+    """The module type an image gets: the configured one, or ``open`` for ``auto``."""
+    # a build VM has no GPUs for auto to ask about; open drives all targets, Blackwell only it
     return cfg.driver.module_type if cfg.driver.module_type != "auto" else "open"
 
 
@@ -106,9 +93,8 @@ def new_marker(ctx: Context, module_type: str, *, dkms: str, source: str) -> Mar
 
 
 def _maybe_without_dkms(m: Marker) -> bool:
-    """The marker's module may be installed without DKMS: bake's (``dkms=no``), or the
-    bash path's, which does not say (aks-gpu's build-only mode installs with --no-dkms
-    since Azure/aks-gpu#191, with --dkms before): `modinfo` is asked, not `dkms status`."""
+    """The marker's module may lack DKMS: bake's (``dkms=no``) or aks-gpu's (it does not say,
+    --no-dkms since Azure/aks-gpu#191), so `modinfo` is asked, not `dkms status`."""
     return m.dkms == "no" or m.source == PEER_SOURCE
 
 
@@ -149,9 +135,8 @@ def decide(ctx: Context) -> Decision:
 
 
 def ready(ctx: Context) -> bool:
-    """The postcondition's question: the built module fits without compiling (the
-    configured version is DKMS-built for the running kernel, under a marker that matches
-    or differs only in the kernel; or the marker's own module installed without DKMS)."""
+    """The postcondition: the built module fits without compiling (``decide``'s rule,
+    asking only `dkms status` unless the marker's module was installed without DKMS)."""
     try:
         m = read_marker(ctx.host, ctx.config)
     except MarkerError:
@@ -179,8 +164,8 @@ def current_marker(host: Host, cfg: Config) -> Marker | None:
 
 
 def bake_reason(ctx: Context, want: Marker) -> tuple[Marker | None, str | None]:
-    """The image's marker, and why the bake must build (the marker unreadable, absent or
-    not ``want``, or its module unusable; None when marker and module match)."""
+    """The image's marker, and why the bake must build (None when marker and module
+    match ``want``)."""
     try:
         old = read_marker(ctx.host, ctx.config)
     except MarkerError as exc:

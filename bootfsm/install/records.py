@@ -1,31 +1,9 @@
 """Install records: what bootfsm put on this node, the only list `bootfsm uninstall` trusts.
 
-``<run.state_dir>/installed.jsonl`` (0600) is JSON Lines: a header line
-``{"kind": "bootfsm.installed", "schema": 2}``, then one line per record, appended (one
-write, one fsync) right after the action it records. A later line with the same key (a
-file written again, a package upgraded) updates the earlier one when the file is read:
-it keeps the first ``before``. Uninstall, which drops records as it goes, rewrites the
-file atomically (temporary, fsync, rename). The entries, in the order first installed:
-
-- ``file``: a file bootfsm wrote (``sha256`` of what it wrote; ``before``: what was
-  there first, null when nothing was, else its sha256, mode and, up to 1 MiB, its bytes
-  in base64 so that uninstall can put them back; ``then``: a command to run once it is
-  removed, e.g. ``update-initramfs -u`` after the nouveau blacklist; ``edit``: for
-  config.toml, the imports text bootfsm changed, undone alone if the file was edited
-  since);
-- ``link``: a symbolic link bootfsm made (``target``);
-- ``package``: a Debian package bootfsm's ``dpkg -i`` installed that was not installed
-  before (``name``, ``version``); a package that was there before is never recorded;
-- ``dkms``: the module/version DKMS built (``module``, ``version``, ``kernel``);
-- ``unit``: ``enable``, ``start`` or ``mask`` of a systemd unit that was not so before;
-- ``module``: a kernel module bootfsm loaded.
-
-An entry is written right after the action it records, so a crash in between leaves at
-most that one thing unrecorded (it is then left on the node, never removed blindly); a
-crash during the append leaves a last line without its newline, which is dropped. An
-archive's files (``install_files``) are the exception: all their entries are appended
-at once *before* the files are placed, so a crash in between leaves records of files
-not placed yet, which uninstall finds gone or with the bytes they had, and keeps.
+``<run.state_dir>/installed.jsonl`` (0600, docs/node-contract.md): a header line, then one
+entry (KINDS) appended and fsynced right after each action, so a crash leaves at most one
+thing unrecorded (left on the node, never removed blindly); a later entry with the same key
+updates the earlier one, keeping its first ``before``.
 """
 
 from __future__ import annotations
@@ -89,9 +67,8 @@ def records_path(cfg: Config) -> str:
 
 
 def parse_records(text: str) -> list[dict[str, Any]]:
-    """The entries of an installed.jsonl text (pure), later lines folded into earlier
-    ones with the same key; a last line without its newline (an append a crash cut
-    short) is dropped. RecordsError on anything else."""
+    """The entries of an installed.jsonl text, same keys folded (pure); a torn last line is
+    dropped, RecordsError on anything else."""
     lines = text.split("\n")
     lines.pop()  # the text after the last newline: "" or a torn append
     if not lines:
@@ -153,9 +130,8 @@ def render_records(entries: Sequence[Mapping[str, Any]]) -> str:
 
 
 def load(host: Host, cfg: Config) -> list[dict[str, Any]]:
-    """The node's records ([] when none); BootError(UNINSTALL_FAILED) when unreadable,
-    UNSAFE_STATE_FILE when not a regular file (a link planted in bootfsm's state dir is
-    never followed)."""
+    """The node's records ([] when none); UNINSTALL_FAILED when unreadable,
+    UNSAFE_STATE_FILE when not a regular file (a planted link is never followed)."""
     return _read(host, cfg)[0]
 
 
@@ -188,9 +164,8 @@ def _key(e: Mapping[str, Any]) -> tuple[str, ...]:
 
 
 def add(ctx: Context, entry: dict[str, Any]) -> None:
-    """Record ``entry`` after what it describes was done: one line appended and fsynced
-    (the first record writes the file with its header). Records that cannot be read
-    are set aside as ``.bad`` (never lost) and new records begin."""
+    """Record ``entry`` after what it describes was done (one append, one fsync);
+    unreadable records are set aside as ``.bad``, never lost, and new ones begin."""
     add_many(ctx, [entry])
 
 
@@ -220,8 +195,8 @@ def add_many(ctx: Context, new: Sequence[dict[str, Any]]) -> None:
 
 
 def snapshot(host: Host, path: str) -> dict[str, Any] | None:
-    """What is at ``path`` now, as a file entry's ``before``: None when nothing is; a
-    link's target; else the file's sha256, mode and (up to RESTORE_LIMIT) bytes."""
+    """What is at ``path`` now, as a file entry's ``before``: None, a link's target, or
+    sha256, mode and (up to RESTORE_LIMIT) base64 bytes."""
     if host.is_symlink(path):
         return {"link": host.readlink(path) or ""}
     sha = host.sha256(path)
@@ -250,9 +225,8 @@ def write_file(
     then: Sequence[str] = (),
     edit: Mapping[str, Any] | None = None,
 ) -> None:
-    """``host.write_atomic`` and record it (``then``: run after its removal; ``edit``:
-    the one change made to a file that was there, undone alone when the file was edited
-    since, e.g. ``containerd.import_edit``)."""
+    """``host.write_atomic`` and record it (``then``: run after its removal; ``edit``: the
+    one change to undo alone when the file was edited since)."""
     first = not _recorded(ctx, path)
     before = snapshot(ctx.host, path) if first else None
     ctx.host.write_atomic(path, data, mode)
@@ -266,8 +240,7 @@ def write_file(
 
 
 def track(ctx: Context, path: str, before: dict[str, Any] | None) -> None:
-    """Record a file another program wrote for bootfsm (``before``: its ``snapshot``
-    taken first), e.g. the CDI spec `nvidia-ctk cdi generate` writes."""
+    """Record a file another program wrote for bootfsm (``before``: its earlier ``snapshot``)."""
     sha = ctx.host.sha256(path)
     if sha is None or (before is not None and before.get("sha256") == sha):
         return  # nothing written, or the same bytes as before
@@ -275,9 +248,8 @@ def track(ctx: Context, path: str, before: dict[str, Any] | None) -> None:
 
 
 def install_files(ctx: Context, files: Sequence[tuple[str, str, int | None]]) -> None:
-    """``host.install_files`` (a link stays a link), each file recorded first, in one
-    append: a record of a file not placed yet is harmless (uninstall finds it gone, or
-    with the bytes it had, and keeps it); the directories are fsynced once each."""
+    """``host.install_files`` (a link stays a link), all recorded first in one append."""
+    # recorded before placed: uninstall keeps a record's file found gone or unchanged
     entries: list[dict[str, Any]] = []
     for src, dst, _ in files:
         before = None if _recorded(ctx, dst) else snapshot(ctx.host, dst)
@@ -303,14 +275,12 @@ def record_module(ctx: Context, name: str) -> None:
 
 
 def unit_done(ctx: Context, action: str, name: str) -> None:
-    """Record that bootfsm did ``systemctl enable|start|mask UNIT`` (it was not so
-    already): bootfsm.install.daemons asks, acts and calls this."""
+    """Record that bootfsm did ``systemctl enable|start|mask UNIT`` (it was not so already)."""
     add(ctx, {"kind": "unit", "unit": name, "action": action, "by": ctx.state})
 
 
 def write_markers(ctx: Context, m: Marker) -> list[str]:
-    """``marker.write_marker`` (bootfsm's marker, and the peer's when configured), each
-    file recorded; uninstall removes them last."""
+    """``marker.write_marker``, each file recorded; uninstall removes them last."""
     paths = [marker_path(ctx.config), PEER_MARKER]
     before = {p: snapshot(ctx.host, p) for p in paths}
     written = write_marker(ctx.host, ctx.config, m)

@@ -1,17 +1,8 @@
 """What the driver runfile installed, told to dpkg: an nvidia-modprobe record.
 
-nvidia-installer installs /usr/bin/nvidia-modprobe (unless --no-nvidia-modprobe) without
-telling dpkg. The nvidia-imex deb declares ``Depends: nvidia-modprobe``; installed with
-``dpkg -i --force-depends`` it leaves that dependency unmet in dpkg's database, and then
-`apt-get check` fails ("nvidia-imex : Depends: nvidia-modprobe but it is not
-installable"), `apt-get install` asks for --fix-broken and unattended-upgrades stops.
-
-The program is there, so the honest record is the equivs way: a package
-``nvidia-modprobe`` with no files, at the version the runfile's binary reports
-(`nvidia-modprobe --version`), built on the node with dpkg-deb and installed with dpkg
-before nvidia-imex, which then installs without --force-depends (dpkg itself checks its
-dependencies). A real nvidia-modprobe package, when dpkg has one, is used as it is; a
-node whose driver left no /usr/bin/nvidia-modprobe gets nothing claimed for it.
+nvidia-imex ``Depends: nvidia-modprobe``, which the runfile installs behind dpkg's back;
+a file-less package at the binary's version (the equivs way) meets it, so nvidia-imex
+installs without --force-depends and `apt-get check` passes. Nothing absent is claimed.
 """
 
 from __future__ import annotations
@@ -31,8 +22,8 @@ _VERSION = re.compile(r"version\s+([0-9]+(?:\.[0-9]+)+)")
 
 
 def control_text(version: str, arch: str) -> str:
-    """DEBIAN/control of the record: the runfile's version with a ``+runfile`` revision
-    (above NVIDIA's own ``-1`` builds of that version, below their next revision)."""
+    """DEBIAN/control of the record, version ``<version>-1+runfile``."""
+    # +runfile sorts above NVIDIA's own -1 build of that version, below their next revision
     return (
         f"Package: {PACKAGE}\nVersion: {version}-1+runfile\nArchitecture: {arch}\n"
         "Maintainer: bootfsm <root@localhost>\nSection: utils\nPriority: optional\n"
@@ -45,8 +36,8 @@ def control_text(version: str, arch: str) -> str:
 
 
 def ensure_nvidia_modprobe(ctx: Context, code: Code) -> None:
-    """dpkg knows an nvidia-modprobe (a real package, or the record above for the
-    runfile's binary); ``code`` when the node has neither."""
+    """Make dpkg know an nvidia-modprobe (a real one, else the record for the runfile's
+    binary); BootError ``code`` when the node has neither."""
     if dpkg.installed_version(ctx, PACKAGE) is not None:
         return
     if not ctx.host.exists(BIN):

@@ -1,23 +1,8 @@
 """Undo what the install records list (bootfsm/install/records.py), newest first.
 
-``plan`` only reads: it turns the records into steps, judging each against the node as
-it is now. ``execute`` runs the steps and drops each record it settles (the records
-file is rewritten atomically after every step, so a crash or a failed step leaves
-exactly what is still to do); the markers go last. Nothing the records do not list is
-touched, and a file is removed only while it still has the bytes bootfsm wrote
-(sha256): a file edited since is kept, with a warning.
-
-Per record, newest first: a unit bootfsm started is stopped, one it enabled disabled,
-one it masked unmasked; a kernel module it loaded is unloaded (`modprobe -r`; a module
-in use stays, with a warning, as AgentBaker's teardown leaves it); the DKMS module it
-built is removed (`dkms remove -m M -v V --all`); the packages it installed are purged
-in one `dpkg --purge` (dpkg orders them by their dependencies); a file it wrote is
-removed, or given back the bytes and mode it had before bootfsm wrote it
-(config.toml's original imports line; in a config.toml edited since, only the imports
-text bootfsm changed is put back, when what is left reads the same). Then: the
-commands files asked for once gone (`update-initramfs -u` after the nouveau
-blacklist), `systemctl daemon-reload` when a unit file went, `ldconfig` when a library
-went, a containerd restart when its configuration changed, and last the bake markers.
+``plan`` only reads; ``execute`` drops each record as its step settles it, so a crash or
+failed step leaves exactly what is still to do. Nothing unrecorded is touched; a file is
+removed only while it has the sha256 bootfsm wrote (else kept, with a warning); markers last.
 """
 
 from __future__ import annotations
@@ -198,9 +183,8 @@ def execute(
     steps: Sequence[Step],
     on_step: Callable[[Step], None] | None = None,
 ) -> list[Step]:
-    """Run ``steps``; after each, the records it settled are dropped (saved atomically).
-    Return the steps kept with a warning. BootError(UNINSTALL_FAILED) on the first
-    command that fails (what is left stays recorded for the next run)."""
+    """Run ``steps``, dropping the records each settles; return the steps kept (warned).
+    UNINSTALL_FAILED on the first failed command (the rest stays recorded)."""
     left = dict(enumerate(entries))
     kept: list[Step] = []
     for step in steps:
@@ -238,8 +222,7 @@ def _do(ctx: Context, step: Step, entries: list[dict[str, Any]], left: dict[int,
 
 
 def _command(ctx: Context, step: Step, left: dict[int, Any]) -> None:
-    """Run a step's command; a module in use stays loaded (a warning), any other failure
-    saves what is ``left`` and is UNINSTALL_FAILED."""
+    """Run a step's command; a module in use stays loaded (warned), else UNINSTALL_FAILED."""
     if step.action == "purge":
         wait_for_lock(ctx)
     r = ctx.run(list(step.argv), timeout=_TIMEOUTS.get(step.action, 60.0))
@@ -260,9 +243,8 @@ def _command(ctx: Context, step: Step, left: dict[int, Any]) -> None:
 def run(
     ctx: Context, on_step: Callable[[Step], None] | None = None
 ) -> tuple[list[Step], list[Step]]:
-    """Plan and execute the uninstall of what the node's records list, journaled
-    (``uninstall.planned``, one ``uninstall.step`` each, ``uninstall.done``); return
-    (steps, kept). BootError(UNINSTALL_FAILED) as ``execute`` or for unreadable records."""
+    """Plan and execute the uninstall, journaled; return (steps, kept).
+    UNINSTALL_FAILED as ``execute``, or for unreadable records."""
     entries = records.load(ctx.host, ctx.config)
     steps = plan(ctx, entries)
     ctx.event("uninstall.planned", durable=True, records=len(entries), steps=len(steps))

@@ -50,19 +50,16 @@ class UnitState:
 
 
 def parse_show(output: str) -> UnitState:
-    """Pure: `systemctl show -p UnitFileState -p ActiveState UNIT` (``Key=value`` lines, in
-    systemd's order; other lines ignored) -> its UnitState."""
+    """Pure: `systemctl show -p UnitFileState -p ActiveState UNIT` -> its UnitState."""
     props = dict(line.partition("=")[::2] for line in output.splitlines() if "=" in line)
     enabled = props.get("UnitFileState", "").strip()
     return UnitState(enabled if enabled in _ENABLED else "", props.get("ActiveState") == "active")
 
 
 def parse_show_units(output: str, units: Sequence[str]) -> dict[str, UnitState]:
-    """Pure: `systemctl show -p Id -p UnitFileState -p ActiveState U1 U2...`, which
-    prints one block per unit in the order named, an empty line between blocks
-    (systemd src/systemctl/systemctl-show.c) -> unit -> its UnitState. Lines that are
-    not ``Key=value`` (a warning on stderr) are ignored; {} unless there is exactly one
-    block with an ``Id=`` per unit (then nothing is guessed)."""
+    """Pure: `systemctl show -p Id -p UnitFileState -p ActiveState U1 U2...` -> unit ->
+    its UnitState; {} unless there is exactly one ``Id=`` block per unit (nothing guessed)."""
+    # one block per unit in the order named, blank-line separated (systemctl-show.c)
     blocks = [b for b in re.split(r"\n[ \t]*\n", output) if re.search(r"^Id=", b, re.M)]
     if len(blocks) != len(units):
         return {}
@@ -87,16 +84,13 @@ def unit_state(ctx: Context, unit: str) -> UnitState:
 def systemctl(
     ctx: Context, *args: str, code: Code, timeout: float = 60.0, what: str = ""
 ) -> CommandResult:
-    """Run `systemctl ARGS`; raise with ``code`` when it fails. Not tied to bootfsm's
-    life: PID 1 carries out the job whether systemctl lives or not (systemctl(1),
-    --no-block: without it the job is enqueued and systemctl only waits for it; offline,
-    as in an image chroot, enable and disable are idempotent link edits)."""
+    """Run `systemctl ARGS`; BootError ``code`` when it fails."""
+    # untied from bootfsm's life: PID 1 runs the job whether systemctl lives (systemctl(1))
     argv = ["systemctl", *args]
     return ctx.require(argv, code=code, timeout=timeout, what=what, die_with_bootfsm=False)
 
 
 def reset_failed(ctx: Context, *units: str) -> None:
-    """`systemctl reset-failed UNITS`, so that a start is not refused for an earlier
-    failure; its answer is not checked (a unit never failed, or not loaded, says so).
-    Untied, as ``systemctl``."""
+    """`systemctl reset-failed UNITS` (untied), so a start is not refused for an earlier
+    failure; its answer is not checked."""
     ctx.run(["systemctl", "reset-failed", *units], timeout=_QUERY_TIMEOUT, die_with_bootfsm=False)

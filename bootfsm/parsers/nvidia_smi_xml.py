@@ -1,8 +1,7 @@
 """Parse `nvidia-smi -q -x`: the structured report verify judges the node by.
 
-Only the known external ``nvsmi_device_vNN.dtd`` DOCTYPE passes; any other DTD, entity
-or processing instruction is refused before expat sees the text (so no defusedxml).
-An absent element reads as "" (older drivers have no ``fabric``).
+Any DTD but the ``nvsmi_device_vNN.dtd`` DOCTYPE, any entity or processing instruction is
+refused before expat sees it (hence no defusedxml); an absent element reads as "".
 """
 
 from __future__ import annotations
