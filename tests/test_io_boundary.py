@@ -19,8 +19,7 @@ SUBPROCESS = {
 }
 SOCKET = {
     "bootfsm/host/http_wire.py": "shuts a request's sockets down when its time is up",
-    "bootfsm/run/notify.py": "sd_notify datagrams to systemd",
-    "bootfsm/host/journald.py": "native journal protocol datagrams",
+    "bootfsm/host/journald.py": "AF_UNIX datagrams: the native journal protocol, sd_notify",
 }
 HTTP_LIBRARY = {
     "bootfsm/host/http.py": "GET, POST, resumable downloads",

@@ -77,24 +77,23 @@ def encode(fields: Mapping[str, object]) -> bytes:
     return bytes(out)
 
 
-class Journald:
-    """Sends entries to journald's native socket; ``send`` says whether it was taken."""
+class Datagrams:
+    """A non-blocking AF_UNIX datagram socket to ``address``, opened at the first send;
+    a send error closes it (the next send reopens it)."""
 
-    def __init__(self, address: str | None = None) -> None:
-        self.address = address or JOURNAL_SOCKET
+    def __init__(self, address: str) -> None:
+        self.address = address
         self._sock: socket.socket | None = None
 
-    def send(self, fields: Mapping[str, object]) -> bool:
-        """Send one entry; False (the caller falls back) when the socket is missing,
-        refuses, or its queue is full."""
-        payload = encode(fields)
-        if not payload:
-            return False
+    def send(self, payload: bytes) -> bool:
+        """Send one datagram; False when the socket is missing, refuses or is full."""
         try:
             if self._sock is None:
                 self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-                self._sock.setblocking(False)  # a full queue drops an entry, never stalls
+                self._sock.setblocking(False)  # a full queue drops a datagram, never stalls
             self._sock.sendto(payload, self.address)
+        except BlockingIOError:
+            return False
         except OSError:
             self.close()
             return False
@@ -106,3 +105,20 @@ class Journald:
             with contextlib.suppress(OSError):
                 self._sock.close()
             self._sock = None
+
+
+class Journald:
+    """Sends entries to journald's native socket; ``send`` says whether it was taken."""
+
+    def __init__(self, address: str | None = None) -> None:
+        self.address = address or JOURNAL_SOCKET
+        self._out = Datagrams(self.address)
+
+    def send(self, fields: Mapping[str, object]) -> bool:
+        """Send one entry; False (the caller falls back) when it was not taken."""
+        payload = encode(fields)
+        return bool(payload) and self._out.send(payload)
+
+    def close(self) -> None:
+        """Close the socket (a later send reopens it)."""
+        self._out.close()

@@ -11,7 +11,8 @@ import errno
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ from bootfsm.host.http_wire import (
 )
 from bootfsm.host.partfile import CHUNK, StreamResult
 
-__all__ = ["SAVE_EVERY_S", "Plan", "SegmentTransfer"]
+__all__ = ["SAVE_EVERY_S", "Plan", "SegmentTransfer", "ranged_get"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,24 @@ class Aborted(Exception):
 
 SAVE_EVERY_S = 0.5
 PACE_S = 0.25  # how long the first connection is watched at a time against ``below_rate``
+
+
+@contextmanager
+def ranged_get(
+    client: Http, url: str, plan: Plan, want: str, validator: str | None
+) -> Iterator[tuple[Any, Watch]]:
+    """A watched GET of ``want`` (a Range value; ``If-Range`` when ``validator``), its
+    status checked (``check_status``); the response and its watch."""
+    headers = {"Accept-Encoding": "identity", "Range": want}
+    if validator:
+        headers["If-Range"] = validator
+    limit = left_s(url, plan.deadline)
+    with client.request(url, headers, limit=limit, allow_http_hosts=plan.allow_http_hosts) as (
+        r,
+        watch,
+    ):
+        check_status(r.status_code, r.headers, url)
+        yield r, watch
 
 
 class SegmentTransfer:
@@ -225,18 +244,13 @@ class SegmentTransfer:
         start, _, done = self.frontier.segments[ids[0]]
         end = self.frontier.segments[ids[-1]][1]
         url, plan = self.url, self.plan
-        headers = {"Accept-Encoding": "identity", "Range": f"bytes={start + done}-{end - 1}"}
         entity = {
             "etag": self.entity.get("ETag"),
             "last_modified": self.entity.get("Last-Modified"),
         }
         validator = pf.if_range(entity)
-        if validator:
-            headers["If-Range"] = validator
-        with client.request(
-            url, headers, limit=left_s(url, plan.deadline), allow_http_hosts=plan.allow_http_hosts
-        ) as (r, watch):
-            check_status(r.status_code, r.headers, url)
+        want = f"bytes={start + done}-{end - 1}"
+        with ranged_get(client, url, plan, want, validator) as (r, watch):
             got, total = pf.content_range(r.headers.get("Content-Range", ""))
             same = not validator or pf.same_entity(entity, r.headers)
             if r.status_code != 206 or got != start + done or total != self.size or not same:

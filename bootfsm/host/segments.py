@@ -14,11 +14,10 @@ from bootfsm.core.errors import TransientError
 from bootfsm.core.redact import redact_url
 from bootfsm.host import partfile as pf
 from bootfsm.host import segment_meta as sm
-from bootfsm.host.http import Http, left_s
-from bootfsm.host.http_errors import check_status
+from bootfsm.host.http import Http
 from bootfsm.host.http_wire import Bounds, Progress, Watch, receive
 from bootfsm.host.partfile import StreamResult, url_id
-from bootfsm.host.segment_transfer import Plan, SegmentTransfer
+from bootfsm.host.segment_transfer import Plan, SegmentTransfer, ranged_get
 
 __all__ = ["NoTotal", "stream_segmented"]
 
@@ -81,13 +80,7 @@ def _attempt(
     first, want = _probe_range(size, segs)
     if first < 0:  # every segment on disk: hash it as it is
         return SegmentTransfer(client, url, part, plan, {}, size or 0).run(None, segs, [])
-    headers = {"Accept-Encoding": "identity", "Range": want}
-    if validator:
-        headers["If-Range"] = validator
-    with client.request(
-        url, headers, limit=left_s(url, plan.deadline), allow_http_hosts=plan.allow_http_hosts
-    ) as (r, watch):
-        check_status(r.status_code, r.headers, url)
+    with ranged_get(client, url, plan, want, validator) as (r, watch):
         if r.status_code == 200 and validator:
             pf.discard(part)  # the entity changed: start over
             return None

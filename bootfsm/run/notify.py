@@ -3,9 +3,9 @@ never sends ``READY=1``). Best effort: no socket or a send error never fails a r
 
 from __future__ import annotations
 
-import contextlib
-import socket
 from collections.abc import Mapping
+
+from bootfsm.host.journald import Datagrams
 
 __all__ = ["Notifier", "socket_address", "state_status"]
 
@@ -38,7 +38,7 @@ class Notifier:
 
     def __init__(self, address: str | None) -> None:
         self.address = address
-        self._sock: socket.socket | None = None
+        self._out = Datagrams(address) if address is not None else None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Notifier:
@@ -53,27 +53,14 @@ class Notifier:
     def status(self, text: str) -> bool:
         """Send ``STATUS=text`` as one line of at most 400 characters (a newline would start
         a new assignment); True when it was sent."""
-        if self.address is None:
+        if self._out is None:
             return False
         line = " ".join(text.split())
         if len(line) > _MAX_STATUS:
             line = line[: _MAX_STATUS - 3] + "..."
-        try:
-            if self._sock is None:
-                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-                self._sock.setblocking(False)  # a full queue drops a status, never stalls
-                self._sock.connect(self.address)
-            self._sock.send(f"STATUS={line}".encode("utf-8", "replace"))
-        except BlockingIOError:
-            return False
-        except OSError:
-            self.close()
-            return False
-        return True
+        return self._out.send(f"STATUS={line}".encode("utf-8", "replace"))
 
     def close(self) -> None:
         """Close the socket (a later send reopens it)."""
-        if self._sock is not None:
-            with contextlib.suppress(OSError):
-                self._sock.close()
-            self._sock = None
+        if self._out is not None:
+            self._out.close()
