@@ -150,6 +150,18 @@ _TABLE: dict[tuple[Code, int], tuple[str, str]] = {
         "the NVIDIA container toolkit packages did not install",
         "see the dpkg output in `bootfsm trace`",
     ),
+    (Code.SIGNED_MODULE_MISSING, 84): (
+        "Ubuntu's archive has no signed NVIDIA module package for the running kernel"
+        " (driver.source = ubuntu-signed)",
+        "boot a kernel Canonical builds the module for (a newer linux-azure), or, with"
+        ' Secure Boot off, driver.source = "runfile" (DKMS); the message names the kernel',
+    ),
+    (Code.SIGNED_USERSPACE_MISSING, 84): (
+        "the signed module for the running kernel needs a user-space version the"
+        " archive's indexes no longer list (driver.source = ubuntu-signed)",
+        "boot the newer kernel whose module needs the listed version, or bake the image"
+        " while both are listed; the message names both versions",
+    ),
     (Code.DPKG_REPAIR_FAILED, 84): (
         "an interrupted dpkg left the database half-done and dpkg --configure -a failed",
         "see its output in `bootfsm trace`; repair what `dpkg --audit` lists",

@@ -65,6 +65,7 @@ class DriverSpec:
     smi_wait: float = 60.0
     persistenced: bool = True
     coherent_memory_mode: str = "driver"
+    source: str = "runfile"
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,10 @@ class SourcesSpec:
     redist_mirrors: tuple[str, ...] = ()
     cuda_repo_mirrors: tuple[str, ...] = ()
     toolkit_repo_mirrors: tuple[str, ...] = ()
+    ubuntu_archive: str = "http://archive.ubuntu.com/ubuntu"
+    ubuntu_ports: str = "http://ports.ubuntu.com/ubuntu-ports"
+    ubuntu_archive_mirrors: tuple[str, ...] = ()
+    ubuntu_archive_keyring: str = "/usr/share/keyrings/ubuntu-archive-keyring.gpg"
 
     def runfile_sha256_for(self, kind: str, version: str, runfile_arch: str) -> str:
         """The pinned lower-case sha256 of that runfile, or "": a ``runfile_pins`` entry first,
@@ -206,6 +211,7 @@ _CHOICES = {
     ("detect", "fabric_manager"): ("auto", "yes", "no"),
     ("mig", "on_pending"): ("fail", "reboot"),
     ("driver", "coherent_memory_mode"): ("driver", ""),
+    ("driver", "source"): ("runfile", "ubuntu-signed"),
 }
 _DAY = 86400.0
 RANGES: dict[tuple[str, str], tuple[float, float, bool]] = {
@@ -349,6 +355,7 @@ def _pins(where: str, value: tuple[str, ...]) -> None:
         _sha256(entry, sha)
 
 
+_UBUNTU = ("archive", "ports")
 RUNFILE_SHA256_KEYS = ("runfile_sha256", "runfile_sha256_x86_64", "runfile_sha256_aarch64")
 """The plain runfile pins: they pin driver.version as configured (not ``runfile_pins``)."""
 _RULES: dict[tuple[str, str], tuple[Rule, ...]] = {
@@ -358,10 +365,12 @@ _RULES: dict[tuple[str, str], tuple[Rule, ...]] = {
     ("fetch", "cache_dir"): (_node_path, _absolute),
     ("fetch", "ca_file"): (_node_path, _absolute_or_empty),
     **{("sources", f"{k}_repo_keyring"): (_absolute,) for k in ("cuda", "toolkit")},
+    ("sources", "ubuntu_archive_keyring"): (_node_path, _absolute),
+    **{("sources", f"ubuntu_{k}"): (lambda w, v: _base_urls(w, (v,)),) for k in _UBUNTU},
     **{("sources", k): (_sha256,) for k in (*RUNFILE_SHA256_KEYS, "redist_manifest_sha256")},
     **{
         ("sources", f"{k}_mirrors"): (_base_urls,)
-        for k in ("runfile", "redist", "cuda_repo", "toolkit_repo")
+        for k in ("runfile", "redist", "cuda_repo", "toolkit_repo", "ubuntu_archive")
     },
     ("sources", "runfile_pins"): (_pins,),
     ("driver", "version"): (_version,),

@@ -44,6 +44,7 @@ class PackageEntry:
     size: int
     sha256: str
     depends: str
+    provides: str = ""
 
 
 def safe_filename(filename: str) -> str:
@@ -193,6 +194,7 @@ def _entry(number: int, fields: dict[str, str]) -> PackageEntry:
         size=int(fields["size"]),
         sha256=fields["sha256"].lower(),
         depends=" ".join(fields.get("depends", "").split()),
+        provides=" ".join(fields.get("provides", "").split()),
     )
 
 
