@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -43,7 +43,7 @@ class Artifact:
     """One file to download: where from, what it must hash to, where it is cached."""
 
     name: str
-    role: str  # runfile | fabricmanager | nvlsm | imex | toolkit
+    role: str  # runfile | fabricmanager | nvlsm | imex | toolkit | signed
     url: str
     sha256: str
     size: int | None
@@ -99,6 +99,10 @@ def _index_sources(cfg: Config, facts: NodeFacts) -> dict[str, tuple[tuple[str, 
             "Packages",
         )
     }
+    if cfg.driver.install and cfg.driver.source == "ubuntu-signed":
+        from bootfsm.fetch.ubuntu_signed import archive_sources  # this source only
+
+        return {**out, **archive_sources(cfg, facts)}  # fabric manager, IMEX: from it too
     if cfg.driver.install and needs_fabric_manager(facts):
         out["redistrib"] = (
             _bases(cfg, facts, src.redist_base, src.redist_mirrors),
@@ -205,7 +209,9 @@ def resolve(
         return _ordered(sources[key][0], (served or {}).get(key, 0))
 
     out: list[Artifact] = []
-    if cfg.driver.install:
+    if cfg.driver.install and cfg.driver.source == "ubuntu-signed":
+        out += _signed(cfg, facts, indexes, bases)
+    elif cfg.driver.install:
         out.append(_runfile(cfg, facts))
     tk = {
         n: ([n], cfg.sources.toolkit_version, facts.arch.debian)
@@ -234,6 +240,28 @@ def resolve(
                 "or the config, and sources.allow_unverified is false",
             )
     return out
+
+
+def _signed(
+    cfg: Config, facts: NodeFacts, indexes: Mapping[str, str], bases: Callable[[str], Sequence[str]]
+) -> list[Artifact]:
+    """Canonical's signed module for the running kernel and its exact user-space, in
+    install order (bootfsm/fetch/ubuntu_signed.py)."""
+    from bootfsm.fetch.ubuntu_signed import resolve_stack, wanted  # this source only
+
+    keys = [k for k in index_urls(cfg, facts) if k.startswith("ubuntu_")]
+    if not keys:
+        raise BootError(
+            Code.UNSUPPORTED_OS,
+            f'driver.source = "ubuntu-signed" needs Ubuntu 22.04 or 24.04; this node is'
+            f" {facts.os_id}:{facts.os_version}",
+        )
+    stack = resolve_stack({k: _index(indexes, k) for k in keys}, wanted(cfg, facts))
+    return [
+        _mirrored(p.entry.package, "signed", bases(p.key), p.entry.filename, p.entry.sha256,
+                  p.entry.size)
+        for p in stack.packages
+    ]  # fmt: skip
 
 
 def _component(facts: NodeFacts, bases: Sequence[str], url: str, text: str, key: str) -> Artifact:
@@ -266,6 +294,8 @@ def cache_node_path(cfg: Config, a: Artifact) -> str:
 def resolution_key(cfg: Config, facts: NodeFacts) -> str:
     """Identifies what a saved resolution was made for: config and platform."""
     parts = [cfg.digest(), facts.raw_arch, facts.os_id, facts.os_version]
+    if cfg.driver.source == "ubuntu-signed":  # the module is the running kernel's
+        parts.append(facts.kernel)
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 

@@ -19,8 +19,10 @@ from bootfsm.fetch.artifacts import (
     sha256_of,
 )
 from bootfsm.fetch.stamps import known_sha256, remember
+from bootfsm.fetch.ubuntu_signed import is_archive_key, unxz
 from bootfsm.host.http import check_url
 from bootfsm.machine.context import Context
+from bootfsm.parsers import ParseError
 
 __all__ = [
     "INDEX_MAX_BYTES",
@@ -92,7 +94,7 @@ _NEXT_MIRROR = (Code.ARTIFACT_NOT_FOUND, Code.REPO_SIGNATURE_INVALID, Code.REPO_
 
 def _trust_index(ctx: Context, key: str, url: str, body: bytes) -> None:
     """Packages through the repository's signed Release; the redist manifest by its pin."""
-    if key.endswith("_packages"):
+    if key.endswith("_packages") or is_archive_key(key):
         from bootfsm.fetch.repo_trust import check_packages  # fetching only
 
         check_packages(ctx, key, url, body)
@@ -129,7 +131,7 @@ def _fetch_index(ctx: Context, key: str, urls: tuple[str, ...]) -> tuple[str, in
                 raise
             failures.append(exc)
         else:
-            return r.body.decode("utf-8", "replace"), i
+            return _text(key, url, r.body), i
         if len(urls) > 1:
             ctx.warn(f"index {key}: {failures[-1].message}", index=key, mirror=i)
     transient = [e for e in failures if isinstance(e, TransientError)]
@@ -141,6 +143,17 @@ def _fetch_index(ctx: Context, key: str, urls: tuple[str, ...]) -> tuple[str, in
     raise transient[0] if transient else (trust or failures)[0]
 
 
+def _text(key: str, url: str, body: bytes) -> str:
+    """The index as text: an Ubuntu archive index is Packages.xz, decompressed (bounded)
+    only after its bytes matched the signed InRelease."""
+    if not is_archive_key(key):
+        return body.decode("utf-8", "replace")
+    try:
+        return unxz(body, INDEX_MAX_BYTES)
+    except ParseError as exc:
+        raise BootError(Code.INDEX_INVALID, f"{redact_url(url)}: {exc}") from exc
+
+
 def _keyrings_installed(ctx: Context, keys: Iterable[str]) -> None:
     """REPO_KEYRING_MISSING, before any download, when a signed index's keyring is absent."""
     if ctx.config.sources.allow_unsigned_repos:
@@ -148,15 +161,20 @@ def _keyrings_installed(ctx: Context, keys: Iterable[str]) -> None:
     from bootfsm.fetch.repo_trust import keyring_for  # fetching only
 
     for key in keys:
-        keyring = keyring_for(ctx, key) if key.endswith("_packages") else ""
+        signed = key.endswith("_packages") or is_archive_key(key)
+        keyring = keyring_for(ctx, key) if signed else ""
         if keyring and not ctx.host.exists(keyring):
             raise BootError(
                 Code.REPO_KEYRING_MISSING,
-                f"this boot must download the {key.removesuffix('_packages')} repository's "
+                f"this boot must download the {_repo(key)} repository's "
                 f"index, and its keyring {keyring} is not installed: bake the image "
                 "(`bootfsm bake`) or prefetch (`bootfsm fetch --prefetch`) so a boot "
                 "downloads nothing, or install the keyring",
             )
+
+
+def _repo(key: str) -> str:
+    return "Ubuntu archive" if is_archive_key(key) else key.removesuffix("_packages")
 
 
 def fetch_indexes(ctx: Context) -> tuple[dict[str, str], dict[str, int]]:

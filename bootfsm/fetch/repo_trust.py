@@ -14,6 +14,7 @@ from urllib.parse import urlsplit, urlunsplit
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError
 from bootfsm.core.redact import redact_url
+from bootfsm.fetch.ubuntu_signed import is_archive_key
 from bootfsm.machine.context import Context
 from bootfsm.parsers import ParseError
 from bootfsm.parsers.debian_release import (
@@ -23,7 +24,14 @@ from bootfsm.parsers.debian_release import (
     parse_release,
 )
 
-__all__ = ["GPGV_TIMEOUT_S", "check_packages", "check_pinned", "keyring_for", "sibling_url"]
+__all__ = [
+    "GPGV_TIMEOUT_S",
+    "check_packages",
+    "check_pinned",
+    "keyring_for",
+    "release_site",
+    "sibling_url",
+]
 
 GPGV_TIMEOUT_S = 30.0
 _MAX_RELEASE = 4 << 20  # Debian's main archive InRelease is ~150 KB
@@ -39,7 +47,22 @@ def sibling_url(url: str, name: str) -> str:
 def keyring_for(ctx: Context, key: str) -> str:
     """The node path of the keyring that signs index ``key``'s repository."""
     src = ctx.config.sources
+    if is_archive_key(key):
+        return src.ubuntu_archive_keyring
     return src.cuda_repo_keyring if key == "cuda_packages" else src.toolkit_repo_keyring
+
+
+def release_site(key: str, packages_url: str) -> tuple[str, str]:
+    """(a URL beside the repository's InRelease, the path its Release lists the index
+    under): a flat repository's is its Packages' directory and "Packages"; an Ubuntu
+    archive's is ``dists/<suite>/`` and ``<component>/binary-<arch>/Packages.xz``."""
+    if not is_archive_key(key):
+        return packages_url, "Packages"
+    parts = urlsplit(packages_url)
+    head, _, tail = parts.path.rpartition("/dists/")
+    suite, _, entry = tail.partition("/")
+    path = f"{head}/dists/{suite}/InRelease"
+    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, "")), entry
 
 
 def _get(ctx: Context, url: str) -> bytes | None:
@@ -128,7 +151,7 @@ def _signed_release(
 
 
 def _check_against(
-    ctx: Context, release: Release, where: str, packages_url: str, body: bytes
+    ctx: Context, release: Release, where: str, packages_url: str, body: bytes, name: str
 ) -> None:
     now = dt.datetime.fromtimestamp(ctx.host.wall(), dt.timezone.utc)
     if release.valid_until is not None and release.valid_until < now:
@@ -137,9 +160,9 @@ def _check_against(
             f"{where} expired at {release.valid_until:%Y-%m-%d %H:%M:%S} UTC (Valid-Until);"
             " the mirror serves stale metadata, or this node's clock is wrong",
         )
-    entry = release.sha256.get("Packages")
+    entry = release.sha256.get(name)
     if entry is None:
-        raise BootError(Code.REPO_INDEX_MISMATCH, f"{where} lists no SHA256 for Packages")
+        raise BootError(Code.REPO_INDEX_MISMATCH, f"{where} lists no SHA256 for {name}")
     got = hashlib.sha256(body).hexdigest()
     if len(body) != entry.size or got != entry.sha256:
         raise BootError(
@@ -152,7 +175,8 @@ def _check_against(
 def check_packages(ctx: Context, key: str, packages_url: str, body: bytes) -> None:
     """Trust ``body`` (Packages from ``packages_url``) through the signed Release, or raise."""
     keyring = keyring_for(ctx, key)
-    text, url, reasons = _signed_release(ctx, key, packages_url, keyring)
+    site, name = release_site(key, packages_url)
+    text, url, reasons = _signed_release(ctx, key, site, keyring)
     where = redact_url(url)
     if reasons:
         message = f"{where}: {'; '.join(reasons)}"
@@ -165,7 +189,7 @@ def check_packages(ctx: Context, key: str, packages_url: str, body: bytes) -> No
         release = parse_release(text)
     except ParseError as exc:
         raise BootError(Code.INDEX_INVALID, f"{where}: {exc}") from exc
-    _check_against(ctx, release, where, packages_url, body)
+    _check_against(ctx, release, where, packages_url, body, name)
     ctx.event(
         "index.verified",
         index=key,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from bootfsm.core.codes import Code
 from bootfsm.core.config import Config
 from bootfsm.core.errors import BootError
+from bootfsm.core.hardware import requires_open_module, requires_proprietary_module
 from bootfsm.node.facts import NodeFacts
 from bootfsm.node.guards import needs_fabric_manager, needs_imex
 from bootfsm.parsers import ParseError
@@ -35,6 +36,7 @@ __all__ = [
     "deb_version",
     "is_archive_key",
     "module_package",
+    "module_type",
     "resolve_stack",
     "unxz",
     "upstream",
@@ -111,13 +113,27 @@ def module_package(w: Wanted) -> str:
     return f"linux-modules-nvidia-{w.branch}-server{flavour}-{w.kernel}"
 
 
-def wanted(cfg: Config, facts: NodeFacts, module_type: str) -> Wanted:
+def module_type(cfg: Config, facts: NodeFacts) -> str:
+    """driver.module_type, or for "auto" the choice of install/driver_steps.py's
+    fallback_module_type: proprietary for a pre-Turing GPU, else open from branch 560
+    or when a GPU (Blackwell) needs it."""
+    if cfg.driver.module_type != "auto":
+        return cfg.driver.module_type
+    models = [g.model for g in facts.gpus]
+    if requires_proprietary_module(models):
+        return "proprietary"
+    branch = cfg.driver.version.split(".", 1)[0]
+    open_default = branch.isdigit() and int(branch) >= 560
+    return "open" if open_default or requires_open_module(models) else "proprietary"
+
+
+def wanted(cfg: Config, facts: NodeFacts) -> Wanted:
     """The Wanted of this node and config (branch from driver.version)."""
     assert facts.arch is not None
     return Wanted(
         kernel=facts.kernel,
         branch=cfg.driver.version.split(".", 1)[0],
-        module_type=module_type,
+        module_type=module_type(cfg, facts),
         arch=facts.arch.debian,
         fabric=needs_fabric_manager(facts),
         imex=needs_imex(facts),

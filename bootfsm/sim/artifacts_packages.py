@@ -159,6 +159,8 @@ def build_deb(
     depends: str = "",
     description: str = "",
     conffiles: Sequence[str] = (),
+    fields: Mapping[str, str] | None = None,
+    links: Mapping[str, str] | None = None,
 ) -> Path:
     """Build ``out_dir/<package>_<version>_<arch>.deb`` with ``dpkg-deb --build``.
 
@@ -166,7 +168,9 @@ def build_deb(
     overrides per path (default 0755 under */bin and */sbin, else 0644). Owner is
     root:root (``--root-owner-group``), compression xz, member times :data:`EPOCH`.
     An epoch ("1:") in version is kept in the control file but left out of the file
-    name, as Debian does. description: first line is the synopsis.
+    name, as Debian does. description: first line is the synopsis. ``fields`` adds
+    control fields after Depends (Provides, Conflicts, Replaces, Breaks, in the given
+    order); ``links`` maps absolute paths to symlink targets.
     """
     check_name("package", package)
     check_name("version", version)
@@ -187,6 +191,13 @@ def build_deb(
             dest.write_bytes(data)
             dest.chmod(modes.get(path, _default_mode(path)))
             installed_kib += (len(data) + 1023) // 1024
+        for path, target in sorted((links or {}).items()):
+            parts = PurePosixPath(path).parts
+            if not path.startswith("/") or ".." in parts or len(parts) < 2:
+                raise ValueError(f"link path must be absolute and plain: {path!r}")
+            dest = root.joinpath(*parts[1:])
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.symlink_to(target)
         control = [
             f"Package: {package}",
             f"Version: {version}",
@@ -194,6 +205,7 @@ def build_deb(
             f"Maintainer: {_MAINTAINER}",
             f"Installed-Size: {installed_kib}",
             *([f"Depends: {depends}"] if depends else []),
+            *(f"{name}: {value}" for name, value in (fields or {}).items()),
             "Section: utils",
             "Priority: optional",
             _description_field(description, package),

@@ -15,7 +15,7 @@ import shutil
 import subprocess  # noqa: TID251 - the simulator runs the real CLI as a child
 import sys
 import tempfile
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,6 +74,10 @@ class World:
     config_overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     vm_tags: Mapping[str, str] = field(default_factory=dict)
     vm_size: str = ""  # the VM size IMDS reports, when not the SKU's
+    # driver.source = "ubuntu-signed": the archive's kernels (kernel -> the user-space
+    # version its module depends on) and the user-space versions it lists; empty: off
+    ubuntu_kernels: Mapping[str, str] = field(default_factory=dict)
+    ubuntu_userspace: Sequence[str] = ()
     root: Path = field(init=False)
     docroot: Path = field(init=False)
     config_path: Path = field(init=False)
@@ -212,6 +216,32 @@ class World:
         )
         art.write_packages_index(cuda, [imex])
         art.sign_repository(cuda, signer, arch=names.debian)
+        if self.ubuntu_kernels:
+            self._build_ubuntu_archive(signer)
+
+    def _build_ubuntu_archive(self, signer: art.RepoSigner) -> None:
+        """Ubuntu's archive (bootfsm/sim/artifacts_ubuntu.py), its keyring where the
+        ubuntu-keyring package installs it, and the base packages in dpkg's status."""
+        from bootfsm.sim.artifacts_ubuntu import base_status, build_ubuntu_archive
+
+        sku = SKUS[self.sku_name]
+        names = normalize_arch(sku.arch)
+        assert names is not None
+        scripts = {n: standin_script(n, self.root) for n in ("nvidia-smi", "nvidia-persistenced")}
+        scripts["fm-start"] = standin_script("nvidia-fabricmanager-start.sh", self.root)
+        build_ubuntu_archive(
+            self.docroot / "ubuntu",
+            signer,
+            codename={"22.04": "jammy", "24.04": "noble"}[sku.os_version],
+            release=sku.os_version,
+            arch=names.debian,
+            libdir=names.runfile,
+            kernels=self.ubuntu_kernels,
+            userspace=self.ubuntu_userspace or sorted(set(self.ubuntu_kernels.values())),
+            scripts=scripts,
+        )
+        signer.export_keyring(self.root / "usr/share/keyrings/ubuntu-archive-keyring.gpg")
+        (self.root / "var/lib/dpkg/status").write_text(base_status(sku.kernel, names.debian))
 
     def _inject(self) -> None:
         names = normalize_arch(SKUS[self.sku_name].arch)
@@ -272,6 +302,10 @@ class World:
                 "kubelet_poll_interval": 0.1,
             },
         }
+        if self.ubuntu_kernels:
+            sections["driver"]["source"] = "ubuntu-signed"
+            sections["sources"]["ubuntu_archive"] = f"{u}/ubuntu"
+            sections["sources"]["ubuntu_ports"] = f"{u}/ubuntu"
         for sec, values in self.config_overrides.items():
             sections.setdefault(sec, {}).update(values)
         return "".join(
