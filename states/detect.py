@@ -77,7 +77,7 @@ def must_build(ctx: Context, f: NodeFacts) -> str | None:
     """Why this boot will compile the driver, or None (driver.install false, the
     version already loaded, or a matching bake marker); read-only."""
     cfg = ctx.config.driver
-    if not cfg.install:
+    if not cfg.install or cfg.source == "ubuntu-signed":  # prebuilt by Canonical
         return None
     if loaded_module_version(ctx.host) == cfg.version:
         return None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from bootfsm.install import coherent, persistenced, prebuilt, records
+from bootfsm.install import coherent, persistenced, prebuilt, records, signed_stack
 from bootfsm.install import driver_steps as steps
 from bootfsm.install.driver_init import (
     init_missing,
@@ -33,6 +33,8 @@ def satisfied(ctx: Context) -> bool:
     loaded = loaded_module_version(ctx.host)
     if not ctx.config.driver.install:
         module_ok = loaded is not None
+    elif signed_stack.active(ctx):  # Canonical's packages, at the version of the kernel's
+        module_ok = loaded == signed_stack.userspace(ctx) and signed_stack.installed(ctx)
     else:
         module_ok = loaded == ctx.config.driver.version and prebuilt.ready(ctx)
     module_ok = module_ok and coherent.applied(ctx)
@@ -45,6 +47,11 @@ def skip_reason(ctx: Context) -> str | None:
     if not cfg.install:
         loaded = loaded_module_version(ctx.host)
         return f"driver.install = false: the image's driver {loaded} is loaded"
+    if signed_stack.active(ctx):
+        return (
+            f"Ubuntu's signed driver {signed_stack.userspace(ctx)} for {ctx.facts.kernel}"
+            " installed, loaded and initialized this boot"
+        )
     m = prebuilt.current_marker(ctx.host, ctx.config)
     where = f"built by {m.source} for {m.kernel}" if m is not None else "DKMS-built"
     return f"driver {cfg.version} ({cfg.kind}) {where}, loaded and initialized this boot"
@@ -53,7 +60,8 @@ def skip_reason(ctx: Context) -> str | None:
 def _unload_other(ctx: Context, rebuild: bool = False) -> None:
     """Unload a loaded driver of another version, or one to rebuild (``unload_driver``)."""
     loaded = loaded_module_version(ctx.host)
-    if loaded is None or (loaded == ctx.config.driver.version and not rebuild):
+    want = signed_stack.userspace(ctx) if signed_stack.active(ctx) else ctx.config.driver.version
+    if loaded is None or (loaded == want and not rebuild):
         return
     unload_driver(ctx, loaded)
 
@@ -77,7 +85,11 @@ def run(ctx: Context) -> None:
     """Blacklist nouveau, compile unless prebaked, initialize, then install the toolkit."""
     steps.blacklist_nouveau(ctx)
     coherent.write_conf(ctx)  # before any load: modprobe reads it
-    if ctx.config.driver.install:
+    if signed_stack.active(ctx):  # no compile: dpkg installs the kernel's signed module
+        signed_stack.install(ctx)
+        _unload_other(ctx, not coherent.applied(ctx))
+        before = modules_present(ctx)
+    elif ctx.config.driver.install:
         rebuild = _needs_build(ctx)
         _unload_other(ctx, rebuild or not coherent.applied(ctx))  # loaded without it: reload
         before = modules_present(ctx)

@@ -26,6 +26,7 @@ from bootfsm.parsers import ParseError
 
 __all__ = [
     "INDEX_MAX_BYTES",
+    "cached_indexes",
     "cached_ok",
     "fetch_indexes",
     "from_cache",
@@ -51,7 +52,8 @@ def cached_ok(ctx: Context, a: Artifact) -> bool:
     return sha == a.sha256
 
 
-def _cached_indexes(ctx: Context) -> dict[str, str] | None:
+def cached_indexes(ctx: Context) -> dict[str, str] | None:
+    """The cached text of every index this node reads (fetch saved them verified), or None."""
     out = {}
     for key, urls in index_candidates(ctx.config, ctx.facts).items():
         text = ctx.host.read_text(index_cache_path(ctx.config, key, urls[0]))
@@ -63,7 +65,7 @@ def _cached_indexes(ctx: Context) -> dict[str, str] | None:
 
 def from_cache(ctx: Context) -> list[Artifact] | None:
     """Artifacts resolved from cached indexes when every one of them verifies, else None."""
-    texts = _cached_indexes(ctx)
+    texts = cached_indexes(ctx)
     if texts is None:
         return None
     pin = ctx.config.sources.redist_manifest_sha256.lower()

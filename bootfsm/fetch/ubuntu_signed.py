@@ -23,6 +23,7 @@ from bootfsm.core.errors import BootError
 from bootfsm.core.hardware import requires_open_module, requires_proprietary_module
 from bootfsm.node.facts import NodeFacts
 from bootfsm.node.guards import needs_fabric_manager, needs_imex
+from bootfsm.node.verdict import UBUNTU_CODENAMES
 from bootfsm.parsers import ParseError
 from bootfsm.parsers.debian_packages import PackageEntry, compare_debian_versions, iter_entries
 from bootfsm.parsers.debian_relations import Relation, parse_relations, version_satisfies
@@ -43,8 +44,7 @@ __all__ = [
     "wanted",
 ]
 
-CODENAMES = {"22.04": "jammy", "24.04": "noble"}
-"""Ubuntu releases with linux-azure signed NVIDIA modules, by VERSION_ID."""
+CODENAMES = UBUNTU_CODENAMES
 _KEY_PREFIX = "ubuntu_"
 USERSPACE = ("libnvidia-compute", "nvidia-utils", "nvidia-compute-utils", "libnvidia-cfg1")
 """Of ``nvidia-headless-no-dkms-B-server``'s Depends, what a compute node needs besides

@@ -63,12 +63,16 @@ def _has_build(host: Host, kernel: str) -> bool:
     return host.exists(path) and bool(host.listdir(path))
 
 
-def target_kernel(host: Host, requested: str | None) -> str:
+def target_kernel(host: Host, requested: str | None, build: bool = True) -> str:
     """The kernel to build for: ``requested``, else the newest under /lib/modules with a
-    ``build`` tree (version order); KERNEL_HEADERS_MISSING when there is none."""
+    ``build`` tree (version order); KERNEL_HEADERS_MISSING when there is none. Without
+    ``build`` (a prebuilt signed module), any kernel under /lib/modules counts."""
+    if requested and ("/" in requested or requested in (".", "..")):
+        raise BootError(Code.KERNEL_HEADERS_MISSING, f"not a kernel release: {requested!r}")
+    found = sorted(host.listdir("/lib/modules"), key=_version_key)
+    if not build and (requested or found):
+        return requested or found[-1]
     if requested:
-        if "/" in requested or requested in (".", ".."):
-            raise BootError(Code.KERNEL_HEADERS_MISSING, f"not a kernel release: {requested!r}")
         if not _has_build(host, requested):
             raise BootError(
                 Code.KERNEL_HEADERS_MISSING,
@@ -153,7 +157,8 @@ class BakeResult:
 
 def _facts(ctx: Context, requested: str | None) -> NodeFacts:
     """The image's facts for its target kernel, journaled as ``bake.facts`` too."""
-    kernel = target_kernel(ctx.host, requested)
+    signed = ctx.config.driver.source == "ubuntu-signed"
+    kernel = target_kernel(ctx.host, requested, build=not signed)
     facts = image_facts(ctx.host, kernel)
     ctx.journal.event(
         "bake.facts",

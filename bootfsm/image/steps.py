@@ -13,7 +13,7 @@ from typing import Any
 
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError
-from bootfsm.install import coherent, prebuilt, records
+from bootfsm.install import coherent, prebuilt, records, signed_stack
 from bootfsm.install import driver_steps as driver
 from bootfsm.install.marker import Marker
 from bootfsm.install.prebuilt import bake_module_type
@@ -85,6 +85,8 @@ class BakeDriver:
             return False
         if not ctx.config.driver.install:
             return True
+        if signed_stack.active(ctx):
+            return signed_stack.installed(ctx)
         if not _same(prebuilt.current_marker(ctx.host, ctx.config), _want(ctx)):
             return False
         return driver.module_problem(ctx, bake_module_type(ctx.config), dkms=False) is None
@@ -93,6 +95,8 @@ class BakeDriver:
         """Why nothing needs doing (called only when ``satisfied`` held)."""
         if not ctx.config.driver.install:
             return "driver.install = false: nouveau off, toolkit installed"
+        if signed_stack.active(ctx):
+            return f"Ubuntu's signed driver {signed_stack.userspace(ctx)} installed"
         return "marker and module match"
 
     def _note(self, changed: bool, label: str) -> None:
@@ -108,6 +112,11 @@ class BakeDriver:
         self._note(driver.install_toolkit(ctx), "toolkit")
         if not ctx.config.driver.install:
             ctx.event("bake.driver", built=False, reason="driver.install = false")
+            return
+        if signed_stack.active(ctx):  # Canonical's prebuilt module: nothing to build
+            signed_stack.install(ctx)
+            self._note(True, "signed")
+            ctx.event("bake.driver", built=False, reason="driver.source = ubuntu-signed")
             return
         want = _want(ctx)
         old, why = prebuilt.bake_reason(ctx, want)

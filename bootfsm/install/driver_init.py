@@ -171,6 +171,12 @@ def init_missing(ctx: Context) -> list[str]:
 def _load(ctx: Context) -> None:
     """nvidia-modprobe -u -c0: nvidia_uvm (and nvidia under it), /dev/nvidia-uvm."""
     argv = ["nvidia-modprobe", "-u", "-c0"]
+    if ctx.config.driver.source == "ubuntu-signed" and not ctx.host.which("nvidia-modprobe"):
+        # Ubuntu's server user-space ships no nvidia-modprobe: modprobe (the packaged
+        # module, by depmod's modules.dep); nvidia-smi as root makes the device files
+        for module in ("nvidia", "nvidia-uvm"):
+            ctx.require(["modprobe", module], code=Code.MODULE_LOAD_FAILED, timeout=120)
+        return
     if ctx.config.driver.install:
         ctx.require(argv, code=Code.MODULE_LOAD_FAILED, timeout=120)
         return

@@ -14,7 +14,7 @@ from bootfsm.core.vmsizes import has_nvidia_gpu
 from bootfsm.node.facts import NodeFacts
 from bootfsm.node.guards import needs_fabric_manager
 
-__all__ = ["fabric_manager_disagreement", "judge", "no_gpu_reason"]
+__all__ = ["UBUNTU_CODENAMES", "fabric_manager_disagreement", "judge", "no_gpu_reason"]
 
 
 def judge(cfg: Config, f: NodeFacts) -> None:
@@ -36,9 +36,26 @@ def judge(cfg: Config, f: NodeFacts) -> None:
             f"OS {os_key} is not supported (detect.supported_os: "
             f"{', '.join(cfg.detect.supported_os)})",
         )
+    if cfg.driver.install and cfg.driver.source == "ubuntu-signed":
+        _judge_ubuntu(f)
     _judge_gpus(cfg, f)
     if cfg.driver.install:
         _judge_driver(cfg, f, f.arch.runfile)
+
+
+UBUNTU_CODENAMES = {"22.04": "jammy", "24.04": "noble"}
+"""Ubuntu releases whose archive has linux-azure's signed NVIDIA modules, by VERSION_ID."""
+
+
+def _judge_ubuntu(f: NodeFacts) -> None:
+    """driver.source = "ubuntu-signed" needs Ubuntu's archive: Ubuntu 22.04 or 24.04."""
+    if f.os_id != "ubuntu" or f.os_version not in UBUNTU_CODENAMES:
+        raise BootError(
+            Code.UNSUPPORTED_OS,
+            f'driver.source = "ubuntu-signed" installs Canonical\'s signed packages from'
+            f" Ubuntu's archive, for Ubuntu {' and '.join(UBUNTU_CODENAMES)}; this node is"
+            f' {f.os_id}:{f.os_version}: use driver.source = "runfile"',
+        )
 
 
 def _judge_gpus(cfg: Config, f: NodeFacts) -> None:

@@ -68,7 +68,11 @@ class NodeDriver(NodeBase):
 
     def built_module(self, kernel: str | None = None) -> Module | None:
         """The nvidia module installed for a kernel (default: the running one)."""
-        text = self.read(self.module_path(kernel or self.kernel))
+        kernel = kernel or self.kernel
+        text = self.read(self.module_path(kernel))
+        if text is None:  # a packaged module: Ubuntu's kernel/nvidia-<B>srv[-open]/
+            found = sorted(self.p(f"lib/modules/{kernel}/kernel").glob("nvidia-*srv*/nvidia.ko"))
+            text = found[0].read_text() if found else None
         if text is None:
             return None
         fields = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
