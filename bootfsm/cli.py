@@ -207,6 +207,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--prefetch", action="store_true", help="image build: fill the offline cache ahead of time"
     )
+    p.add_argument(
+        "--kernel",
+        action="append",
+        default=None,
+        metavar="RELEASE",
+        help="with --prefetch and driver.source = ubuntu-signed: also this kernel's signed"
+        " module (repeatable)",
+    )
 
     p = _cmd(sub, "bake", "image build: prefetch artifacts and prebuild the driver", common=True)
     p.add_argument("--kernel", default=None, help="target kernel (default: newest with headers)")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError
 from bootfsm.fetch.store import resolved, verified
-from bootfsm.install import records
+from bootfsm.install import dpkg, records, signed_stack
 from bootfsm.install.daemons import FABRIC_MANAGER
 from bootfsm.install.units import systemctl
 from bootfsm.machine.context import Context
@@ -65,7 +65,27 @@ def satisfied(ctx: Context) -> bool:
     installed = (ctx.host.read_text(_marker(ctx)) or "").strip()
     if ctx.facts.nvlink5 and not (_ib_umad_loaded(ctx) and _nvlsm_ok(ctx)):
         return False
-    return installed == ctx.config.driver.version and FABRIC_MANAGER.ready(ctx)
+    return installed == _want(ctx) and FABRIC_MANAGER.ready(ctx)
+
+
+def _want(ctx: Context) -> str:
+    """The version to run: driver.version, or the signed stack's (driver.source)."""
+    if signed_stack.active(ctx):
+        return signed_stack.userspace(ctx) or "-"
+    return ctx.config.driver.version
+
+
+def _signed_installed(ctx: Context) -> None:
+    """ubuntu-signed: the driver state installed nvidia-fabricmanager-<B> from the
+    archive with the rest of the stack; check it and record its version."""
+    name = f"nvidia-fabricmanager-{ctx.config.driver.version.split('.', 1)[0]}"
+    have = dpkg.installed_version(ctx, name) or ""
+    if not have.startswith(_want(ctx) + "-"):
+        raise BootError(
+            Code.FABRIC_MANAGER_FAILED, f"{name} {_want(ctx)} is not installed (dpkg: {have!r})"
+        )
+    records.write_file(ctx, _marker(ctx), _want(ctx) + "\n", 0o600)
+    ctx.event("fabricmanager.installed", version=_want(ctx), package=name)
 
 
 def _extract(ctx: Context, role: str, suffix: str, code: Code) -> tuple[str, str]:
@@ -142,8 +162,8 @@ def load_ib_umad(ctx: Context) -> None:
 def run(ctx: Context) -> None:
     """Install what is missing (on NVLink5 NVLSM and ib_umad first), start the unit,
     require it active."""
-    if (ctx.host.read_text(_marker(ctx)) or "").strip() != ctx.config.driver.version:
-        _install(ctx)
+    if (ctx.host.read_text(_marker(ctx)) or "").strip() != _want(ctx):
+        _signed_installed(ctx) if signed_stack.active(ctx) else _install(ctx)
     if ctx.facts.nvlink5:  # `--mode start` needs both; the precheck only waits for IB
         if not _nvlsm_ok(ctx):
             install_nvlsm(ctx)

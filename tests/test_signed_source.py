@@ -122,13 +122,7 @@ def test_bake_then_a_newer_kernel_installs_only_its_module(make_world: MakeWorld
     _ok(boot)
     [first] = _events(boot, "driver.signed_installed")
     assert first["installed"] == []  # the bake's packages serve: loaded, nothing installed
-    # an unattended upgrade installs the new kernel's image; the node reboots into it
-    status = w.root / "var/lib/dpkg/status"
-    old = status.read_text().split(f"Package: linux-image-{KERNEL}\n", 1)[1].split("\n\n")[0]
-    status.write_text(status.read_text() + f"\nPackage: linux-image-{NEW_KERNEL}\n{old}\n")
-    (w.root / f"lib/modules/{NEW_KERNEL}").mkdir(parents=True)
-    (w.root / "proc/sys/kernel/osrelease").write_text(f"{NEW_KERNEL}\n")
-    simulate_reboot(w.root)
+    _reboot_into(w, NEW_KERNEL)
     before = len(w.mirror.log)
     result = run_in_process(w)
     _ok(result)
@@ -171,3 +165,51 @@ def test_debian_is_refused_clearly(make_world: MakeWorld) -> None:
     assert (result.outcome.code, result.outcome.state) == (Code.UNSUPPORTED_OS, "detect")
     assert "ubuntu-signed" in result.outcome.message
     assert _debs_fetched(w) == []
+
+
+def _reboot_into(w: World, kernel: str) -> None:
+    """An unattended upgrade installed ``kernel``'s image; the node reboots into it."""
+    status = w.root / "var/lib/dpkg/status"
+    old = status.read_text().split(f"Package: linux-image-{KERNEL}\n", 1)[1].split("\n\n")[0]
+    status.write_text(status.read_text() + f"\nPackage: linux-image-{kernel}\n{old}\n")
+    (w.root / f"lib/modules/{kernel}").mkdir(parents=True, exist_ok=True)
+    (w.root / "proc/sys/kernel/osrelease").write_text(f"{kernel}\n")
+    simulate_reboot(w.root)
+
+
+def test_prefetch_takes_both_kernels_then_boots_download_no_package(
+    make_world: MakeWorld, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bootfsm.cli import main
+
+    w = _signed(make_world, {KERNEL: X, NEW_KERNEL: X})
+    argv = ["fetch", "--prefetch", "--kernel", NEW_KERNEL, "--root", str(w.root)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.count("bootfsm: prefetch OK") == 2
+    fetched = [p.split("_")[0] for p in _debs_fetched(w)]
+    assert f"linux-modules-nvidia-580-server-open-{NEW_KERNEL}" in fetched and MODULE in fetched
+    served = len(_debs_fetched(w))
+    _ok(run_in_process(w))
+    _reboot_into(w, NEW_KERNEL)
+    result = run_in_process(w)
+    _ok(result)
+    [done] = _events(result, "driver.signed_installed")
+    assert done["installed"] == [f"linux-modules-nvidia-580-server-open-{NEW_KERNEL}"]
+    assert len(_debs_fetched(w)) == served  # both boots from the prefetched cache
+
+
+def test_fabric_manager_and_nscq_come_from_multiverse_at_the_same_version(
+    make_world: MakeWorld,
+) -> None:
+    """An NVSwitch HGX node: the driver state installs multiverse's fabric manager and
+    NSCQ with the stack; the fabric state starts the packaged unit."""
+    w = make_world("h100-hgx", ubuntu_kernels={KERNEL: X})
+    result = run_in_process(w)
+    _ok(result)
+    [done] = _events(result, "driver.signed_installed")
+    for name in ("nvidia-fabricmanager-580", "libnvidia-nscq-580"):
+        assert done["versions"][name] == V
+    [fm] = _events(result, "fabricmanager.installed")
+    assert (fm["version"], fm["package"]) == (X, "nvidia-fabricmanager-580")
+    assert not [e for e in w.mirror.log if "/redist/" in e.path]  # not NVIDIA's redist

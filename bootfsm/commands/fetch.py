@@ -33,18 +33,23 @@ def fetch_cache(
     console: IO[str] | None = None,
     env: Mapping[str, str] | None = None,
     wait_lock: float = 0.0,
+    kernel: str = "",
 ) -> SessionResult:
-    """Run detect -> fetch in a run session for the node (``prefetch``: the image) at
-    ``root``; never raises."""
+    """Run detect -> fetch in a run session for the node (``prefetch``: the image; for
+    ``driver.source = "ubuntu-signed"`` its newest kernel, or ``kernel``) at ``root``;
+    never raises."""
     from bootfsm.fetch.store import resolved
-    from bootfsm.image.bake import image_facts
+    from bootfsm.image.bake import image_facts, target_kernel
     from bootfsm.image.steps import FactsDetect
     from bootfsm.machine.table import stop_after
     from bootfsm.node.facts import gather_facts
     from bootfsm.states import fetch
 
     def facts(ctx: Context) -> NodeFacts:
-        return image_facts(ctx.host, kernel="") if prefetch else gather_facts(ctx.host)
+        if not prefetch:
+            return gather_facts(ctx.host)
+        signed = cfg.driver.source == "ubuntu-signed"  # the module is a kernel's
+        return image_facts(ctx.host, target_kernel(ctx.host, kernel, False) if signed else "")
 
     def body(s: Session) -> Outcome:
         fetching = fetch.Fetch()
@@ -84,6 +89,12 @@ def main(args: argparse.Namespace) -> int:
     """Fetch into the cache of ``--root``; print one summary line; exit with the code."""
     if isinstance(cfg := load_or_exit(args), int):
         return cfg
-    result = fetch_cache(cfg, Path(args.root), prefetch=args.prefetch, console=sys.stderr)
-    print(summary_line(result.outcome, args.prefetch))
+    # the extra kernels' signed modules first; the image's own resolution is saved last
+    for kernel in [*(args.kernel or []), ""] if args.prefetch else [""]:
+        result = fetch_cache(
+            cfg, Path(args.root), prefetch=args.prefetch, console=sys.stderr, kernel=kernel
+        )
+        print(summary_line(result.outcome, args.prefetch))
+        if not result.outcome.ok:
+            break
     return int(result.outcome.code)

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from bootfsm.sim.artifacts_packages import _control_fields, build_deb
+from bootfsm.sim.artifacts_redist import _FM_UNIT
 from bootfsm.sim.artifacts_signing import RepoSigner
 from bootfsm.sim.artifacts_tools import digests
 
@@ -113,7 +114,8 @@ def _userspace(
         deb(mv / "f" / f"fabric-manager-{b}", f"nvidia-fabricmanager-{b}",
             files={"/usr/bin/nv-fabricmanager": b"#!/bin/sh\nexit 0\n",
                    "/usr/bin/nvidia-fabricmanager-start.sh": scripts["fm-start"].encode(),
-                   "/usr/share/nvidia/nvswitch/fabricmanager.cfg": b"LOG_LEVEL=4\n"},
+                   "/usr/share/nvidia/nvswitch/fabricmanager.cfg": b"LOG_LEVEL=4\n",
+                   "/lib/systemd/system/nvidia-fabricmanager.service": _FM_UNIT.encode()},
             depends=f"{common}-{x}",
             fields={"Provides": "nvidia-fabricmanager", "Conflicts": "nvidia-fabricmanager",
                     "Replaces": "nvidia-fabricmanager"}),

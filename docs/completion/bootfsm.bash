@@ -67,7 +67,7 @@ _bootfsm() {
                 --root) COMPREPLY=($(compgen -f -- "$cur")); return ;;
                 --config) COMPREPLY=($(compgen -f -- "$cur")); return ;;
             esac
-            COMPREPLY=($(compgen -W "--root --config --prefetch --help" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "--root --config --prefetch --kernel --help" -- "$cur")) ;;
         bake)
             case "$prev" in
                 --root) COMPREPLY=($(compgen -f -- "$cur")); return ;;
