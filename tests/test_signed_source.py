@@ -213,3 +213,18 @@ def test_fabric_manager_and_nscq_come_from_multiverse_at_the_same_version(
     [fm] = _events(result, "fabricmanager.installed")
     assert (fm["version"], fm["package"]) == (X, "nvidia-fabricmanager-580")
     assert not [e for e in w.mirror.log if "/redist/" in e.path]  # not NVIDIA's redist
+
+
+def test_plan_lists_the_signed_stack_and_fails_fast_with_47(make_world: MakeWorld) -> None:
+    import subprocess
+    import sys
+
+    def plan(w: World) -> dict[str, Any]:
+        argv = [sys.executable, "-m", "bootfsm", "plan", "--json", "--root", str(w.root)]
+        r = subprocess.run(argv, env=w.env(), capture_output=True, text=True, timeout=300)
+        return dict(json.loads(r.stdout))
+
+    ok = plan(_signed(make_world, {KERNEL: X}))
+    assert [a["name"] for a in ok["artifacts"] if a["role"] == "signed"] == STACK
+    stale = plan(_signed(make_world, {KERNEL: OLD}, X))
+    assert (stale["fail_fast"]["state"], stale["fail_fast"]["code"]) == ("fetch", 47)

@@ -14,6 +14,7 @@ from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError, TransientError
 from bootfsm.core.redact import redact_text, redact_url
 from bootfsm.fetch.artifacts import index_urls, resolve
+from bootfsm.fetch.indexes import index_text
 from bootfsm.host.host import Host
 from bootfsm.host.http import check_url
 from bootfsm.machine.context import Context
@@ -86,7 +87,7 @@ def _artifacts(ctx: Context, facts: NodeFacts, urls: dict[str, str]) -> list[dic
     texts = {}
     for key, url in urls.items():
         check_url(url, ctx.config.fetch.allow_http_hosts)
-        texts[key] = ctx.http.get(url, timeout=10).body.decode("utf-8", "replace")
+        texts[key] = index_text(key, url, ctx.http.get(url, timeout=10).body)
     return [
         {**a.to_json(), "url": redact_url(a.url), "mirrors": [redact_url(m) for m in a.mirrors]}
         for a in resolve(ctx.config, facts, texts)

@@ -30,6 +30,7 @@ __all__ = [
     "cached_ok",
     "fetch_indexes",
     "from_cache",
+    "index_text",
     "save_indexes",
     "space_check",
 ]
@@ -133,7 +134,7 @@ def _fetch_index(ctx: Context, key: str, urls: tuple[str, ...]) -> tuple[str, in
                 raise
             failures.append(exc)
         else:
-            return _text(key, url, r.body), i
+            return index_text(key, url, r.body), i
         if len(urls) > 1:
             ctx.warn(f"index {key}: {failures[-1].message}", index=key, mirror=i)
     transient = [e for e in failures if isinstance(e, TransientError)]
@@ -145,7 +146,7 @@ def _fetch_index(ctx: Context, key: str, urls: tuple[str, ...]) -> tuple[str, in
     raise transient[0] if transient else (trust or failures)[0]
 
 
-def _text(key: str, url: str, body: bytes) -> str:
+def index_text(key: str, url: str, body: bytes) -> str:
     """The index as text: an Ubuntu archive index is Packages.xz, decompressed (bounded)
     only after its bytes matched the signed InRelease."""
     if not is_archive_key(key):
