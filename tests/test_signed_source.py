@@ -228,3 +228,12 @@ def test_plan_lists_the_signed_stack_and_fails_fast_with_47(make_world: MakeWorl
     assert [a["name"] for a in ok["artifacts"] if a["role"] == "signed"] == STACK
     stale = plan(_signed(make_world, {KERNEL: OLD}, X))
     assert (stale["fail_fast"]["state"], stale["fail_fast"]["code"]) == ("fetch", 47)
+
+
+def test_nvlink5_is_refused_clearly_before_any_package(make_world: MakeWorld) -> None:
+    """NVLSM is not in Ubuntu's archive: a B200 HGX node fails 55 naming it, no traceback."""
+    w = make_world("b200-hgx", ubuntu_kernels={SKUS["b200-hgx"].kernel: X})
+    result = run_in_process(w)
+    assert (result.outcome.code, result.outcome.state) == (Code.NVLSM_INSTALL_FAILED, "fetch")
+    assert "NVLSM" in result.outcome.message
+    assert _debs_fetched(w) == []

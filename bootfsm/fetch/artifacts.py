@@ -256,6 +256,12 @@ def _signed(
             f'driver.source = "ubuntu-signed" needs Ubuntu 22.04 or 24.04; this node is'
             f" {facts.os_id}:{facts.os_version}",
         )
+    if facts.nvlink5:  # NVIDIA publishes NVLSM in its redist and CUDA repo, not Ubuntu's
+        raise BootError(
+            Code.NVLSM_INSTALL_FAILED,
+            "NVLink5 needs NVLSM, which Ubuntu's archive does not carry: driver.source ="
+            ' "ubuntu-signed" does not provision NVLink5 (B200/B300 HGX) nodes yet',
+        )
     stack = resolve_stack({k: _index(indexes, k) for k in keys}, wanted(cfg, facts))
     return [
         _mirrored(p.entry.package, "signed", bases(p.key), p.entry.filename, p.entry.sha256,
