@@ -1,13 +1,15 @@
 """The real callers: the hook inside AgentBaker's own order, one image for GPU and CPU VM
 sizes, and the choices the provisioning script makes per VM size.
 
-Each test plays the caller as AKS runs it: tests/cse_caller.sh runs the documented hook
-line where cse_main.sh runs its GPU step, with the environment cse_cmd.sh and
-cse_helpers.sh export, then installs kubelet and runs ensureKubelet (which alone writes
-/etc/default/kubelet) against kubelet.service as AgentBaker ships it
-(``ConditionPathExists=/usr/local/bin/kubelet``, ``EnvironmentFile=/etc/default/kubelet``
-without a "-"), under the simulator's systemctl, which honours both as systemd does. IMDS
-answers on loopback only with the ``Metadata: true`` header, as Azure's does.
+Each test plays the caller as AKS runs it (Azure/AgentBaker 06836ee2301e): tests/cse_caller.sh
+installs kubelet's binary first (configureKubeletAndKubectl, into /opt/bin/kubelet), reads
+the SkipGpuDriverInstall tag from IMDS, runs the documented hook line where cse_main.sh
+runs ensureGPUDrivers, with the environment cse_cmd.sh and cse_helpers.sh export, then
+ensureKubelet (which alone writes /etc/default/kubelet) against kubelet.service as
+AgentBaker ships it (``ConditionPathExists=/opt/bin/kubelet``,
+``EnvironmentFile=/etc/default/kubelet`` without a "-"), under the simulator's systemctl,
+which honours both as systemd does. IMDS answers on loopback only with the
+``Metadata: true`` header, as Azure's does.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from bootfsm.image.bake import BakeOptions, bake
 from bootfsm.install.containerd import DROPIN
 from bootfsm.sim import artifacts as art
 from bootfsm.sim.node import simulate_reboot, standin_script
+from bootfsm.sim.node_layout import KUBELET_BIN
 from bootfsm.sim.nodestate import Node
 from bootfsm.sim.world import DRIVER_VERSION, World
 from tests.conftest import MakeWorld, installer_calls, no_gpus
@@ -40,11 +43,11 @@ REBOOT_REQUEST = "run/bootfsm/reboot-required"
 
 def fresh_aks_node(w: World) -> None:
     """The node as CSE finds it on a fresh VHD: kubelet's binary still in the image's
-    cache (installKubeletKubectlAndKubeProxy installs it after the GPU step) and no
-    /etc/default/kubelet (ensureKubelet writes it, after that)."""
+    cache (configureKubeletAndKubectl installs it before the GPU step) and no
+    /etc/default/kubelet (ensureKubelet writes it, after the GPU step)."""
     cache = w.root / "opt/kube/kubelet"
     cache.parent.mkdir(parents=True, exist_ok=True)
-    (w.root / "usr/local/bin/kubelet").rename(cache)
+    (w.root / KUBELET_BIN.lstrip("/")).rename(cache)
     (w.root / "etc/default/kubelet").unlink()
 
 
@@ -61,6 +64,7 @@ def aks_env(w: World, **changes: str) -> dict[str, str]:
         "GPU_INSTANCE_PROFILE": "",
         "CONFIG_GPU_DRIVER_IF_NEEDED": "true",
         "CSE_STARTTIME_SECONDS": str(int(time.time())),
+        "IMDS_URL": f"{w.mirror.url}/metadata/instance?api-version=2021-02-01",
     }
     return {**env, **changes}
 
@@ -119,14 +123,19 @@ def test_the_hook_in_cse_order_leaves_kubelet_to_ensure_kubelet(
     fresh_aks_node(w)
     p = run_caller(w, aks_env(w))
     assert p.returncode == 0, (p.stdout, p.stderr)
-    assert p.stdout.splitlines()[-2:] == [
-        "caller: GPU step done, continuing with kubelet",
+    said = [ln for ln in p.stdout.splitlines() if not ln.startswith("bootfsm: ")]
+    assert said[0] == "caller: skip_nvidia_driver_install=false"
+    assert said[1].startswith("caller: check_cse_timeout passes as the GPU step returns (")
+    assert said[2:] == [
+        "caller: GPU step done",
+        "caller: configureManagedGPUExperience (ENABLE_MANAGED_GPU=)",
+        "caller: continuing with kubelet",
         "caller: kubelet started",
     ]
     assert summary(p).startswith("bootfsm: OK code=0 OK state=done: node provisioned in ")
     calls = w.calls()
-    first_caller = calls.index(
-        next(c for c in calls if c["cmd"] == "systemctl" and c["argv"] == ["enable", "kubelet"])
+    first_caller = calls.index(  # ensureKubelet's `systemctl restart --no-block kubelet`
+        next(c for c in calls if c["cmd"] == "systemctl" and c["argv"][-1:] == ["kubelet"])
     )
     reads = ("show", "is-active", "is-enabled", "status")  # asking is not touching
     touched = [c for c in calls[:first_caller] if "kubelet" in " ".join(c["argv"])]
@@ -148,12 +157,12 @@ def test_the_old_hook_line_starts_kubelet_too_early_and_fails_the_node(
     make_world: MakeWorld,
 ) -> None:
     """The control for the test above: the line documented before --hook has join start
-    kubelet before ensureKubelet wrote its EnvironmentFile; kubelet.service fails to
-    start ("Failed to load environment files", as systemd says) and the node ends 34."""
+    kubelet after configureKubeletAndKubectl put its binary in place (the unit's
+    condition holds) but before ensureKubelet wrote its EnvironmentFile; kubelet.service
+    fails to start ("Failed to load environment files", as systemd says) and the node
+    ends 34."""
     w = make_world("h100-pcie")
     fresh_aks_node(w)
-    (w.root / "usr/local/bin/kubelet").parent.mkdir(parents=True, exist_ok=True)
-    (w.root / "opt/kube/kubelet").rename(w.root / "usr/local/bin/kubelet")  # binary there
     old = [
         "bootfsm",
         "run",
@@ -204,16 +213,70 @@ def test_a_cpu_vm_size_booting_the_shared_image_has_nothing_to_provision(
     assert [e.status for e in imds] == [200]  # asked with Metadata: true
 
 
-def test_the_hook_on_a_cpu_node_is_no_gpu_step(make_world: MakeWorld) -> None:
-    """GPU_NODE=false (a CPU size in the provisioning script's table): the hook ends 0 and
-    the caller goes on to kubelet."""
+def test_a_cpu_node_in_cse_order_never_runs_the_hook(make_world: MakeWorld) -> None:
+    """GPU_NODE=false (a CPU size in the provisioning script's table): cse_main.sh's GPU
+    block, where the hook line sits, is not entered; kubelet starts and AgentBaker's
+    cleanUpGPUDrivers runs after ensureKubelet, as it does today."""
     w = make_world("cpu-d4s")
     fresh_aks_node(w)
     p = run_caller(w, aks_env(w, GPU_NODE="false", GPU_DRIVER_VERSION="", GPU_DRIVER_TYPE=""))
     assert p.returncode == 0, (p.stdout, p.stderr)
-    assert "nothing to provision: not a GPU node (detect.gpu_node = no)" in summary(p)
+    assert "bootfsm: " not in p.stdout and w.journals() == []
+    assert p.stdout.splitlines()[-2:] == [
+        "caller: kubelet started",
+        "caller: cleanUpGPUDrivers (GPU_NODE=false, skip_nvidia_driver_install=false)",
+    ]
     assert installer_calls(w) == []
     assert Node(w.root).unit_state("kubelet.service") == "active"
+
+
+@pytest.mark.parametrize(
+    ("tag", "value", "skipped"),
+    [
+        ("skipgpudriverinstall", "True", True),  # get_imds_vm_tag_value: any case, both
+        ("SkipGpuDriverInstall", "false", False),
+    ],
+)
+def test_the_skip_tag_is_cse_mains_test_before_the_hook(
+    make_world: MakeWorld, tag: str, value: str, skipped: bool
+) -> None:
+    """A GPU VM size whose IMDS compute.tagsList carries SkipGpuDriverInstall: cse_main.sh
+    reads it (get_imds_vm_tag_value's jq filter) before its GPU block; "true" skips the
+    block, so the hook never runs and cleanUpGPUDrivers runs after ensureKubelet, as
+    today; "false" runs the hook."""
+    w = make_world("h100-pcie", vm_tags={tag: value})
+    fresh_aks_node(w)
+    p = run_caller(w, aks_env(w))
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    said = p.stdout.splitlines()
+    assert said[0] == f"caller: skip_nvidia_driver_install={str(skipped).lower()}"
+    assert Node(w.root).unit_state("kubelet.service") == "active"
+    if skipped:
+        assert "bootfsm: " not in p.stdout and w.journals() == [] and installer_calls(w) == []
+        assert said[-1] == (
+            "caller: cleanUpGPUDrivers (GPU_NODE=true, skip_nvidia_driver_install=true)"
+        )
+    else:
+        assert summary(p).startswith("bootfsm: OK code=0 OK state=done: node provisioned")
+        assert len(installer_calls(w)) == 1 and "cleanUpGPUDrivers" not in p.stdout
+
+
+def test_the_hook_itself_on_a_cpu_node_is_no_gpu_step(make_world: MakeWorld) -> None:
+    """The hook line run with GPU_NODE=false anyway (a caller that runs it on every node):
+    0, "nothing to provision", nothing installed."""
+    w = make_world("cpu-d4s")
+    env = aks_env(w, GPU_NODE="false", GPU_DRIVER_VERSION="", GPU_DRIVER_TYPE="")
+    p = subprocess.run(
+        [sys.executable, "-m", "bootfsm", *hook_argv()[1:], "--root", str(w.root)],
+        env={**w.env(), **env},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    assert "nothing to provision: not a GPU node (detect.gpu_node = no)" in summary(p)
+    assert installer_calls(w) == []
 
 
 def test_no_gpu_and_nothing_says_there_should_be_one_is_nothing_to_provision(

@@ -103,7 +103,7 @@ def image_root(tmp_path: Path) -> Path:
     shutil.copytree(HOST_UNITS, root / "usr/lib/systemd/system", symlinks=True)
     (root / "etc/default").mkdir(exist_ok=True)  # base-files ships it; kubelet reads it
     (root / "etc/default/kubelet").write_text("KUBELET_FLAGS=\n")
-    for prog in ("usr/local/bin/bootfsm", "usr/local/bin/kubelet"):
+    for prog in ("usr/local/bin/bootfsm", "opt/bin/kubelet"):
         (root / prog).parent.mkdir(parents=True, exist_ok=True)
         (root / prog).write_text("#!/bin/sh\nexit 0\n")
         (root / prog).chmod(0o755)

@@ -8,14 +8,16 @@ import dataclasses
 import io
 import os
 import sys
+import time
 from pathlib import Path
 
 from bootfsm.commands.common import config_path, node_env
-from bootfsm.core import caller
+from bootfsm.core import caller, cse_clock
 from bootfsm.core.codes import Code, failure_line
 from bootfsm.core.config import Config, ConfigError
 from bootfsm.core.config_files import load_config_sources
 from bootfsm.core.cse import CSE_NAMES, cse_exit
+from bootfsm.core.deadline import Deadline
 from bootfsm.machine.engine import Outcome
 from bootfsm.run.notify import Notifier, state_status
 from bootfsm.run.runner import RunOptions, execute
@@ -62,6 +64,27 @@ def _deadline(args: argparse.Namespace) -> float | str:
     return float(value)
 
 
+def _cse_deadline(
+    args: argparse.Namespace, cfg: Config
+) -> tuple[cse_clock.HookDeadline | None, Deadline | None] | str:
+    """`run --hook` under CSE's clock: the hook's deadline (what is left of CSE's budget
+    less run.cse_reserve, capped by the run's own), started now so that the lock wait
+    counts; (None, None) without the clock; why the caller's variables are invalid."""
+    if not args.hook:
+        return None, None
+    try:
+        budget = cse_clock.read_budget(os.environ, time.time())
+    except ConfigError as exc:
+        return f"the provisioning hook's environment is invalid: {exc}"
+    if budget is None:
+        return None, None
+    cap_source = "--deadline" if args.deadline is not None else "run.deadline"
+    if args.deadline is None and os.environ.get("BOOTFSM_DEADLINE", "").strip():
+        cap_source = "BOOTFSM_DEADLINE"
+    plan = cse_clock.hook_deadline(budget, cfg.run.cse_reserve, cfg.run.deadline, cap_source)
+    return plan, Deadline(max(0.0, plan.seconds), time.monotonic, plan.note)
+
+
 def _refused(code: Code, message: str, exit_codes: str) -> int:
     """Print the summary line for a run that never started (bad arguments)."""
     outcome = Outcome(code, "", message)
@@ -100,6 +123,12 @@ def main(args: argparse.Namespace) -> int:
         return _refused(Code.CONFIG_INVALID, deadline, exit_codes)
     if deadline > 0:
         cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, deadline=deadline))
+    clocked = _cse_deadline(args, cfg)
+    if isinstance(clocked, str):
+        print(f"bootfsm: {clocked}", file=sys.stderr)
+        return _refused(Code.CONFIG_INVALID, clocked, exit_codes)
+    plan, running = clocked
+    wait_lock = args.wait_lock if running is None else min(args.wait_lock, running.seconds)
     if args.no_start_kubelet:
         cfg = dataclasses.replace(cfg, join=dataclasses.replace(cfg.join, start_kubelet=False))
     notifier = Notifier.from_env(os.environ)
@@ -109,13 +138,16 @@ def main(args: argparse.Namespace) -> int:
         config_path=str(path),
         console=io.StringIO() if args.quiet else sys.stderr,
         console_json=args.json,
-        wait_lock=args.wait_lock,
+        wait_lock=wait_lock,
+        deadline=running,
         env=node_env(),
         on_state=lambda state: notifier.status(state_status(state)),
         on_status=notifier.status if notifier.enabled else None,
         hook=args.hook,
         overrides=tuple(overrides),
         config_sources=sources,
+        cse_budget=None if plan is None else plan.fields,
+        budget_spent="" if plan is None else plan.spent,
     )
     result = execute(cfg, opts)
     line = summary_line(result, exit_codes)

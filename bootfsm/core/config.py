@@ -36,6 +36,7 @@ class RunSpec:
     backoff_scale: float = 1.0
     metrics_file: str = "/var/lib/node_exporter/textfile_collector/bootfsm.prom"
     cse_events_dir: str = ""
+    cse_reserve: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -220,6 +221,7 @@ RANGES: dict[tuple[str, str], tuple[float, float, bool]] = {
     ("run", "deadline"): (0, _DAY, False),
     ("run", "keep_journals"): (0, 100_000, True),
     ("run", "backoff_scale"): (0, 100, True),
+    ("run", "cse_reserve"): (0, _DAY, True),
     ("detect", "imds_timeout"): (0, 300, False),
     ("driver", "dpkg_lock_timeout"): (0, _DAY, False),
     ("driver", "command_timeout"): (0, _DAY, False),

@@ -43,9 +43,16 @@ class Context:
 
     @classmethod
     def create(
-        cls, config: Config, host: Host, journal: Journal, deadline_s: float | None = None
+        cls,
+        config: Config,
+        host: Host,
+        journal: Journal,
+        deadline_s: float | None = None,
+        deadline: Deadline | None = None,
     ) -> Context:
-        """A context whose HTTP client follows the config and the host's environment."""
+        """A context whose HTTP client follows the config and the host's environment; its
+        global deadline is ``deadline`` (already running), else ``deadline_s`` from now,
+        else ``run.deadline`` from now."""
         http = Http(
             connect_timeout=config.fetch.connect_timeout,
             read_timeout=config.fetch.read_timeout,
@@ -53,7 +60,7 @@ class Context:
             ca_file=trust_store(config, host),
         )
         seconds = config.run.deadline if deadline_s is None else deadline_s
-        ctx = cls(config, host, http, journal, Deadline(seconds, host.monotonic))
+        ctx = cls(config, host, http, journal, deadline or Deadline(seconds, host.monotonic))
         http.budget = ctx.request_budget
         return ctx
 
@@ -87,7 +94,8 @@ class Context:
         ):
             return BootError(
                 Code.DEADLINE_EXCEEDED,
-                f"global deadline of {self.deadline.seconds:g} s ran out in state {self.state}",
+                f"global deadline of {self.deadline.seconds:g} s{self.deadline.note} ran out"
+                f" in state {self.state}",
                 state=self.state,
             )
         limit = self.state_row.time_limit if self.state_row else 0

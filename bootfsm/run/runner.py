@@ -9,6 +9,7 @@ from pathlib import Path
 
 from bootfsm import __version__
 from bootfsm.core import caller
+from bootfsm.core.codes import Code
 from bootfsm.core.config import Config
 from bootfsm.core.config_files import DROPIN_DIR
 from bootfsm.core.errors import BootError, TransientError
@@ -32,6 +33,8 @@ class RunOptions(SessionOptions):
     hook: bool = False  # `run --hook`: the provisioning hook (docs/provisioning-hook.md)
     overrides: tuple[caller.Override, ...] = ()  # what the hook set over the config
     config_sources: Mapping[str, str] | None = None  # "section.key" -> the file that set it
+    cse_budget: Mapping[str, object] | None = None  # the hook under CSE's clock: run.start's
+    budget_spent: str = ""  # why the hook must not start the GPU step (CSE's budget is spent)
 
 
 CHECKPOINT_OUTCOMES = ("running", "done", "failed", "interrupted")
@@ -59,7 +62,9 @@ def execute(cfg: Config, opts: RunOptions) -> SessionResult:
     """Run the machine on the node at ``opts.root``; never raises for node problems."""
     # where each configured value came from: its file, or what the hook set it from
     sources = {**(opts.config_sources or {}), **{o.key: o.source for o in opts.overrides}}
-    fields = {"hook": opts.hook, "config_sources": sources}
+    fields: dict[str, object] = {"hook": opts.hook, "config_sources": sources}
+    if opts.cse_budget is not None:
+        fields["cse_budget"] = dict(opts.cse_budget)
     session = replace(opts, kind="run", checkpoint=True, start_fields=fields)
     return run_session(cfg, session, lambda s: _machine(s, opts))
 
@@ -126,6 +131,8 @@ def _machine(s: Session, opts: RunOptions) -> Outcome:
 
     if opts.hook:
         _persist_caller(s, opts)
+    if opts.budget_spent:  # end now, with the summary line, rather than be killed mid-install
+        return Outcome(Code.DEADLINE_EXCEEDED, "", opts.budget_spent)
     outcome = _reboot_note(host, s.drive(REGISTRY, CALLBACKS, on_transition=on_transition))
     if outcome.ok and ctx.facts_ is not None and ctx.facts_.no_gpu and cfg.detect.cleanup_on_no_gpu:
         _cleanup(ctx)  # in the run's own journal, before run.end

@@ -18,6 +18,7 @@ from typing import IO, Any
 from bootfsm import __version__
 from bootfsm.core.codes import Code, info
 from bootfsm.core.config import Config
+from bootfsm.core.deadline import Deadline
 from bootfsm.core.errors import BootError
 from bootfsm.host.host import CommandResult, Host
 from bootfsm.host.lock import NodeLock, own_dirs
@@ -45,6 +46,7 @@ class SessionOptions:
     wait_lock: float = 0.0
     env: Mapping[str, str] | None = None
     deadline_s: float | None = None  # None: run.deadline
+    deadline: Deadline | None = None  # already running (the lock wait counts): the hook's
     dirs: tuple[str, ...] = ()  # more of bootfsm's own directories to create or check
     checkpoint: bool = False  # keep checkpoint.json current (the node's run only)
     start_fields: Mapping[str, object] = field(default_factory=dict)
@@ -116,7 +118,7 @@ class Session:
         self.cfg, self.opts, self.host, self.interrupts = cfg, opts, host, interrupts
         self.run_id = new_run_id()
         self.journal, self.path = self._open_journal()
-        self.ctx = Context.create(cfg, host, self.journal, opts.deadline_s)
+        self.ctx = Context.create(cfg, host, self.journal, opts.deadline_s, opts.deadline)
         host.on_command = self._record
         self.outcome: Outcome | None = None  # what drive() returned
         self.end_fields: dict[str, object] = {}  # more run.end fields (bake: changed...)

@@ -16,7 +16,7 @@ from bootfsm.sim.nodestate import Node
 from bootfsm.sim.skus import STALE_DRIVER_VERSION, Sku, pci_layout
 from bootfsm.sim.standin_installer import install_driver_files
 
-__all__ = ["apply_build_faults", "vpd", "write_layout"]
+__all__ = ["KUBELET_BIN", "apply_build_faults", "vpd", "write_layout"]
 
 _OS_RELEASE = {
     "22.04": (
@@ -72,10 +72,17 @@ KUBELET_DEFAULTS = (
     "KUBELET_NODE_LABELS=kubernetes.azure.com/accelerator=nvidia\n"
 )
 
+KUBELET_BIN = "/opt/bin/kubelet"
+"""Where AgentBaker's configureKubeletAndKubectl installs kubelet (AgentBaker #7125)."""
+
+# AgentBaker's parts/linux/cloud-init/artifacts/kubelet.service (Azure/AgentBaker
+# 06836ee2301e362039418c3a7ed0fe6004a641fd), less the ExecStartPre= lines that run
+# AgentBaker's own scripts: the condition on the binary, EnvironmentFile= without a "-"
+# (only ensureKubelet writes it), Restart=always
 _KUBELET_UNIT = """\
 [Unit]
 Description=Kubelet
-ConditionPathExists=/usr/local/bin/kubelet
+ConditionPathExists=/opt/bin/kubelet
 Wants=network-online.target containerd.service
 After=network-online.target containerd.service
 
@@ -84,7 +91,7 @@ Restart=always
 RestartSec=2
 EnvironmentFile=/etc/default/kubelet
 SuccessExitStatus=143
-ExecStart=/usr/local/bin/kubelet \\
+ExecStart=/opt/bin/kubelet \\
         --enable-server \\
         --node-labels="${KUBELET_NODE_LABELS}" \\
         --v=2 \\
@@ -218,9 +225,9 @@ def write_layout(node: Node, sku: Sku, faults: Collection[str]) -> None:
     node.write("var/lib/dpkg/lock", "", 0o640)
     node.write("lib/systemd/system/containerd.service", _CONTAINERD_UNIT)
     node.write("lib/systemd/system/kubelet.service", _KUBELET_UNIT)
-    # kubelet as a configured node has it (AgentBaker's installKubeletKubectlAndKubeProxy
-    # and ensureKubelet write these); a test playing CSE's order removes them first
-    node.write("usr/local/bin/kubelet", KUBELET_STANDIN, 0o755)
+    # kubelet as a provisioned node has it (AgentBaker's configureKubeletAndKubectl and
+    # ensureKubelet write these); a test playing CSE's order removes them first
+    node.write(KUBELET_BIN.lstrip("/"), KUBELET_STANDIN, 0o755)
     node.write("etc/default/kubelet", KUBELET_DEFAULTS)
     node.write("etc/containerd/config.toml", _CONTAINERD_CONFIG[sku.containerd_version[0]])
     for directory in ("etc/systemd/system/multi-user.target.wants", "etc/modprobe.d",

@@ -287,7 +287,8 @@ def prepare(img: Image, base: Path, work: Path, wheels: Path) -> Path:
     (prepared / "etc/hosts").write_text(
         "127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n"
     )
-    kubelet = prepared / "usr/local/bin/kubelet"
+    kubelet = prepared / "opt/bin/kubelet"  # where configureKubeletAndKubectl puts it
+    kubelet.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(IMAGE_FILES / "kubelet", kubelet)
     kubelet.chmod(0o755)
     (prepared / "etc/default/kubelet").write_text(

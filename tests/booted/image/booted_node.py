@@ -170,7 +170,7 @@ def setup() -> int:
         Path("/opt/bootfsm-sim/vm-size").write_text(f"{scenario['vm_size']}\n")
     if scenario.get("fresh_cse"):  # a fresh VHD: kubelet in the image's cache, unconfigured
         Path("/opt/kube").mkdir(exist_ok=True)
-        shutil.move("/usr/local/bin/kubelet", "/opt/kube/kubelet")
+        shutil.move("/opt/bin/kubelet", "/opt/kube/kubelet")
         Path("/etc/default/kubelet").unlink()
     node = Node(Path("/"))
     for address, _device in node.gpus():  # a GPU reset (this boot) makes a pending MIG
