@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import copy
+import lzma
 import posixpath
 import tarfile
+import zlib
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError
+from bootfsm.core.excerpt import excerpt
 
 __all__ = [
     "FILTER_ERRORS",
@@ -160,6 +163,10 @@ def extract_bounded(
     def refuse(problem: str) -> BootError:
         return BootError(Code.UNSAFE_ARCHIVE, f"refusing archive {archive.name}: {problem}")
 
+    def unreadable(exc: Exception) -> BootError:  # the bytes hashed were not an archive
+        why = excerpt(str(exc) or type(exc).__name__, 120)
+        return BootError(Code.ARCHIVE_INVALID, f"{archive.name} is not a readable archive: {why}")
+
     try:
         with tarfile.open(archive, "r:*") as tf:
             members: list[tarfile.TarInfo] = []
@@ -183,6 +190,10 @@ def extract_bounded(
             )
     except FILTER_ERRORS as exc:
         raise refuse(str(exc)) from exc
-    except (tarfile.TarError, OSError) as exc:
+    except (tarfile.TarError, lzma.LZMAError, zlib.error, EOFError) as exc:
+        raise unreadable(exc) from exc
+    except OSError as exc:  # with no errno: a decompressor's word on the bytes (gzip, bz2)
+        if exc.errno is None:
+            raise unreadable(exc) from exc
         raise BootError(Code.HOST_IO_ERROR, f"cannot extract {archive.name}: {exc}") from exc
     return [m.name for m in members]
