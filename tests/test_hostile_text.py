@@ -148,16 +148,6 @@ def test_a_relative_path_naming_no_file_is_refused_when_read(
 
 
 # -- the fabric manager archive -----------------------------------------------------------
-def _tar_xz(members: dict[str, bytes]) -> bytes:
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w") as tf:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), 0o755
-            tf.addfile(info, io.BytesIO(data))
-    return lzma.compress(raw.getvalue(), format=lzma.FORMAT_XZ)
-
-
 def _vouch(w: World, fm: Path) -> None:
     """The manifest's sha256 and size made to match the archive as it is now."""
     manifest, doc = _manifest(w)
@@ -174,7 +164,9 @@ def test_a_hashed_archive_that_is_not_a_tar_xz_is_archive_invalid(
     w = make_world("h100-hgx")
     [fm] = (w.docroot / "redist/fabricmanager").glob("*/*.tar.xz")
     data = fm.read_bytes()
-    fm.write_bytes(b"<html>not found</html>\n" if broken == "not an archive" else data[: len(data) // 2])
+    fm.write_bytes(
+        b"<html>not found</html>\n" if broken == "not an archive" else data[: len(data) // 2]
+    )
     _vouch(w, fm)
     result = run_in_process(w)
     assert result.outcome.code is Code.ARCHIVE_INVALID, result.outcome
@@ -193,12 +185,15 @@ def test_the_archive_swapped_after_its_hash_is_refused(
     w = make_world("h100-hgx")
     [fm] = (w.docroot / "redist/fabricmanager").glob("*/*.tar.xz")
     top = fm.name.removesuffix(".tar.xz")
-    with tarfile.open(fm) as tf:
-        members = {
-            m.name: (tf.extractfile(m) or io.BytesIO()).read() for m in tf if m.isreg()
-        }
-    members[f"{top}/bin/nv-fabricmanager"] = b"#!/bin/sh\necho payload\n"
-    payload = _tar_xz(members)
+    raw = io.BytesIO()  # the genuine archive, links and all, with one binary replaced
+    with tarfile.open(fm) as tf, tarfile.open(fileobj=raw, mode="w") as out:
+        for m in tf:
+            data = (tf.extractfile(m) or io.BytesIO()).read() if m.isreg() else b""
+            if m.name == f"{top}/bin/nv-fabricmanager":
+                data = b"#!/bin/sh\necho payload\n"
+            m.size = len(data)
+            out.addfile(m, io.BytesIO(data) if m.isreg() else None)
+    payload = lzma.compress(raw.getvalue(), format=lzma.FORMAT_XZ)
     real = fabric.verified
 
     def verified_then_swapped(ctx: Any, role: str) -> Any:

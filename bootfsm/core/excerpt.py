@@ -13,20 +13,22 @@ LIMIT = 60
 """Characters quoted by default."""
 
 
-def excerpt(value: object, limit: int = LIMIT, *, at: int = 0) -> str:
+def excerpt(value: object, limit: int = LIMIT, *, at: int = 0, quote: bool = True) -> str:
     """``value`` quoted for a message: a string of at most ``limit`` characters as its
     repr; a longer one as ``limit`` characters from ``at``, then where they are and the
-    whole length (``'abc...' (characters 1-60 of 1048576)``). A JSON container is named
+    whole length (``'abc...' (characters 1-60 of 1048576)``). ``quote=False`` leaves
+    printable text (a name in a message's context) unquoted. A JSON container is named
     with its size, never printed; a number or None as its (short) repr."""
     if isinstance(value, str):
-        if len(value) <= limit and at == 0:
-            return repr(value)
         start = max(0, min(at, len(value)))
         part = value[start : start + limit]
+        shown = part if not quote and part.isprintable() else repr(part)
+        if start == 0 and len(part) == len(value):
+            return shown
         lead = "..." if start else ""
         tail = "..." if start + len(part) < len(value) else ""
         where = f"characters {start + 1}-{start + len(part)} of {len(value)}"
-        return f"{lead}{part!r}{tail} ({where})"
+        return f"{lead}{shown}{tail} ({where})"
     if isinstance(value, dict):
         return f"an object of {len(value)} members"
     if isinstance(value, list | tuple):

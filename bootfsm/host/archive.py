@@ -61,19 +61,19 @@ def _escapes(path: str) -> bool:
 def check_member(name: str, type_: bytes, linkname: str = "") -> str | None:
     """Why member ``name`` is unsafe (absolute, ``..`` out, device, FIFO, link out), or None."""
     if not name or "\x00" in name:
-        return f"empty or NUL in member name {name!r}"
+        return f"empty or NUL in member name {excerpt(name)}"
     if posixpath.isabs(name) or _escapes(name) or ".." in name.split("/"):
-        return f"member {name!r} leaves the target directory (absolute or '..')"
+        return f"member {excerpt(name)} leaves the target directory (absolute or '..')"
     if type_ not in _ALLOWED:
-        return f"member {name!r} is a device, FIFO or unknown type"
+        return f"member {excerpt(name)} is a device, FIFO or unknown type"
     if type_ == tarfile.SYMTYPE:
         target = posixpath.join(posixpath.dirname(name), linkname)
         if posixpath.isabs(linkname) or _escapes(target):
-            return f"symlink {name!r} -> {linkname!r} leaves the target directory"
+            return f"symlink {excerpt(name)} -> {excerpt(linkname)} leaves the target directory"
     if type_ == tarfile.LNKTYPE and (
         posixpath.isabs(linkname) or _escapes(linkname) or ".." in linkname.split("/")
     ):
-        return f"hard link {name!r} -> {linkname!r} leaves the target directory"
+        return f"hard link {excerpt(name)} -> {excerpt(linkname)} leaves the target directory"
     return None
 
 
@@ -105,7 +105,9 @@ def check_members(members: Iterable[tuple[str, bytes, str]]) -> str | None:
         for path in paths:
             via = _through(path, links)
             if via is not None:
-                return f"member {name!r} goes through the archive's own symlink {via!r}"
+                return (
+                    f"member {excerpt(name)} goes through the archive's own symlink {excerpt(via)}"
+                )
     return None
 
 

@@ -175,7 +175,7 @@ def _entry(number: int, fields: dict[str, str]) -> PackageEntry:
     missing = [name for name in _REQUIRED if not fields.get(name)]
     if missing:
         raise ParseError(f"Packages stanza {number}: missing {', '.join(missing)}")
-    where = f"Packages stanza {number} ({excerpt(fields['package'])})"
+    where = f"Packages stanza {number} ({excerpt(fields['package'], quote=False)})"
     if not _SHA256.fullmatch(fields["sha256"]):
         raise ParseError(f"{where}: SHA256 is not 64 hex digits: {excerpt(fields['sha256'])}")
     if not _SIZE.fullmatch(fields["size"]):

@@ -126,9 +126,11 @@ def parse_release(text: str) -> Release:
             continue
         m = _HASH_LINE.fullmatch(entry.strip())
         if m is None:
-            raise ParseError(f"SHA256 entry {n}: expected '<sha256> <size> <path>': {excerpt(entry)}")
+            raise ParseError(
+                f"SHA256 entry {n}: expected '<sha256> <size> <path>': {excerpt(entry)}"
+            )
         if m[3] in sums:
-            raise ParseError(f"SHA256 lists {excerpt(m[3])} twice")
+            raise ParseError(f"SHA256 lists {excerpt(m[3], quote=False)} twice")
         sums[m[3]] = ReleaseFile(m[1].lower(), int(m[2]))
     date = _date("Date", fields["date"]) if "date" in fields else None
     until = _date("Valid-Until", fields["valid-until"]) if "valid-until" in fields else None

@@ -86,7 +86,9 @@ def parse_containerd_version(text: str) -> tuple[int, int, int]:
     """Parse `containerd --version` ("containerd <package> [v]X.Y.Z <commit>") to (X, Y, Z)."""
     words = text.split()
     if not words or words[0].rsplit("/", 1)[-1] != "containerd":
-        raise ParseError(f"containerd --version: does not start with 'containerd': {excerpt(text, 120)}")
+        raise ParseError(
+            f"containerd --version: does not start with 'containerd': {excerpt(text, 120)}"
+        )
     for word in words[1:]:
         match = _CONTAINERD_VERSION.fullmatch(word)
         if match is not None:

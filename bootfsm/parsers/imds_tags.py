@@ -41,14 +41,18 @@ def parse_imds_tags(text: str) -> list[tuple[str, str]]:
     tags_list = compute.get("tagsList")
     if tags_list is not None:
         if not isinstance(tags_list, list):
-            raise ParseError(f"IMDS document: compute.tagsList must be a list: {excerpt(tags_list)}")
+            raise ParseError(
+                f"IMDS document: compute.tagsList must be a list: {excerpt(tags_list)}"
+            )
         out: list[tuple[str, str]] = []
         for item in tags_list:
             if not isinstance(item, dict) or not isinstance(item.get("name"), str):
                 raise ParseError(f"IMDS document: bad compute.tagsList entry {excerpt(item)}")
             value = item.get("value", "")
             if not isinstance(value, str):
-                raise ParseError(f"IMDS document: tag {excerpt(item['name'])} value is not a string")
+                raise ParseError(
+                    f"IMDS document: tag {excerpt(item['name'])} value is not a string"
+                )
             out.append((item["name"], value))
         return out
     tags = compute.get("tags", "")

@@ -109,7 +109,9 @@ def parse_lgip(text: str) -> list[GiProfile]:
             raise _bad("-lgip", line)
         free, total = int(m[4]), int(m[5])
         if free > total:
-            raise ParseError(f"nvidia-smi mig -lgip: {free}/{total} free of total in {excerpt(line, 100)}")
+            raise ParseError(
+                f"nvidia-smi mig -lgip: {free}/{total} free of total in {excerpt(line, 100)}"
+            )
         out.append(GiProfile(int(m[1]), m[2], int(m[3]), free, total, float(m[6])))
     if len(body) % 2:
         raise ParseError("nvidia-smi mig -lgip: a profile row without its second line")

@@ -40,7 +40,9 @@ def _root(text: str) -> ET.Element:
     except ET.ParseError as exc:
         raise ParseError(f"nvidia-smi -q -x: not well-formed XML: {exc}") from exc
     if root.tag != "nvidia_smi_log":
-        raise ParseError(f"nvidia-smi -q -x: root element is {excerpt(root.tag)}, not <nvidia_smi_log>")
+        raise ParseError(
+            f"nvidia-smi -q -x: root element is {excerpt(root.tag)}, not <nvidia_smi_log>"
+        )
     return root
 
 

@@ -57,7 +57,9 @@ def _fields(text: str) -> dict[str, str]:
             continue
         key, sep, raw = stripped.partition("=")
         if not sep or not _KEY.fullmatch(key):
-            raise ParseError(f"os-release line {lineno}: not a KEY=value assignment: {excerpt(line)}")
+            raise ParseError(
+                f"os-release line {lineno}: not a KEY=value assignment: {excerpt(line)}"
+            )
         fields[key] = _unquote(raw, lineno)
     return fields
 

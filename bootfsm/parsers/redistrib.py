@@ -109,14 +109,14 @@ def _component(key: str, raw: object) -> RedistComponent:
     if not isinstance(raw, dict):
         raise ParseError(f"redistrib component {excerpt(key)}: expected an object")
     platforms = {
-        platform: _artifact(entry, excerpt(f"{key}/{platform}"))
+        platform: _artifact(entry, excerpt(f"{key}/{platform}", quote=False))
         for platform, entry in raw.items()
         if platform not in _COMPONENT_META
     }
     return RedistComponent(
         key=key,
-        name=_str(raw, "name", excerpt(key)),
-        version=_str(raw, "version", excerpt(key)),
+        name=_str(raw, "name", excerpt(key, quote=False)),
+        version=_str(raw, "version", excerpt(key, quote=False)),
         platforms=MappingProxyType(platforms),
     )
 
