@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError
+from bootfsm.fetch.artifacts import cache_node_path
 from bootfsm.fetch.store import resolved, verified
 from bootfsm.install import dpkg, records, signed_stack
 from bootfsm.install.daemons import FABRIC_MANAGER
@@ -89,18 +90,27 @@ def _signed_installed(ctx: Context) -> None:
 
 
 def _extract(ctx: Context, role: str, suffix: str, code: Code) -> tuple[str, str]:
-    """Extract the verified archive of ``role``: (its file name, its one top directory)."""
-    [(art, archive)] = verified(ctx, role)
-    dest = f"{ctx.config.run.state_dir}/extract/{art.filename.removesuffix(suffix)}"
+    """Extract the verified archive of ``role``: (its file name, its one top directory).
+    What is extracted is a private copy (0700 directory) hashed again as it is copied, as
+    the runfile and the debs: a swap of the cached file after fetch hashed it is refused."""
+    [(art, _cached)] = verified(ctx, role)
+    extract = f"{ctx.config.run.state_dir}/extract"
+    dest = f"{extract}/{art.filename.removesuffix(suffix)}"
+    ctx.host.own_dir(ctx.config.run.state_dir)
+    ctx.host.own_dir(extract)
     ctx.host.rmtree(dest)
+    archive = ctx.host.private_copy(cache_node_path(ctx.config, art), extract, art.sha256)
     limit = max(64 << 20, 32 * art.size) if art.size else None  # the manifest's size
-    names = ctx.host.extract_tar(
-        archive,
-        dest,
-        max_bytes=limit,
-        deadline=ctx.host.monotonic() + ctx.remaining(),
-        on_timeout=ctx.time_error,
-    )
+    try:
+        names = ctx.host.extract_tar(
+            archive,
+            dest,
+            max_bytes=limit,
+            deadline=ctx.host.monotonic() + ctx.remaining(),
+            on_timeout=ctx.time_error,
+        )
+    finally:
+        ctx.host.remove(f"{extract}/{archive.name}")
     tops = {n.split("/", 1)[0] for n in names}
     if len(tops) != 1:
         raise BootError(code, f"{art.filename}: expected one top directory")

@@ -11,12 +11,15 @@ import json
 import re
 import shutil
 import subprocess
+import time
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 
+from bootfsm import states
 from bootfsm.cli import main
+from bootfsm.machine.context import Context
 from bootfsm.observe.trace import load_run, parse_events
 from bootfsm.observe.trace_html import render_html
 from tests.conftest import MakeWorld, run_in_process
@@ -28,17 +31,36 @@ needs_chromium = pytest.mark.skipif(
 
 
 class _Dom(HTMLParser):
-    """Every start tag as (tag, attributes), in document order."""
+    """Every start tag as (tag, attributes), in document order; ``row`` is the
+    ``data-state`` of the chart row (``g.row``) each tag is in ("" outside a row)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.tags: list[tuple[str, dict[str, str]]] = []
+        self.rows: list[str] = []
+        self._groups: list[str] = []  # the open <g> elements' row states
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self.tags.append((tag, {k: v or "" for k, v in attrs}))
+        a = {k: v or "" for k, v in attrs}
+        self.tags.append((tag, a))
+        self.rows.append(next((g for g in reversed(self._groups) if g), ""))
+        if tag == "g":
+            self._groups.append(a.get("data-state", "") if "row" in a.get("class", "") else "")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "g" and self._groups:
+            self._groups.pop()
 
     def having(self, tag: str, cls: str) -> list[dict[str, str]]:
         return [a for t, a in self.tags if t == tag and cls in a.get("class", "").split()]
+
+    def rows_of(self, tag: str, cls: str) -> list[str]:
+        """The row state of each ``tag.cls``, in document order."""
+        return [
+            row
+            for (t, a), row in zip(self.tags, self.rows)
+            if t == tag and cls in a.get("class", "").split()
+        ]
 
 
 def _dump_dom(page: Path, tmp_path: Path) -> _Dom:
@@ -113,11 +135,22 @@ def test_failed_run_with_retries_in_chromium(make_world: MakeWorld, tmp_path: Pa
 
 
 @needs_chromium
-def test_healthy_run_has_no_red_probes_in_chromium(make_world: MakeWorld, tmp_path: Path) -> None:
+def test_healthy_run_has_no_red_probes_in_chromium(
+    make_world: MakeWorld, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A provisioned node's expected probes (dpkg-query of a toolkit package not yet
     installed exits 1, twice: the postcondition's question and the install's look
     before it changes anything) are journaled `probe: true` at level info and drawn neutral; the
-    legend says what they are."""
+    legend says what they are. The transition after driver starts 20 ms late, as on a
+    slow node: its probe is still drawn in driver's row."""
+    stale_fm = states.CALLBACKS["disable_stale_fabric_manager"]
+
+    def slow_node(ctx: Context) -> None:
+        time.sleep(0.02)
+        stale_fm(ctx)
+
+    slowed = {**states.CALLBACKS, "disable_stale_fabric_manager": slow_node}
+    monkeypatch.setattr(states, "CALLBACKS", slowed)  # bootfsm.run.runner reads it per run
     w = make_world("h100-pcie")
     result = run_in_process(w)
     assert result.journal is not None and result.outcome.code.name == "OK"
@@ -130,10 +163,42 @@ def test_healthy_run_has_no_red_probes_in_chromium(make_world: MakeWorld, tmp_pa
     assert main(["trace", "--root", str(w.root), "--html", str(page)]) == 0
     dom = _dump_dom(page, tmp_path)
     assert dom.having("rect", "bad") == []
-    probes = dom.having("rect", "probe")
-    assert len(probes) == sum(1 for e in commands if e.get("probe"))
+    # one hollow rect per probe, in its state's row; the probe that the transition after
+    # driver runs (is fabric manager left enabled?) comes after driver's span closed
+    assert sorted(dom.rows_of("rect", "probe")) == sorted(
+        e["state"] for e in commands if e.get("probe")
+    )
+    assert len(dom.having("rect", "cmd")) == len(commands)
     assert any(a.get("id") == "legend" for _, a in dom.tags)
     assert dom.having("span", "near-miss") == []  # every state needed one attempt
+
+
+def test_a_transition_callbacks_command_is_drawn_in_its_states_row() -> None:
+    """A command the transition after driver runs (``systemctl is-enabled`` of fabric
+    manager, journaled with state driver) starts after driver's span closed: 40 ms later
+    on a slow node. It is drawn in driver's row all the same, once; none is dropped."""
+    ev = [
+        {"event": "run.start", "t": 0, "run_id": "cb1", "schema": 1},
+        {"event": "state.enter", "t": 0.1, "state": "driver"},
+        {"event": "command", "t": 1.0, "state": "driver", "argv": ["nvidia-smi"], "rc": 0,
+         "duration_s": 0.3},
+        {"event": "state.done", "t": 1.2, "state": "driver", "duration_s": 1.1, "attempts": 1},
+        {"event": "command", "t": 1.44, "state": "driver", "argv": ["systemctl", "is-enabled",
+         "nvidia-fabricmanager.service"], "rc": 1, "duration_s": 0.2, "probe": True},
+        {"event": "transition", "t": 1.45, "source": "driver", "dest": "verify"},
+        {"event": "state.enter", "t": 1.5, "state": "verify"},
+        {"event": "command", "t": 1.9, "state": "verify", "argv": ["nvidia-smi"], "rc": 0,
+         "duration_s": 0.3},
+        {"event": "state.done", "t": 2.0, "state": "verify", "duration_s": 0.5, "attempts": 1},
+        {"event": "run.end", "t": 2.1, "outcome": "done", "code": 0, "code_name": "OK",
+         "state": "done", "duration_s": 2.1},
+    ]  # fmt: skip
+    report = parse_events([json.dumps(e) for e in ev])
+    assert [(s.state, s.end_t) for s in report.spans] == [("driver", 1.2), ("verify", 2.0)]
+    dom = _Dom()
+    dom.feed(render_html(report))
+    assert dom.rows_of("rect", "cmd") == ["driver", "driver", "verify"]
+    assert dom.rows_of("rect", "probe") == ["driver"]
 
 
 def _run_lines(attempts: int) -> list[str]:

@@ -25,6 +25,12 @@ _TABLE: dict[tuple[Code, int], tuple[str, str]] = {
         "run interrupted by SIGTERM or SIGINT",
         "rerun `bootfsm run`; it resumes at the first unsatisfied state",
     ),
+    (Code.ARCHIVE_INVALID, 84): (
+        "an archive matches its sha256 but is not a readable archive (not a tar.xz,"
+        " truncated or corrupt inside)",
+        "the publisher hashed broken bytes: the mirror's file and its manifest agree;"
+        " pin another version or mirror and tell the publisher (the message names the file)",
+    ),
     (Code.DRIVER_BRANCH_UNSUPPORTED, 84): (
         "the chosen driver's branch does not drive this node's GPUs",
         "choose a branch the GPU supports (B300, GB300: R580+): driver.version or GPU_DV",

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import copy
+import lzma
 import posixpath
 import tarfile
+import zlib
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError
+from bootfsm.core.excerpt import excerpt
 
 __all__ = [
     "FILTER_ERRORS",
@@ -58,19 +61,19 @@ def _escapes(path: str) -> bool:
 def check_member(name: str, type_: bytes, linkname: str = "") -> str | None:
     """Why member ``name`` is unsafe (absolute, ``..`` out, device, FIFO, link out), or None."""
     if not name or "\x00" in name:
-        return f"empty or NUL in member name {name!r}"
+        return f"empty or NUL in member name {excerpt(name)}"
     if posixpath.isabs(name) or _escapes(name) or ".." in name.split("/"):
-        return f"member {name!r} leaves the target directory (absolute or '..')"
+        return f"member {excerpt(name)} leaves the target directory (absolute or '..')"
     if type_ not in _ALLOWED:
-        return f"member {name!r} is a device, FIFO or unknown type"
+        return f"member {excerpt(name)} is a device, FIFO or unknown type"
     if type_ == tarfile.SYMTYPE:
         target = posixpath.join(posixpath.dirname(name), linkname)
         if posixpath.isabs(linkname) or _escapes(target):
-            return f"symlink {name!r} -> {linkname!r} leaves the target directory"
+            return f"symlink {excerpt(name)} -> {excerpt(linkname)} leaves the target directory"
     if type_ == tarfile.LNKTYPE and (
         posixpath.isabs(linkname) or _escapes(linkname) or ".." in linkname.split("/")
     ):
-        return f"hard link {name!r} -> {linkname!r} leaves the target directory"
+        return f"hard link {excerpt(name)} -> {excerpt(linkname)} leaves the target directory"
     return None
 
 
@@ -102,7 +105,9 @@ def check_members(members: Iterable[tuple[str, bytes, str]]) -> str | None:
         for path in paths:
             via = _through(path, links)
             if via is not None:
-                return f"member {name!r} goes through the archive's own symlink {via!r}"
+                return (
+                    f"member {excerpt(name)} goes through the archive's own symlink {excerpt(via)}"
+                )
     return None
 
 
@@ -160,6 +165,10 @@ def extract_bounded(
     def refuse(problem: str) -> BootError:
         return BootError(Code.UNSAFE_ARCHIVE, f"refusing archive {archive.name}: {problem}")
 
+    def unreadable(exc: Exception) -> BootError:  # the bytes hashed were not an archive
+        why = excerpt(str(exc) or type(exc).__name__, 120)
+        return BootError(Code.ARCHIVE_INVALID, f"{archive.name} is not a readable archive: {why}")
+
     try:
         with tarfile.open(archive, "r:*") as tf:
             members: list[tarfile.TarInfo] = []
@@ -183,6 +192,10 @@ def extract_bounded(
             )
     except FILTER_ERRORS as exc:
         raise refuse(str(exc)) from exc
-    except (tarfile.TarError, OSError) as exc:
+    except (tarfile.TarError, lzma.LZMAError, zlib.error, EOFError) as exc:
+        raise unreadable(exc) from exc
+    except OSError as exc:  # with no errno: a decompressor's word on the bytes (gzip, bz2)
+        if exc.errno is None:
+            raise unreadable(exc) from exc
         raise BootError(Code.HOST_IO_ERROR, f"cannot extract {archive.name}: {exc}") from exc
     return [m.name for m in members]

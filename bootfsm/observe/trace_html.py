@@ -132,13 +132,29 @@ def _svg(r: TraceReport) -> str:
         )
         k += 1
     parts.append("</g>")
+    lanes: list[list[dict[str, Any]]] = [[] for _ in r.spans]
+    for c in r.commands:
+        row = _command_row(r.spans, c)
+        if row is not None:
+            lanes[row].append(c)
     for i, s in enumerate(r.spans):
-        parts += _row(r, s, _TOP + i * _ROW_H, scale)
+        parts += _row(r, s, lanes[i], _TOP + i * _ROW_H, scale)
     parts.append("</svg>")
     return "\n".join(parts)
 
 
-def _row(r: TraceReport, s: Span, y: int, scale: float) -> list[str]:
+def _command_row(spans: list[Span], c: dict[str, Any]) -> int | None:
+    """The row a command is drawn in: the last span of its state that started at or before
+    it, else its state's first; None when no span has its state. Not a time window: a
+    transition's callback runs after its state's span closed, later on a slower node."""
+    rows = [i for i, s in enumerate(spans) if s.state == c["state"]]
+    started = [i for i in rows if spans[i].start_t - 1e-6 <= c["t"]]
+    return started[-1] if started else (rows[0] if rows else None)
+
+
+def _row(
+    r: TraceReport, s: Span, commands: list[dict[str, Any]], y: int, scale: float
+) -> list[str]:
     """One state's row: its label, its bar, its retries and commands, its failure."""
     w = max(2.0, round(s.duration_s * scale, 2))
     tip = (
@@ -153,11 +169,7 @@ def _row(r: TraceReport, s: Span, y: int, scale: float) -> list[str]:
         f'y="{y}" width="{w}" height="{_BAR_H}" rx="3"><title>{_e(tip)}</title></rect>',
     ]
     parts += [_retry(rt, s.start_t, y, scale) for rt in s.retries]
-    parts += [
-        _command(c, y, scale)
-        for c in r.commands
-        if c["state"] == s.state and s.start_t - 1e-6 <= c["t"] <= s.end_t + 1e-3
-    ]
+    parts += [_command(c, y, scale) for c in commands]
     if s.outcome in ("failed", "interrupted"):
         label = r.code_name if s.outcome == "failed" else "interrupted"
         parts.append(

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from functools import cmp_to_key
 from itertools import zip_longest
 
+from bootfsm.core.excerpt import excerpt
 from bootfsm.parsers import ParseError
 
 __all__ = [
@@ -52,16 +53,16 @@ def safe_filename(filename: str) -> str:
     if not filename:
         raise ParseError("Filename is empty")
     if _CONTROL.search(filename):
-        raise ParseError(f"Filename {filename!r} contains a control character")
+        raise ParseError(f"Filename {excerpt(filename)} contains a control character")
     if "\\" in filename:
-        raise ParseError(f"Filename {filename!r} contains a backslash")
+        raise ParseError(f"Filename {excerpt(filename)} contains a backslash")
     if filename.startswith("/"):
-        raise ParseError(f"Filename {filename!r} is absolute")
+        raise ParseError(f"Filename {excerpt(filename)} is absolute")
     parts = [p for p in filename.split("/") if p != "."]
     if ".." in parts:
-        raise ParseError(f"Filename {filename!r} climbs out of the repository with '..'")
+        raise ParseError(f"Filename {excerpt(filename)} climbs out of the repository with '..'")
     if not parts or "" in parts:
-        raise ParseError(f"Filename {filename!r} has an empty path component")
+        raise ParseError(f"Filename {excerpt(filename)} has an empty path component")
     return "/".join(parts)
 
 
@@ -71,14 +72,14 @@ def _split_version(version: str) -> tuple[int, str, str]:
     if not colon:
         epoch_text, rest = "0", version
     if not _EPOCH.fullmatch(epoch_text):
-        raise ParseError(f"Debian version {version!r}: epoch is not a small number")
+        raise ParseError(f"Debian version {excerpt(version)}: epoch is not a small number")
     upstream, dash, revision = rest.rpartition("-")
     if not dash:
         upstream, revision = rest, ""
     elif not _REVISION.fullmatch(revision):
-        raise ParseError(f"Debian version {version!r}: bad revision {revision!r}")
+        raise ParseError(f"Debian version {excerpt(version)}: bad revision {excerpt(revision)}")
     if not _UPSTREAM.fullmatch(upstream):
-        raise ParseError(f"Debian version {version!r}: upstream must start with a digit")
+        raise ParseError(f"Debian version {excerpt(version)}: upstream must start with a digit")
     return int(epoch_text), upstream, revision
 
 
@@ -124,8 +125,8 @@ def compare_debian_versions(a: str, b: str) -> int:
 
 _PACKAGES_ERRORS = {
     "continuation": "Packages line {n}: continuation line before any field",
-    "field": "Packages line {n} (stanza {number}): not a field: {line!r}",
-    "twice": "Packages stanza {number}: field {name!r} appears twice",
+    "field": "Packages line {n} (stanza {number}): not a field: {short}",
+    "twice": "Packages stanza {number}: field {name} appears twice",
 }
 
 
@@ -161,13 +162,12 @@ def _add_field(
     """Add the ``Field: value`` line ``n`` to ``fields``; return the field's name."""
     match = _FIELD.fullmatch(line)
     if match is None:
-        short = line.rstrip()[:60]
-        raise ParseError(errors["field"].format(n=n, number=number, line=line, short=short))
+        raise ParseError(errors["field"].format(n=n, number=number, short=excerpt(line)))
     if fields and not last:  # only a single-paragraph reader keeps fields across a blank line
         raise ParseError(errors["second"].format(n=n))
     name = match[1].lower()
     if name in fields:
-        raise ParseError(errors["twice"].format(n=n, number=number, name=match[1]))
+        raise ParseError(errors["twice"].format(n=n, number=number, name=excerpt(match[1])))
     fields[name] = match[2].strip()
     return name
 
@@ -176,11 +176,11 @@ def _entry(number: int, fields: dict[str, str]) -> PackageEntry:
     missing = [name for name in _REQUIRED if not fields.get(name)]
     if missing:
         raise ParseError(f"Packages stanza {number}: missing {', '.join(missing)}")
-    where = f"Packages stanza {number} ({fields['package']})"
+    where = f"Packages stanza {number} ({excerpt(fields['package'], quote=False)})"
     if not _SHA256.fullmatch(fields["sha256"]):
-        raise ParseError(f"{where}: SHA256 is not 64 hex digits: {fields['sha256'][:80]!r}")
+        raise ParseError(f"{where}: SHA256 is not 64 hex digits: {excerpt(fields['sha256'])}")
     if not _SIZE.fullmatch(fields["size"]):
-        raise ParseError(f"{where}: Size is not a number: {fields['size'][:40]!r}")
+        raise ParseError(f"{where}: Size is not a number: {excerpt(fields['size'])}")
     try:
         _split_version(fields["version"])
         filename = safe_filename(fields["filename"])

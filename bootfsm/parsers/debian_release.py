@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 
+from bootfsm.core.excerpt import excerpt
 from bootfsm.parsers import ParseError
 from bootfsm.parsers.debian_packages import deb822_paragraphs
 
@@ -31,7 +32,7 @@ _HASH_LINE = re.compile(r"([0-9a-fA-F]{64})\s+([0-9]{1,20})\s+(\S+)")
 _ARMOR_HEADER = re.compile(r"[A-Za-z]+: .*")
 _RELEASE_ERRORS = {
     "continuation": "line {n}: continuation line without a field",
-    "field": "line {n}: not a 'Field: value' line: {short!r}",
+    "field": "line {n}: not a 'Field: value' line: {short}",
     "twice": "line {n}: field {name} appears twice",
     "second": "line {n}: a second paragraph (Release has one)",
 }
@@ -69,7 +70,7 @@ def clearsigned_body(text: str) -> str:
         raise ParseError(f"clear-signed message has no {_SIG_END!r} line")
     rest = [ln for ln in marks[end + 1 :] if ln]
     if rest:
-        raise ParseError(f"text after the signature: {rest[0][:60]!r}")
+        raise ParseError(f"text after the signature: {excerpt(rest[0])}")
     # the line break before the signature belongs to the signature (RFC 4880 7.1)
     return "\n".join(body) + "\n"
 
@@ -82,7 +83,7 @@ def _armor_headers_end(marks: list[str]) -> int:
     blank = _index(marks, "", begin + 1)
     for i in range(begin + 1, blank):
         if not _ARMOR_HEADER.fullmatch(marks[i]):
-            raise ParseError(f"line {i + 1}: bad armor header {marks[i][:60]!r}")
+            raise ParseError(f"line {i + 1}: bad armor header {excerpt(marks[i])}")
     if blank == len(marks):
         raise ParseError("clear-signed message ends in its armor headers")
     return blank
@@ -98,7 +99,7 @@ def _undash(line: str, n: int) -> str:
     if line.startswith("- "):
         return line[2:]
     if line.startswith("-"):
-        raise ParseError(f"line {n}: unescaped dash line {line[:60]!r} in signed text")
+        raise ParseError(f"line {n}: unescaped dash line {excerpt(line)} in signed text")
     return line
 
 
@@ -106,9 +107,9 @@ def _date(name: str, value: str) -> dt.datetime:
     try:
         parsed = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError, IndexError) as exc:
-        raise ParseError(f"{name}: not an RFC 2822 date: {value!r}") from exc
+        raise ParseError(f"{name}: not an RFC 2822 date: {excerpt(value)}") from exc
     if parsed.tzinfo is None:
-        raise ParseError(f"{name}: date without a time zone: {value!r}")
+        raise ParseError(f"{name}: date without a time zone: {excerpt(value)}")
     return parsed.astimezone(dt.timezone.utc)
 
 
@@ -125,9 +126,11 @@ def parse_release(text: str) -> Release:
             continue
         m = _HASH_LINE.fullmatch(entry.strip())
         if m is None:
-            raise ParseError(f"SHA256 entry {n}: expected '<sha256> <size> <path>': {entry[:80]!r}")
+            raise ParseError(
+                f"SHA256 entry {n}: expected '<sha256> <size> <path>': {excerpt(entry)}"
+            )
         if m[3] in sums:
-            raise ParseError(f"SHA256 lists {m[3]} twice")
+            raise ParseError(f"SHA256 lists {excerpt(m[3], quote=False)} twice")
         sums[m[3]] = ReleaseFile(m[1].lower(), int(m[2]))
     date = _date("Date", fields["date"]) if "date" in fields else None
     until = _date("Valid-Until", fields["valid-until"]) if "valid-until" in fields else None

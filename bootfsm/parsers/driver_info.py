@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from bootfsm.core.excerpt import excerpt
 from bootfsm.parsers import ParseError
 
 __all__ = [
@@ -62,7 +63,7 @@ def parse_proc_driver_version(text: str) -> DriverVersionInfo:
             return DriverVersionInfo(match["version"], open_module="Open" in match["flavor"])
     raise ParseError(
         f"/proc/driver/nvidia/version: no 'NVRM version: ... Kernel Module <ver>' line"
-        f" in {text[:120]!r}"
+        f" in {excerpt(text, 120)}"
     )
 
 
@@ -75,7 +76,7 @@ def parse_dkms_status(text: str) -> list[DkmsEntry]:
             continue
         match = _DKMS.fullmatch(line)
         if match is None:
-            raise ParseError(f"dkms status line {lineno}: unrecognised: {line[:120]!r}")
+            raise ParseError(f"dkms status line {lineno}: unrecognised: {excerpt(line, 120)}")
         module, version, kernel, arch, status = match.groups("")
         entries.append(DkmsEntry(module, version, kernel, arch, status))
     return entries
@@ -85,19 +86,21 @@ def parse_containerd_version(text: str) -> tuple[int, int, int]:
     """Parse `containerd --version` ("containerd <package> [v]X.Y.Z <commit>") to (X, Y, Z)."""
     words = text.split()
     if not words or words[0].rsplit("/", 1)[-1] != "containerd":
-        raise ParseError(f"containerd --version: does not start with 'containerd': {text[:120]!r}")
+        raise ParseError(
+            f"containerd --version: does not start with 'containerd': {excerpt(text, 120)}"
+        )
     for word in words[1:]:
         match = _CONTAINERD_VERSION.fullmatch(word)
         if match is not None:
             return int(match[1]), int(match[2]), int(match[3])
-    raise ParseError(f"containerd --version: no X.Y.Z version in {text[:120]!r}")
+    raise ParseError(f"containerd --version: no X.Y.Z version in {excerpt(text, 120)}")
 
 
 def parse_module_version(text: str) -> str:
     """Parse /sys/module/nvidia/version ("570.211.01\\n") to the bare version string."""
     version = text.strip()
     if not _MODULE_VERSION.fullmatch(version):
-        raise ParseError(f"/sys/module/nvidia/version: not a driver version: {text[:60]!r}")
+        raise ParseError(f"/sys/module/nvidia/version: not a driver version: {excerpt(text)}")
     return version
 
 
@@ -112,6 +115,6 @@ def parse_nvidia_params(text: str) -> dict[str, str]:
             continue
         m = _PARAM.fullmatch(line.rstrip())
         if m is None:
-            raise ParseError(f"/proc/driver/nvidia/params: unexpected line {line[:80]!r}")
+            raise ParseError(f"/proc/driver/nvidia/params: unexpected line {excerpt(line, 80)}")
         out[m["key"]] = m["value"].strip('"')
     return out

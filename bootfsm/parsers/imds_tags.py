@@ -10,6 +10,7 @@ import json
 import re
 from typing import Any
 
+from bootfsm.core.excerpt import excerpt
 from bootfsm.parsers import ParseError
 
 __all__ = ["SKIP_TAG", "imds_compute", "parse_imds_tags", "skip_gpu_install", "tag_value"]
@@ -29,7 +30,7 @@ def imds_compute(text: str) -> dict[str, Any]:
         raise ParseError(f"IMDS document: top level must be an object, got {type(doc).__name__}")
     compute = doc.get("compute", doc)
     if not isinstance(compute, dict):
-        raise ParseError(f"IMDS document: 'compute' must be an object, got {compute!r:.80}")
+        raise ParseError(f"IMDS document: 'compute' must be an object, got {excerpt(compute)}")
     return compute
 
 
@@ -40,19 +41,23 @@ def parse_imds_tags(text: str) -> list[tuple[str, str]]:
     tags_list = compute.get("tagsList")
     if tags_list is not None:
         if not isinstance(tags_list, list):
-            raise ParseError(f"IMDS document: compute.tagsList must be a list: {tags_list!r:.80}")
+            raise ParseError(
+                f"IMDS document: compute.tagsList must be a list: {excerpt(tags_list)}"
+            )
         out: list[tuple[str, str]] = []
         for item in tags_list:
             if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-                raise ParseError(f"IMDS document: bad compute.tagsList entry {item!r:.80}")
+                raise ParseError(f"IMDS document: bad compute.tagsList entry {excerpt(item)}")
             value = item.get("value", "")
             if not isinstance(value, str):
-                raise ParseError(f"IMDS document: tag {item['name']!r:.60} value is not a string")
+                raise ParseError(
+                    f"IMDS document: tag {excerpt(item['name'])} value is not a string"
+                )
             out.append((item["name"], value))
         return out
     tags = compute.get("tags", "")
     if not isinstance(tags, str):
-        raise ParseError(f"IMDS document: compute.tags must be a string: {tags!r:.80}")
+        raise ParseError(f"IMDS document: compute.tags must be a string: {excerpt(tags)}")
     pairs = []
     for part in tags.split(";"):
         if part:

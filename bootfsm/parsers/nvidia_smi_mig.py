@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from bootfsm.core.excerpt import excerpt
 from bootfsm.parsers import ParseError
 
 __all__ = [
@@ -80,18 +81,18 @@ def _body(text: str, what: str, title: str, none: str | None) -> list[str]:
 def _header_rule(lines: list[str], what: str, title: str) -> int:
     """Index of the ``|===|`` rule under the title and header lines."""
     if len(lines) < 4 or not lines[1].startswith("|") or title not in lines[1]:
-        raise ParseError(f"nvidia-smi mig {what}: no {title!r} table: {lines[0][:80]!r}")
+        raise ParseError(f"nvidia-smi mig {what}: no {title!r} table: {excerpt(lines[0], 80)}")
     rule = next((i for i, ln in enumerate(lines) if ln.startswith("|===")), None)
     if rule is None:
         raise ParseError(f"nvidia-smi mig {what}: no '|===|' rule under the header")
     for ln in lines[2:rule]:
         if _HEADER.fullmatch(ln) is None:
-            raise ParseError(f"nvidia-smi mig {what}: unexpected header line {ln[:80]!r}")
+            raise ParseError(f"nvidia-smi mig {what}: unexpected header line {excerpt(ln, 80)}")
     return rule
 
 
 def _bad(what: str, line: str) -> ParseError:
-    return ParseError(f"nvidia-smi mig {what}: unreadable row {line[:100]!r}")
+    return ParseError(f"nvidia-smi mig {what}: unreadable row {excerpt(line, 100)}")
 
 
 def parse_lgip(text: str) -> list[GiProfile]:
@@ -108,7 +109,9 @@ def parse_lgip(text: str) -> list[GiProfile]:
             raise _bad("-lgip", line)
         free, total = int(m[4]), int(m[5])
         if free > total:
-            raise ParseError(f"nvidia-smi mig -lgip: {free}/{total} free of total in {line!r}")
+            raise ParseError(
+                f"nvidia-smi mig -lgip: {free}/{total} free of total in {excerpt(line, 100)}"
+            )
         out.append(GiProfile(int(m[1]), m[2], int(m[3]), free, total, float(m[6])))
     if len(body) % 2:
         raise ParseError("nvidia-smi mig -lgip: a profile row without its second line")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 
+from bootfsm.core.excerpt import excerpt
 from bootfsm.parsers import ParseError
 from bootfsm.parsers.nvidia_smi import SmiGpu, SmiReport, device_id_of
 
@@ -32,14 +33,16 @@ def _root(text: str) -> ET.Element:
         body = text[: known.start()] + " " * (known.end() - known.start()) + text[known.end() :]
     for refused, what in ((_MARKUP_DECL, "markup declaration"), (_PI, "processing instruction")):
         if (found := refused.search(body)) is not None:
-            snippet = body[found.start() : found.start() + 40]
-            raise ParseError(f"nvidia-smi -q -x: refusing {what} {snippet!r}")
+            quote = excerpt(body, 40, at=found.start())
+            raise ParseError(f"nvidia-smi -q -x: refusing {what} {quote}")
     try:
         root = ET.fromstring(body)  # noqa: S314 - DTDs/entities refused above
     except ET.ParseError as exc:
         raise ParseError(f"nvidia-smi -q -x: not well-formed XML: {exc}") from exc
     if root.tag != "nvidia_smi_log":
-        raise ParseError(f"nvidia-smi -q -x: root element is <{root.tag}>, not <nvidia_smi_log>")
+        raise ParseError(
+            f"nvidia-smi -q -x: root element is {excerpt(root.tag)}, not <nvidia_smi_log>"
+        )
     return root
 
 
@@ -59,7 +62,7 @@ def parse_smi_xml(text: str) -> SmiReport:
         raise ParseError("nvidia-smi -q -x: no <driver_version> (or <kmd_version>)")
     attached = _text(root, "attached_gpus")
     if _COUNT.fullmatch(attached) is None:
-        raise ParseError(f"nvidia-smi -q -x: <attached_gpus> is not a number: {attached!r}")
+        raise ParseError(f"nvidia-smi -q -x: <attached_gpus> is not a number: {excerpt(attached)}")
     gpus = [_gpu(gpu) for gpu in root.findall("gpu")]
     if int(attached) != len(gpus):
         raise ParseError(
@@ -82,7 +85,7 @@ def _gpu(gpu: ET.Element) -> SmiGpu:
     """One ``<gpu id=BUS>`` element; ParseError when its id is not a PCI bus id."""
     bus_id = gpu.get("id", "")
     if _BUS_ID.fullmatch(bus_id) is None:
-        raise ParseError(f"nvidia-smi -q -x: <gpu id={bus_id!r}> is not a PCI bus id")
+        raise ParseError(f"nvidia-smi -q -x: <gpu id={excerpt(bus_id)}> is not a PCI bus id")
     fabric = gpu.find("fabric")
     return SmiGpu(
         bus_id=bus_id,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from bootfsm.core.excerpt import excerpt
 from bootfsm.parsers import ParseError
 
 __all__ = ["OsRelease", "parse_os_release"]
@@ -56,7 +57,9 @@ def _fields(text: str) -> dict[str, str]:
             continue
         key, sep, raw = stripped.partition("=")
         if not sep or not _KEY.fullmatch(key):
-            raise ParseError(f"os-release line {lineno}: not a KEY=value assignment: {line!r}")
+            raise ParseError(
+                f"os-release line {lineno}: not a KEY=value assignment: {excerpt(line)}"
+            )
         fields[key] = _unquote(raw, lineno)
     return fields
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from bootfsm.core.excerpt import excerpt
 from bootfsm.parsers import ParseError
 
 __all__ = ["parse_sysfs_hex", "vpd_has_sw_mng"]
@@ -15,7 +16,7 @@ def parse_sysfs_hex(text: str, *, what: str) -> int:
     """Parse a sysfs hex attribute such as "0x10de\\n"; `what` names it in errors."""
     match = _SYSFS_HEX.fullmatch(text.strip())
     if match is None:
-        raise ParseError(f"{what}: expected a hex value like 0x10de, got {text[:40]!r}")
+        raise ParseError(f"{what}: expected a hex value like 0x10de, got {excerpt(text, 40)}")
     return int(match.group(1), 16)
 
 

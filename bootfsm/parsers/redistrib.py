@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from bootfsm.core.excerpt import excerpt
 from bootfsm.parsers import ParseError
 
 __all__ = ["RedistArtifact", "RedistComponent", "RedistManifest", "parse_redistrib"]
@@ -55,13 +56,18 @@ def _str(obj: Mapping[str, object], key: str, where: str, *, required: bool = Tr
     if value is None and not required:
         return ""
     if not isinstance(value, str) or (required and not value):
-        raise ParseError(f"redistrib {where}: {key!r} must be a non-empty string, got {value!r}")
+        got = excerpt(value)
+        raise ParseError(f"redistrib {where}: {key!r} must be a non-empty string, got {got}")
     return value
 
 
 def _relative_path(path: str, where: str) -> str:
-    """Refuse absolute paths, '..', backslashes and control characters."""
+    """Refuse a path that names no file (its last component, the archive's name in the
+    cache, empty, "." or ".."), absolute paths, '..', empty components, backslashes and
+    control characters."""
     parts = path.split("/")
+    if parts[-1] in ("", ".", ".."):
+        raise ParseError(f"redistrib {where}: relative_path {excerpt(path)} names no file")
     if (
         path.startswith("/")
         or ".." in parts
@@ -69,7 +75,7 @@ def _relative_path(path: str, where: str) -> str:
         or "\\" in path
         or any(ord(c) < 0x20 or c == "\x7f" for c in path)
     ):
-        raise ParseError(f"redistrib {where}: unsafe relative_path {path!r}")
+        raise ParseError(f"redistrib {where}: unsafe relative_path {excerpt(path)}")
     return path
 
 
@@ -78,10 +84,10 @@ def _artifact(raw: object, where: str) -> RedistArtifact:
         raise ParseError(f"redistrib {where}: expected an object, got {type(raw).__name__}")
     sha256 = _str(raw, "sha256", where)
     if not _SHA256.fullmatch(sha256):
-        raise ParseError(f"redistrib {where}: sha256 is not 64 hex digits: {sha256[:80]!r}")
+        raise ParseError(f"redistrib {where}: sha256 is not 64 hex digits: {excerpt(sha256)}")
     md5 = _str(raw, "md5", where, required=False)
     if md5 and not _MD5.fullmatch(md5):
-        raise ParseError(f"redistrib {where}: md5 is not 32 hex digits: {md5[:80]!r}")
+        raise ParseError(f"redistrib {where}: md5 is not 32 hex digits: {excerpt(md5)}")
     size = raw.get("size")
     # NVIDIA writes sizes as strings ("8178396"); accept a JSON integer too.
     if isinstance(size, int) and not isinstance(size, bool) and size >= 0:
@@ -89,7 +95,7 @@ def _artifact(raw: object, where: str) -> RedistArtifact:
     elif isinstance(size, str) and _SIZE.fullmatch(size):
         size_value = int(size)
     else:
-        raise ParseError(f"redistrib {where}: size is not a byte count: {size!r}")
+        raise ParseError(f"redistrib {where}: size is not a byte count: {excerpt(size)}")
     return RedistArtifact(
         relative_path=_relative_path(_str(raw, "relative_path", where), where),
         sha256=sha256.lower(),
@@ -101,16 +107,16 @@ def _artifact(raw: object, where: str) -> RedistArtifact:
 def _component(key: str, raw: object) -> RedistComponent:
     """Validate one component; every member but the metadata keys is a platform."""
     if not isinstance(raw, dict):
-        raise ParseError(f"redistrib component {key!r}: expected an object")
+        raise ParseError(f"redistrib component {excerpt(key)}: expected an object")
     platforms = {
-        platform: _artifact(entry, f"{key}/{platform}")
+        platform: _artifact(entry, excerpt(f"{key}/{platform}", quote=False))
         for platform, entry in raw.items()
         if platform not in _COMPONENT_META
     }
     return RedistComponent(
         key=key,
-        name=_str(raw, "name", key),
-        version=_str(raw, "version", key),
+        name=_str(raw, "name", excerpt(key, quote=False)),
+        version=_str(raw, "version", excerpt(key, quote=False)),
         platforms=MappingProxyType(platforms),
     )
 

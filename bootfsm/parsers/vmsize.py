@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from bootfsm.core.excerpt import excerpt
 from bootfsm.parsers import ParseError
 from bootfsm.parsers.imds_tags import imds_compute
 
@@ -17,5 +18,5 @@ def parse_imds_vm_size(text: str) -> str:
     """The lower-cased `compute.vmSize` of an IMDS instance (or bare compute) document."""
     size = imds_compute(text).get("vmSize")
     if not isinstance(size, str) or not _VM_SIZE.fullmatch(size):
-        raise ParseError(f"IMDS document: compute.vmSize is missing or malformed: {size!r:.80}")
+        raise ParseError(f"IMDS document: compute.vmSize is missing or malformed: {excerpt(size)}")
     return size.lower()

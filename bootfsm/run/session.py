@@ -142,10 +142,12 @@ class Session:
             return Journal(None, **kw), None
 
     def _prune(self) -> None:
-        """Keep the newest ``run.keep_journals`` journals of this kind (names sort by time)."""
+        """Keep the newest ``run.keep_journals`` journals of this kind (names sort by time),
+        this run's own always among them: 0 and 1 keep only it."""
         pattern = f"{self.cfg.run.log_dir}/{self.opts.kind}-*.jsonl"
-        old = self.host.glob(pattern)
-        for p in old[: max(0, len(old) - self.cfg.run.keep_journals)]:
+        own = self.path.name if self.path is not None else ""
+        old = [p for p in self.host.glob(pattern) if p.rsplit("/", 1)[-1] != own]
+        for p in old[: max(0, len(old) - max(0, self.cfg.run.keep_journals - 1))]:
             with contextlib.suppress(OSError):
                 self.host.remove(p)
 
