@@ -105,6 +105,20 @@ def test_the_packaged_daemons_as_they_booted() -> None:
     assert "nvidia-imex enabled" in detail
 
 
+def test_verify_warning_about_one_of_the_units_fails(out: Path) -> None:
+    # systemd 249's warnings about the image's alias links are not about these units
+    (out / "verify.err").write_text(
+        "Suspicious symlink /lib/systemd/system/rc.service→/dev/null, treating as alias.\n"
+    )
+    ok, detail = real_node.check_verify(out, NOBLE)
+    assert ok and "nothing about them (1 lines about other units)" in detail
+    (out / "verify.err").write_text(
+        "/etc/systemd/system/bootfsm.service:12: Unknown key name 'Foo' in section 'Unit'\n"
+    )
+    ok, detail = real_node.check_verify(out, NOBLE)
+    assert not ok and "Unknown key name" in detail
+
+
 def test_a_failed_verify_fails(out: Path) -> None:
     (out / "verify.rc").write_text("1\n")
     (out / "verify.err").write_text(

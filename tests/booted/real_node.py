@@ -18,6 +18,7 @@ recorded in the same container.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -198,12 +199,15 @@ def check_smi(out: Path, rel: Release) -> tuple[bool, str]:
 
 def check_verify(out: Path, rel: Release) -> tuple[bool, str]:
     rc, text = _text(out, "verify.rc"), (_text(out, "verify.out") + _text(out, "verify.err"))
-    if rc != "0":
-        return False, f"systemd-analyze verify exited {rc}: {text[-800:]!r}"
-    return (
-        True,
-        "systemd-analyze verify of the 3 packaged units, bootfsm's and kubelet's: exit 0"
-        + (f", says {text[-300:]!r}" if text else ", silent"),
+    # systemd 249 also warns about the image's merged-/usr alias links: only a line about
+    # one of these units counts
+    ours = [ln for ln in text.splitlines() if re.search(r"nvidia-|bootfsm|kubelet", ln)]
+    if rc != "0" or ours:
+        return False, f"systemd-analyze verify exited {rc}: {(ours or [text[-800:]])!r}"
+    others = len(text.splitlines())
+    return True, (
+        "systemd-analyze verify of the 3 packaged units, bootfsm's and kubelet's: exit 0, "
+        + (f"nothing about them ({others} lines about other units)" if others else "silent")
     )
 
 
