@@ -4,9 +4,9 @@ archive files, in the booted lane.
 A loopback mirror inside the booted node (the image's mirror unit, booted_node.py, which
 serves any file under its docroot on 127.0.0.1:8765) serves, under /ubuntu, the REAL
 InRelease files of {suite}, {suite}-updates and {suite}-security (Canonical's signatures,
-checked by bootfsm against the image's own /usr/share/keyrings/ubuntu-archive-keyring.gpg
-from its ubuntu-keyring package), their real restricted and multiverse Packages indexes
-(plain path and by-hash), and the real .debs from the lane's cache
+checked by bootfsm against /usr/share/keyrings/ubuntu-archive-keyring.gpg, the file of
+the archive's ubuntu-keyring package, pinned by images.py), their real restricted and
+multiverse Packages indexes (plain path and by-hash), and the real .debs from the cache
 (tests/booted/real_packages.py) at their pool paths. bootfsm runs with ``driver.source =
 "ubuntu-signed"`` and ``sources.ubuntu_archive = http://127.0.0.1:8765/ubuntu`` on the
 simulated GPU node (only what needs a GPU is simulated), the node's kernel release
@@ -33,8 +33,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from images import Image, log, run
-from real_packages import NODE_PINNED, RELEASES, Release, fetch, verified_index, verified_inrelease
+from images import Image, log, run, ubuntu_keyring
+from real_packages import (
+    NODE_PINNED,
+    RELEASES,
+    Release,
+    fetch,
+    signed_sha256,
+    verified_index,
+    verified_inrelease,
+)
 
 MIRROR = "http://127.0.0.1:8765/ubuntu"
 DOCROOT = "var/lib/booted/mirror/ubuntu"  # booted_node.DOCROOT, relative to the root
@@ -73,16 +81,18 @@ def docroot(cache: Path, rel: Release, root: Path) -> None:
     for suite in (rel.suite, f"{rel.suite}-updates", f"{rel.suite}-security"):
         dists = root / "dists" / suite
         dists.mkdir(parents=True, exist_ok=True)
-        verified_inrelease(cache, suite, refresh=False)
-        shutil.copy(cache / "ubuntu-archive" / suite / "InRelease", dists / "InRelease")
         for component in COMPONENTS:
             verified_index(cache, suite, component, set())
-            xz = sorted((cache / "ubuntu-archive" / suite).glob(f"{component}-Packages-*.xz"))
-            digest = _sha256(xz[-1])
+        signed = verified_inrelease(cache, suite, refresh=False)
+        shutil.copy(cache / "ubuntu-archive" / suite / "InRelease", dists / "InRelease")
+        for component in COMPONENTS:
+            # the index file this InRelease names (real_packages caches it by its digest)
+            digest, _size = signed_sha256(signed, f"{component}/binary-amd64/Packages.xz")
+            xz = cache / "ubuntu-archive" / suite / f"{component}-Packages-{digest[:16]}.xz"
             for rel_path in ("Packages.xz", f"by-hash/SHA256/{digest}"):
                 dest = dists / component / "binary-amd64" / rel_path
                 dest.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy(xz[-1], dest)
+                shutil.copy(xz, dest)
     for deb in fetch(cache, rel, NODE_PINNED):
         if deb.package in dict(rel.pinned):
             pool = rel.pool_path(deb.package)
@@ -91,12 +101,6 @@ def docroot(cache: Path, rel: Release, root: Path) -> None:
             pool = index[deb.package]["Filename"]
         (root / pool).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(deb.path, root / pool)
-
-
-def _sha256(path: Path) -> str:
-    from images import sha256
-
-    return sha256(path)
 
 
 BootFn = Callable[..., object]
@@ -123,6 +127,11 @@ def scenario(
         shutil.rmtree(node, ignore_errors=True)
         run(["cp", "-a", "--reflink=auto", str(prepared), str(node)])
         docroot(cache, rel, node / DOCROOT)
+        # a node has it from ubuntu-keyring (apt depends on it); the lane's minbase image
+        # has no apt: the same file, from the archive's ubuntu-keyring .deb (pinned)
+        ring = node / "usr/share/keyrings/ubuntu-archive-keyring.gpg"
+        ring.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(ubuntu_keyring(cache), ring)
         b = boot(
             node,
             work / "signed-boot",
