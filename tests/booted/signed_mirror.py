@@ -10,7 +10,8 @@ multiverse Packages indexes (plain path and by-hash), and the real .debs from th
 (tests/booted/real_packages.py) at their pool paths. bootfsm runs with ``driver.source =
 "ubuntu-signed"`` and ``sources.ubuntu_archive = http://127.0.0.1:8765/ubuntu`` on the
 simulated GPU node (only what needs a GPU is simulated), the node's kernel release
-(/proc/sys/kernel/osrelease) being the azure kernel the module package is built for.
+(/proc/sys/kernel/osrelease, bind-mounted at boot by booted_node.py setup: scenario
+kernel_release) being the azure kernel the module package is built for.
 
 What the real archive says today (real_packages.py's docstring): for 6.8.0-1073-azure the
 signed module package is listed and depends on exactly nvidia-kernel-common-580-server
@@ -135,12 +136,9 @@ def scenario(
         b = boot(
             node,
             work / "signed-boot",
-            {"name": "signed-source"},
+            {"name": "signed-source", "kernel_release": rel.kernel},
             volatile=True,
-            ro_binds={
-                "/etc/bootfsm/config.toml": cfg.read_text(),
-                "/proc/sys/kernel/osrelease": f"{rel.kernel}\n",
-            },
+            ro_binds={"/etc/bootfsm/config.toml": cfg.read_text()},
         )
         bf, kl = b.show("bootfsm"), b.show("kubelet")  # type: ignore[attr-defined]
         problems = []
