@@ -68,7 +68,10 @@ def _timed(root: Path, command: str) -> float:
 
 def main() -> str:
     if os.geteuid() != 0:
-        raise SystemExit("bench dkms: needs root (systemd-nspawn), as make test-booted does")
+        raise SystemExit(
+            "bench dkms: needs root (systemd-nspawn), as make test-booted does;"
+            " ONLY=engine,core,... runs the others"
+        )
     rel = RELEASES[SUITE]
     img = next(i for i in IMAGES if i.suite == SUITE)
     cache = _cache()
