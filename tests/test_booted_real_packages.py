@@ -28,10 +28,28 @@ def out(tmp_path: Path) -> Path:
     return dst
 
 
-def test_every_check_passes_on_the_recorded_node() -> None:
+@pytest.mark.parametrize(
+    ("capture", "suite"),
+    [(CAPTURE, "noble"), (HERE / "captures" / "ubuntu-22.04_580.178.04", "jammy")],
+)
+def test_every_check_passes_on_the_recorded_node(capture: Path, suite: str) -> None:
     for name, check in real_node.CHECKS:
-        ok, detail = check(CAPTURE, NOBLE)
+        ok, detail = check(capture, real_packages.RELEASES[suite])
         assert ok, f"{name}: {detail}"
+
+
+def test_jammy_packages_their_own_versions_and_imex_stays_disabled() -> None:
+    jammy = HERE / "captures" / "ubuntu-22.04_580.178.04"
+    rel = real_packages.RELEASES["jammy"]
+    ok, detail = real_node.check_dpkg(jammy, rel)
+    # dpkg-l.txt: 22.04's builds
+    assert ok and "580.178.04-0ubuntu0.22.04.1" in detail and "6.8.0-1073.82~22.04.1" in detail
+    ok, detail = real_node.check_boot(jammy, rel)
+    assert ok and "systemd 249" in detail and "nvidia-imex disabled" in detail
+    ok, detail = real_node.check_verify(jammy, rel)
+    assert ok and "nothing about them (41 lines about other units)" in detail
+    # the 24.04 node's module is not 22.04's kernel package
+    assert not real_node.check_dpkg(CAPTURE, rel)[0]
 
 
 def test_the_signer_is_canonicals_and_a_wrong_one_fails(out: Path) -> None:

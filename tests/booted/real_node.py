@@ -138,6 +138,10 @@ def check_dpkg(out: Path, rel: Release) -> tuple[bool, str]:
     for pkg in wanted:
         if status.get(pkg, ["", ""])[1:] != ["ii"]:
             problems.append(f"{pkg}: dpkg status {status.get(pkg)}")
+    user_version = f"{rel.driver}-{rel.deb_suffix}"
+    for pkg in NODE_PINNED:  # this release's builds, not another's
+        if status.get(pkg, [""])[0] != user_version:
+            problems.append(f"{pkg} {status.get(pkg, [''])[0]}, expected {user_version}")
     user = _text(out, "user-persistenced.txt")
     if not user.startswith("nvidia-persistenced:"):
         problems.append(f"nvidia-compute-utils' preinst made no nvidia-persistenced user: {user!r}")
