@@ -45,35 +45,46 @@ PACKAGES = (
 # ships only as a snap): zsh and groff for the completion and man page checks, readelf,
 # setpriv, make, git (tests ask git what the checkout tracks)
 SUITE_PACKAGES = ("zsh", "groff-base", "binutils", "util-linux", "make", "git")
-# NVIDIA's user-space as Ubuntu carries it (multiverse, restricted), for the comparisons
-# with the simulator's stand-ins (tests/booted/real_nvidia.py); pciutils, pci.ids, kmod
-# and infiniband-diags are what nvidia-fabricmanager-start.sh runs (lspci, lsmod, ibstat)
-#
-# The archive here serves the release pocket's restricted packages but not the 580 driver
-# branch's (nvidia-graphics-drivers-580*: nvidia-utils-580-server, libnvidia-compute-580-
-# server, libnvidia-nscq-580, nvidia-kernel-source-580-server-open... answer 404), so the
-# real nvidia-smi and nvidia-persistenced are 24.04's release ones (550.67); fabric
-# manager is the 580 branch's (noble-updates multiverse), unpacked with dpkg
-# --force-depends (it depends on nvidia-kernel-common-580-server, one of the 404s).
+# The image Canonical's real NVIDIA packages are installed into (tests/booted/
+# real_packages.py fetches them, checked against the archive's signed indexes, and installs
+# them with the image's dpkg): their dependencies from the archive (libpciaccess0,
+# ocl-icd-libopencl1, adduser), what nvidia-fabricmanager-start.sh runs (lspci, pci.ids,
+# lsmod, ibstat), kmod's modinfo, systemd to verify and boot their units, and python3 with
+# venv for bootfsm beside them
 NVIDIA_PACKAGES = (
+    "systemd",
+    "systemd-sysv",
     "python3",
-    "nvidia-utils-550",
-    "nvidia-compute-utils-550",
+    "python3-venv",
+    "libpciaccess0",
+    "ocl-icd-libopencl1",
+    "adduser",
     "pciutils",
     "pci.ids",
     "kmod",
     "infiniband-diags",
 )
-NVIDIA_FM = "nvidia-fabricmanager-580"
+# bench/bench_dkms.py: a real DKMS build of NVIDIA's open module source against the azure
+# kernel's headers needs dkms (it pulls gcc, make, dpkg-dev), the compiler the kernel was
+# built with, what the headers' prebuilt tools link (libelf, libssl), and what
+# nvidia-kernel-common-580-server depends on (libpciaccess0)
+DKMS_PACKAGES = {
+    "noble": (
+        "dkms",
+        "gcc-13",
+        "make",
+        "libc6-dev",
+        "kmod",
+        "libelf1t64",
+        "libssl3t64",
+        "libpciaccess0",
+    ),
+    "jammy": ("dkms", "gcc-12", "make", "libc6-dev", "kmod", "libelf1", "libssl3", "libpciaccess0"),
+}
 MMDEBSTRAP_OPTS = ("--variant=minbase", "--mode=root", "--format=directory")
-# the GPU firmware (100 MB) is never read without a GPU: not unpacked
-NVIDIA_OPTS = (
-    "--dpkgopt=path-exclude=/lib/firmware/nvidia/*",
-    # apt on the host, with the image's sources (signed indexes, hashes checked)
-    '--customize-hook=cd "$1/tmp" && APT_CONFIG="$MMDEBSTRAP_APT_CONFIG" apt-get download -q'
-    f' {NVIDIA_FM} && chroot "$1" sh -c "dpkg -i --force-depends /tmp/{NVIDIA_FM}_*.deb"'
-    f' && rm "$1"/tmp/{NVIDIA_FM}_*.deb',
-)
+# the GPU firmware (nvidia-firmware-580-server-*, 76 MB) is never read without a GPU: dpkg
+# installs the package but leaves its files out
+NVIDIA_OPTS = ("--dpkgopt=path-exclude=/lib/firmware/nvidia/*",)
 
 UBUNTU_ARCHIVE = "http://archive.ubuntu.com/ubuntu"
 # noble/main/binary-amd64/Packages: Filename and SHA256 of ubuntu-keyring 2023.11.28.1,
@@ -101,14 +112,14 @@ class Image:
     # the tests run under its python3: "pure" (the parts of the suite with no host tools
     # beyond the image's own) or "full" (the whole suite, as make test runs it)
     tests: str = "pure"
-    # it also holds NVIDIA's user-space packages, compared with the stand-ins
+    # Canonical's real NVIDIA packages are installed beside it (tests/booted/real_packages.py)
     nvidia: bool = False
 
 
 IMAGES = (
     Image("debian-12", "debian", "bookworm", "252"),
     Image("debian-13", "debian", "trixie", "257"),
-    Image("ubuntu-22.04", "ubuntu", "jammy", "249", tests="full"),
+    Image("ubuntu-22.04", "ubuntu", "jammy", "249", tests="full", nvidia=True),
     Image("ubuntu-24.04", "ubuntu", "noble", "255", nvidia=True),
 )
 
@@ -186,23 +197,24 @@ def sources(img: Image, *, nvidia: bool = False) -> tuple[list[str], list[str]]:
     if img.distro == "debian":
         return [], [debian_mirror()]
     archive = ubuntu_archive()
-    if nvidia:  # see NVIDIA_PACKAGES
-        return [], [
-            f"deb {archive} {img.suite} main restricted universe multiverse",
-            f"deb {archive} {img.suite}-updates multiverse",
-        ]
+    if nvidia:  # see NVIDIA_PACKAGES and DKMS_PACKAGES
+        return [], [f"deb {archive} {img.suite}{p} main universe" for p in ("", "-updates")]
     pockets = ("", "-updates", "-security")
     return [], [f"deb {archive} {img.suite}{p} main universe" for p in pockets]
 
 
 def base_image(img: Image, cache: Path, *, variant: str = "base") -> tuple[Path, bool]:
-    """The cached mmdebstrap image of `img` (variant "base", or "nvidia": NVIDIA's
-    user-space only, for the comparisons); (path, built now)."""
-    nvidia = variant == "nvidia"
-    packages = (
-        NVIDIA_PACKAGES if nvidia else PACKAGES + (SUITE_PACKAGES if img.tests == "full" else ())
-    )
-    opts = MMDEBSTRAP_OPTS + (NVIDIA_OPTS if nvidia else ())
+    """The cached mmdebstrap image of `img` (variant "base"; "nvidia": what Canonical's
+    NVIDIA packages need, installed into it by real_packages.py; "dkms": a toolchain for
+    a real DKMS build); (path, built now)."""
+    nvidia = variant in ("nvidia", "dkms")
+    if variant == "dkms":
+        packages: tuple[str, ...] = DKMS_PACKAGES[img.suite]
+    elif nvidia:
+        packages = NVIDIA_PACKAGES
+    else:
+        packages = PACKAGES + (SUITE_PACKAGES if img.tests == "full" else ())
+    opts = MMDEBSTRAP_OPTS + (NVIDIA_OPTS if variant == "nvidia" else ())
     keyopts, lines = sources(img, nvidia=nvidia)
     if img.distro == "ubuntu":
         keyopts = [f"--keyring={ubuntu_keyring(cache)}"]

@@ -17,8 +17,10 @@ For each image (tests/booted/images.py: Debian 12, systemd 252, Python 3.11; Deb
 4. one ``systemd-nspawn --boot`` per row of SCENARIOS; a report unit inside dumps what
    systemd and the node show into a bind-mounted directory and powers off; the host
    asserts on it;
-5. (Ubuntu 24.04) NVIDIA's real binaries run beside the stand-ins
-   (tests/booted/real_nvidia.py).
+5. (Ubuntu 24.04 and 22.04) Canonical's real NVIDIA packages installed with the image's
+   dpkg, the signed module's signer read, the packaged daemons booted beside bootfsm's
+   and kubelet's units (tests/booted/real_node.py), and NVIDIA's real binaries run
+   beside the stand-ins (tests/booted/real_nvidia.py).
 
 Prints one line per scenario, ``ok``/``FAIL`` first, naming the image's systemd and
 Python; exits 1 on any FAIL or when a tool is missing (never skips). See docs/testing.md.
@@ -42,7 +44,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import real_nvidia
+import real_node
+import signed_mirror
 from images import IMAGES, Image, base_image, log, run
 
 from bootfsm.commands.unit import AFTER_HOOK_PATH, AFTER_HOOK_TEXT, HOOK_CHOICES
@@ -1002,11 +1005,12 @@ def lane(img: Image, cache: Path, wheels: Path, results: list[Result], only: set
         log(results[-1].line())
         return
     if img.nvidia and (not only or "real" in only):
+        real = real_node.lane(img, cache, work / "real", wh, BOOT_LOCK)
         results.extend(
             Result(img.name, img.systemd, full, name, ok, detail, seconds)
-            for name, ok, detail, seconds in real_nvidia.compare(img, cache, work / "real")
+            for name, ok, detail, seconds in real
         )
-        for r in results[-len(real_nvidia.COMPARISONS) :]:
+        for r in results[-len(real) :]:
             log(r.line())
     if not only or "unit" in only:
         t1 = time.monotonic()
@@ -1031,6 +1035,12 @@ def lane(img: Image, cache: Path, wheels: Path, results: list[Result], only: set
         log(results[-1].line())
     if not only or "boot" in only:
         results.extend(scenarios(img, prepared, work, full))
+    if img.nvidia and (not only or "boot" in only):
+        for name, ok, detail, seconds in signed_mirror.scenario(
+            img, prepared, work / "signed", cache, boot
+        ):
+            results.append(Result(img.name, img.systemd, full, name, ok, detail, seconds))
+            log(results[-1].line())
 
 
 def main(argv: list[str]) -> int:

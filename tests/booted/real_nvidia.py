@@ -1,8 +1,9 @@
 """NVIDIA's real user-space, from Ubuntu's archive, beside the simulator's stand-ins.
 
-The NVIDIA image (images.NVIDIA_PACKAGES: Ubuntu 24.04's nvidia-smi and
-nvidia-persistenced, the 580 branch's fabric manager package) runs
-image/real_nvidia.sh in a non-booted container: no GPU, no NVIDIA kernel module. The
+The Ubuntu node with Canonical's real 580 packages installed by dpkg (real_node.py:
+nvidia-utils-580-server's nvidia-smi, nvidia-compute-utils-580-server's
+nvidia-persistenced, nvidia-fabricmanager-580) runs image/real_nvidia.sh in a non-booted
+container: no GPU, no NVIDIA kernel module loaded. The
 same commands run here against the simulator's stand-ins on a simulated node in the
 same condition (no driver loaded; for NVLink5 an HGX B200 without ib_umad, whose
 InfiniBand layout the real script reads), and each row of COMPARISONS says whether the
@@ -23,8 +24,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-from images import Image, base_image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the tests package
 
@@ -220,52 +219,29 @@ COMPARISONS: tuple[tuple[str, Check], ...] = (
 )
 
 
-def compare(img: Image, cache: Path, work: Path) -> list[tuple[str, bool, str, float]]:
-    """Run the real side in the NVIDIA image and the stand-ins here; one row each."""
-    t0 = time.monotonic()
+def prepare(work: Path) -> dict[str, Sim]:
+    """The simulated nodes, and what the real side reads of them (work/nvl5: the
+    simulated B200's InfiniBand layout; work/real_nvidia.sh)."""
+    sims = {sku: Sim(work / "sim" / sku, sku) for sku in ("h100-pcie", "h100-hgx", "b200-hgx")}
+    shutil.copytree(sims["b200-hgx"].root / "sys/class", work / "nvl5/sys/class")
+    shutil.copy(HERE / "image/real_nvidia.sh", work / "real_nvidia.sh")
+    return sims
+
+
+def rows(out: Path, sims: dict[str, Sim]) -> list[tuple[str, bool, str, float]]:
+    """One row per comparison, from what image/real_nvidia.sh recorded in `out`."""
     try:
-        base, _built = base_image(img, cache, variant="nvidia")
-        shutil.rmtree(work, ignore_errors=True)
-        out = work / "out"
-        out.mkdir(parents=True)
-        sims = {sku: Sim(work / "sim" / sku, sku) for sku in ("h100-pcie", "h100-hgx", "b200-hgx")}
-        # the real script reads the simulated B200's InfiniBand layout
-        shutil.copytree(sims["b200-hgx"].root / "sys/class", work / "nvl5/sys/class")
-        shutil.copy(HERE / "image/real_nvidia.sh", work / "real_nvidia.sh")
-        p = subprocess.run(
-            [
-                "systemd-nspawn",
-                "-q",
-                "-D",
-                str(base),
-                "--register=no",
-                "--keep-unit",
-                "--private-network",
-                "--pipe",
-                "--volatile=overlay",
-                f"--bind={work}:/booted",
-                "/bin/sh",
-                "/booted/real_nvidia.sh",
-            ],
-            text=True,
-            capture_output=True,
-            timeout=300,
-            check=False,
-        )
-        (work / "console.txt").write_text(p.stdout + p.stderr)
         versions = " ".join((out / "versions.txt").read_text().split())
-    except Exception as exc:
-        detail = f"{type(exc).__name__}: {exc}"[-2000:]
-        took = time.monotonic() - t0
-        return [(f"real NVIDIA: {name}", False, detail, took) for name, _ in COMPARISONS]
-    rows = []
+    except OSError as exc:
+        return [(f"real NVIDIA: {name}", False, str(exc), 0.0) for name, _ in COMPARISONS]
+    result = []
     for name, check in COMPARISONS:
         t1 = time.monotonic()
         try:
             ok, detail = check(out, sims)
         except Exception as exc:  # a broken comparison is a FAIL, never a skip
             ok, detail = False, f"{type(exc).__name__}: {exc}"
-        if not rows:
+        if not result:
             detail = f"{versions}: {detail}"
-        rows.append((f"real NVIDIA: {name}", ok, detail, time.monotonic() - t1))
-    return rows
+        result.append((f"real NVIDIA: {name}", ok, detail, time.monotonic() - t1))
+    return result

@@ -161,6 +161,12 @@ def setup() -> int:
         _run("mount", "-o", "remount,ro", "/sys")
     _run("mount", "-t", "tmpfs", "-o", "mode=755", "tmpfs", "/sys/module")
     _run("mount", "-t", "tmpfs", "-o", "mode=755", "tmpfs", "/proc/driver")
+    if scenario.get("kernel_release"):  # the kernel a signed module package is built for
+        # (nspawn cannot bind over a procfs file from outside; a mount inside can, and
+        # bootfsm reads the release from this file)
+        release = Path("/run/booted/osrelease")
+        release.write_text(f"{scenario['kernel_release']}\n")
+        _run("mount", "--bind", str(release), "/proc/sys/kernel/osrelease")
     kernel = Path("/proc/sys/kernel/osrelease").read_text().strip()
     build = Path(f"/lib/modules/{kernel}/build")
     build.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,6 @@
 #!/bin/sh
-# booted lane: runs INSIDE the NVIDIA user-space image (a non-booted container: no GPU, no
+# booted lane: runs INSIDE the Ubuntu node with Canonical's 580 packages installed (image/real/
+# real_node.sh calls it; a non-booted container: no GPU, no
 # NVIDIA kernel module). Each case's stdout, stderr and exit status go to /booted/out as
 # CASE.out, CASE.err, CASE.rc; tests/booted/real_nvidia.py compares them with the
 # simulator's stand-ins run the same way.
@@ -29,8 +30,8 @@ run_case smi-qx nvidia-smi -q -x
 run_case smi-bogus nvidia-smi --no-such-option
 run_case smi-x-alone nvidia-smi -x
 run_case smi-help nvidia-smi --help
-dpkg-query -W -f='${Package} ${Version}\n' nvidia-utils-550 nvidia-compute-utils-550 \
-    nvidia-fabricmanager-580 >"$out/versions.txt"
+dpkg-query -W -f='${Package} ${Version}\n' nvidia-utils-580-server nvidia-compute-utils-580-server \
+    nvidia-fabricmanager-580 nvidia-imex-580 >"$out/versions.txt"
 dpkg -L nvidia-fabricmanager-580 >"$out/fm-files.txt"
 cp /lib/systemd/system/nvidia-fabricmanager.service "$out/fm-unit.txt"
-cp /lib/systemd/system/nvidia-persistenced.service "$out/persistenced-unit.txt"
+cp /usr/lib/systemd/system/nvidia-persistenced.service "$out/persistenced-unit.txt"
