@@ -216,14 +216,25 @@ class NodeDriver(NodeBase):
         for dependent in self.p("sys/module").glob("nvidia_*"):
             self.remove(str(dependent.relative_to(self.root)))
 
+    def resolve_library(self, name: str) -> Path | None:
+        """Where the loader finds ``name``: the first entry of the linker cache whose file
+        exists (ld.so's cache lookup), else the trusted multiarch directory (its default
+        path search), else None."""
+        from bootfsm.sim.standin_ldconfig import cached  # the cache's one reader
+
+        for entry, path in cached(self) or []:
+            if entry == name and self.p(path.lstrip("/")).exists():
+                return self.p(path.lstrip("/"))
+        fallback = self.p(f"{self.libdir}/{name}")
+        return fallback if fallback.exists() else None
+
     def nvml_version(self) -> str | None:
-        """Version of the installed NVML (libnvidia-ml.so.1 -> libnvidia-ml.so.<ver>)."""
-        link = self.p(f"{self.libdir}/libnvidia-ml.so.1")
-        if not link.exists():
+        """Version of the NVML the loader resolves (libnvidia-ml.so.1 -> .so.<ver>)."""
+        link = self.resolve_library("libnvidia-ml.so.1")
+        if link is None:
             return None
-        target = os.readlink(link) if link.is_symlink() else link.name
+        name = Path(os.path.realpath(link)).name
         prefix = "libnvidia-ml.so."
-        name = Path(target).name
         return (
             name[len(prefix) :] if name.startswith(prefix) and name != "libnvidia-ml.so.1" else None
         )
