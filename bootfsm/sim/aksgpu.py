@@ -58,7 +58,9 @@ def stage_aks_gpu_prebake(
         path = path.format(arch=node.arch)
         if not node.p(path).exists():
             node.write(path, text.format(arch=node.arch))
-    node.write("etc/modprobe.d/blacklist-nouveau.conf", "blacklist nouveau\noptions nouveau modeset=0\n")
+    node.write(
+        "etc/modprobe.d/blacklist-nouveau.conf", "blacklist nouveau\noptions nouveau modeset=0\n"
+    )
     libdir = node.p(node.libdir)
     before = {p.name for p in libdir.glob("*")} if libdir.is_dir() else set()
     install_driver_files(node, version, node.kernel, module_type, dkms=True)

@@ -55,13 +55,13 @@ def soname(data: bytes) -> str | None:
         return None
     if struct.unpack_from("<H", data, 16)[0] != _ET_DYN:
         return None
-    phoff, = struct.unpack_from("<Q", data, 32)
-    phnum, = struct.unpack_from("<H", data, 56)
+    (phoff,) = struct.unpack_from("<Q", data, 32)
+    (phnum,) = struct.unpack_from("<H", data, 56)
     for i in range(phnum):
         off = phoff + i * _PHDR
         if off + _PHDR > len(data) or struct.unpack_from("<I", data, off)[0] != _PT_DYNAMIC:
             continue
-        dyn_off, = struct.unpack_from("<Q", data, off + 8)
+        (dyn_off,) = struct.unpack_from("<Q", data, off + 8)
         tags: dict[int, int] = {}
         while dyn_off + 16 <= len(data):
             tag, value = struct.unpack_from("<qq", data, dyn_off)
