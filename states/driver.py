@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from bootfsm.install import coherent, persistenced, prebuilt, records, signed_stack
+from bootfsm.install import coherent, persistenced, prebuilt, records, signed_stack, teardown
 from bootfsm.install import driver_steps as steps
 from bootfsm.install.driver_init import (
     init_missing,
@@ -91,6 +91,7 @@ def run(ctx: Context) -> None:
         before = modules_present(ctx)
     elif ctx.config.driver.install:
         rebuild = _needs_build(ctx)
+        teardown.supersede(ctx)  # an aks-gpu prebake of another kind or version: its libraries go
         _unload_other(ctx, rebuild or not coherent.applied(ctx))  # loaded without it: reload
         before = modules_present(ctx)
         if rebuild:  # the marker then describes this build

@@ -1,6 +1,7 @@
 """verify: the driver answers, every PCI GPU is visible, the NVLink fabric is ready.
 
-Satisfied when one `nvidia-smi -q -x` shows all of that (fabric manager active where
+Satisfied when only the loaded driver's libraries resolve (`ldconfig -p`) and one
+`nvidia-smi -q -x` shows all of that (fabric manager active where
 needed; on GRID every vGPU licensed). A GPU that reports a fabric must reach
 Completed/Success, not Unhealthy, within verify.fabric_timeout; N/A is no fabric.
 """
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError, TransientError
-from bootfsm.install import grid_license
+from bootfsm.install import grid_license, libraries
 from bootfsm.install.daemons import FABRIC_MANAGER
 from bootfsm.install.driver_init import inforom_error
 from bootfsm.machine.context import Context
@@ -101,6 +102,7 @@ def satisfied(ctx: Context) -> bool:
     try:
         _inforom(ctx)
         report = _query(ctx)
+        libraries.require_one_driver(ctx)
     except (BootError, TransientError):
         return False
     if grid_license.wanted(ctx) and grid_license.problems(report):
@@ -151,8 +153,10 @@ def _wait_fabric(ctx: Context, report: SmiReport, judgement: FabricJudgement) ->
 
 
 def run(ctx: Context) -> None:
-    """The infoROM, a query, a bounded wait for the fabric (and on GRID the licence)."""
+    """The infoROM, the libraries that resolve, a query, a bounded wait for the fabric
+    (and on GRID the licence)."""
     _inforom(ctx)
+    libraries.require_one_driver(ctx)  # only the loaded driver's libraries resolve
     report = _query(ctx)
     judgement = _judge(ctx, report)
     if not judgement.ok:

@@ -207,8 +207,9 @@ _TABLE: dict[tuple[Code, int], tuple[str, str]] = {
         "check nvidia-gridd (unit, /etc/nvidia/gridd.conf) and the licence server",
     ),
     (Code.DRIVER_LIBRARY_MISMATCH, 84): (
-        "NVML reports a driver/library version mismatch",
-        "a partial upgrade left an old module loaded; reboot the node",
+        "NVML reports a driver/library version mismatch, or another driver's libraries resolve",
+        "a partial upgrade left an old module loaded (reboot the node), or another driver's "
+        "libraries are where the loader looks (the message names them: remove them, run ldconfig)",
     ),
     (Code.GPU_COUNT_MISMATCH, 84): (
         "nvidia-smi sees fewer GPUs than the PCI bus",

@@ -48,7 +48,7 @@ class DetectSpec:
     imds_url: str = "http://169.254.169.254/metadata/instance?api-version=2021-02-01"
     imds_timeout: float = 2.0
     skip_tag: bool = True
-    cleanup_on_no_gpu: bool = False
+    cleanup_on_no_gpu: bool = True
     gpu_node: str = "auto"
     fabric_manager: str = "auto"
 

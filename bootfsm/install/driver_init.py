@@ -26,6 +26,7 @@ __all__ = [
     "NV_MODULES",
     "SMI_POLL_S",
     "device_nodes",
+    "device_processes",
     "inforom_error",
     "init_missing",
     "initialize",
@@ -93,7 +94,7 @@ def _started_by_bootfsm(ctx: Context) -> set[str]:
     return {e["unit"] for e in entries if e["kind"] == "unit" and e["action"] == "start"}
 
 
-def _device_processes(ctx: Context) -> list[str]:
+def device_processes(ctx: Context) -> list[str]:
     """``comm (pid N)`` of the processes with a /dev/nvidia* file open (as fuser(1) reads)."""
     found: list[str] = []
     for proc in ctx.host.glob("/proc/[0-9]*"):
@@ -109,7 +110,7 @@ def nvidia_users(ctx: Context) -> list[str]:
     holders), the NVIDIA daemons still active and the processes with /dev/nvidia* open."""
     users = ctx.host.listdir("/sys/module/nvidia/holders")
     users += [d.unit for d in (*DRIVER_USERS, IMEX) if d.running(ctx)]
-    return users + _device_processes(ctx)
+    return users + device_processes(ctx)
 
 
 def _start_again(ctx: Context, stopped: list[Daemon]) -> None:

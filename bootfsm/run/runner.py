@@ -134,21 +134,31 @@ def _machine(s: Session, opts: RunOptions) -> Outcome:
     if opts.budget_spent:  # end now, with the summary line, rather than be killed mid-install
         return Outcome(Code.DEADLINE_EXCEEDED, "", opts.budget_spent)
     outcome = _reboot_note(host, s.drive(REGISTRY, CALLBACKS, on_transition=on_transition))
-    if outcome.ok and ctx.facts_ is not None and ctx.facts_.no_gpu and cfg.detect.cleanup_on_no_gpu:
+    facts = ctx.facts_
+    no_driver = facts is not None and (facts.no_gpu or facts.skip_gpu_install)
+    if outcome.ok and no_driver and cfg.detect.cleanup_on_no_gpu:
         _cleanup(ctx)  # in the run's own journal, before run.end
     return outcome
 
 
 def _cleanup(ctx: Context) -> None:
-    """detect.cleanup_on_no_gpu: on a node without a GPU, undo what bootfsm installed (as
-    `bootfsm uninstall`; AgentBaker's cleanUpGPUDrivers); the run still ends 0."""
-    from bootfsm.install import uninstall
+    """detect.cleanup_on_no_gpu: on a node that gets no driver (no GPU, or the
+    SkipGpuDriverInstall tag), undo what bootfsm installed (as `bootfsm uninstall`), then
+    tear a prebake down (install/teardown.py; AgentBaker's cleanUpGPUDrivers); the run
+    still ends 0."""
+    from bootfsm.install import teardown, uninstall
 
     ctx.state, ctx.state_row, ctx.state_deadline = "uninstall", None, None
+    found = teardown.survey(ctx)  # before the records' markers go
     try:
         uninstall.run(ctx)
     except (BootError, TransientError) as exc:
-        ctx.warn(f"cleanup of a node without a GPU failed ({exc.code.name}): {exc}")
+        ctx.warn(f"cleanup of a node without a driver failed ({exc.code.name}): {exc}")
+    ctx.state = "teardown"
+    try:
+        teardown.teardown(ctx, found)
+    except (BootError, TransientError) as exc:
+        ctx.warn(f"teardown of the prebaked driver failed ({exc.code.name}): {exc}")
 
 
 def _export_trace(jpath: Path, env: Mapping[str, str]) -> list[str]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import struct
 
-__all__ = ["MACHINES", "shared_object"]
+__all__ = ["MACHINES", "shared_object", "soname"]
 
 #: e_machine per architecture (elf.h: EM_X86_64, EM_AARCH64)
 MACHINES = {"x86_64": 62, "aarch64": 183}
@@ -46,3 +46,32 @@ def shared_object(soname: str, arch: str) -> bytes:
     )
     head = ehdr + load + dynamic + strtab
     return head + bytes(dyn_off - len(head)) + dyn
+
+
+def soname(data: bytes) -> str | None:
+    """The DT_SONAME of a 64-bit little-endian ELF shared object, or None (not one, or
+    none): what ldconfig's readelflib.c reads, for the objects ``shared_object`` makes."""
+    if len(data) < _EHDR or data[:4] != b"\x7fELF" or data[4:6] != bytes([2, 1]):
+        return None
+    if struct.unpack_from("<H", data, 16)[0] != _ET_DYN:
+        return None
+    (phoff,) = struct.unpack_from("<Q", data, 32)
+    (phnum,) = struct.unpack_from("<H", data, 56)
+    for i in range(phnum):
+        off = phoff + i * _PHDR
+        if off + _PHDR > len(data) or struct.unpack_from("<I", data, off)[0] != _PT_DYNAMIC:
+            continue
+        (dyn_off,) = struct.unpack_from("<Q", data, off + 8)
+        tags: dict[int, int] = {}
+        while dyn_off + 16 <= len(data):
+            tag, value = struct.unpack_from("<qq", data, dyn_off)
+            if tag == _DT_NULL:
+                break
+            tags[tag] = value
+            dyn_off += 16
+        if _DT_SONAME not in tags or _DT_STRTAB not in tags:
+            return None
+        start = tags[_DT_STRTAB] + tags[_DT_SONAME]
+        end = data.find(b"\0", start)
+        return data[start:end].decode() if 0 <= start < end else None
+    return None

@@ -9,13 +9,14 @@ installed user-space reports. Runtime state lives where Linux keeps it (``sys/``
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from bootfsm.sim.nodestate_base import NodeBase
 
-__all__ = ["NVSWITCH_MAJOR", "UVM_MAJOR", "Module", "NodeDriver"]
+__all__ = ["LINKER_CACHE", "NVSWITCH_MAJOR", "UVM_MAJOR", "Module", "NodeDriver"]
 
 _GCC = {
     "22.04": "gcc version 12.3.0 (Ubuntu 12.3.0-1ubuntu1~22.04)",
@@ -23,6 +24,7 @@ _GCC = {
 }
 _BUILD_DATE = "Wed Jan  1 00:00:00 UTC 2025"
 UVM_MAJOR = 510
+LINKER_CACHE = "etc/ld.so.cache"
 NVSWITCH_MAJOR = 509
 
 
@@ -220,14 +222,35 @@ class NodeDriver(NodeBase):
         for dependent in self.p("sys/module").glob("nvidia_*"):
             self.remove(str(dependent.relative_to(self.root)))
 
-    def nvml_version(self) -> str | None:
-        """Version of the installed NVML (libnvidia-ml.so.1 -> libnvidia-ml.so.<ver>)."""
-        link = self.p(f"{self.libdir}/libnvidia-ml.so.1")
-        if not link.exists():
+    def resolve_library(self, name: str) -> Path | None:
+        """Where the loader finds ``name``: the first entry of the linker cache whose file
+        exists (ld.so's cache lookup), else the trusted multiarch directory (its default
+        path search), else None."""
+        for entry, path in self.linker_cache() or []:
+            if entry == name and self.p(path.lstrip("/")).exists():
+                return self.p(path.lstrip("/"))
+        fallback = self.p(f"{self.libdir}/{name}")
+        return fallback if fallback.exists() else None
+
+    def linker_cache(self) -> list[tuple[str, str]] | None:
+        """The simulated /etc/ld.so.cache (bootfsm/sim/standin_ldconfig.py writes it as
+        JSON; the real one is binary): (name, path) entries in the loader's order, or None
+        without a cache."""
+        text = self.read(LINKER_CACHE)
+        if text is None:
             return None
-        target = os.readlink(link) if link.is_symlink() else link.name
+        try:
+            return [(n, p) for n, p in json.loads(text)["simulated ld.so.cache"]]
+        except (ValueError, KeyError, TypeError):
+            return []
+
+    def nvml_version(self) -> str | None:
+        """Version of the NVML the loader resolves (libnvidia-ml.so.1 -> .so.<ver>)."""
+        link = self.resolve_library("libnvidia-ml.so.1")
+        if link is None:
+            return None
+        name = Path(os.path.realpath(link)).name
         prefix = "libnvidia-ml.so."
-        name = Path(target).name
         return (
             name[len(prefix) :] if name.startswith(prefix) and name != "libnvidia-ml.so.1" else None
         )

@@ -120,51 +120,11 @@ def update_initramfs(node: Node, argv: list[str]) -> int:
     return 0
 
 
-# glibc 2.36 ldconfig (argp): flags, and options that take a value (-f CONF, -C CACHE,
-# -r ROOT, -c FORMAT); long forms as `ldconfig --help` lists them.
-_LDCONFIG_FLAGS = frozenset({"-v", "--verbose", "-n", "-N", "-X", "-p", "--print-cache",
-                             "-l", "-i", "--ignore-aux-cache", "-V", "--version", "-?",
-                             "--help", "--usage"})  # fmt: skip
-_LDCONFIG_VALUED = frozenset({"-f", "-C", "-r", "-c", "--format"})
-
-
-def _ldconfig_bad_option(argv: list[str]) -> str | None:
-    """argp's message for the first unknown option (as glibc's ldconfig prints it)."""
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-            continue
-        key = arg.split("=", 1)[0]
-        if key in _LDCONFIG_VALUED or (arg[:2] in _LDCONFIG_VALUED and len(arg) > 2):
-            skip = key == arg and arg in _LDCONFIG_VALUED
-        elif arg.startswith("--") and key not in _LDCONFIG_FLAGS:
-            return f"{sys.argv[0]}: unrecognized option '{arg}'"
-        elif arg.startswith("-") and arg not in _LDCONFIG_FLAGS and not arg.startswith("--"):
-            bad = next((c for c in arg[1:] if f"-{c}" not in _LDCONFIG_FLAGS), arg[1:2])
-            return f"{sys.argv[0]}: invalid option -- '{bad}'"
-    return None
-
-
 def ldconfig(node: Node, argv: list[str]) -> int:
-    """`ldconfig`: writes etc/ld.so.cache listing the shared objects in the library dirs.
+    """`ldconfig`: bootfsm/sim/standin_ldconfig.py (glibc 2.36's cache and links)."""
+    from bootfsm.sim.standin_ldconfig import ldconfig as run
 
-    Reference: glibc 2.36 ldconfig as run on Debian 12: an unknown option prints
-    "<argv0>: unrecognized option '--bogus'" (or "invalid option -- 'Z'") and
-    "Try `ldconfig --help' or `ldconfig --usage' for more information.", exit 64.
-    """
-    problem = _ldconfig_bad_option(argv)
-    if problem is not None:
-        _err(f"{problem}\nTry `ldconfig --help' or `ldconfig --usage' for more information.")
-        return 64
-    entries: list[str] = []
-    for libdir in (node.libdir, "usr/lib", "lib"):
-        base = node.p(libdir)
-        if base.is_dir():
-            entries += [f"\t{p.name} => /{libdir}/{p.name}" for p in sorted(base.glob("*.so*"))]
-    header = f"{len(entries)} libs found in cache `/etc/ld.so.cache'\n"
-    node.write("etc/ld.so.cache", header + "".join(f"{e}\n" for e in entries))
-    return 0
+    return run(node, argv)
 
 
 def containerd(node: Node, argv: list[str]) -> int:
