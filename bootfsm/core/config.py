@@ -65,6 +65,7 @@ class DriverSpec:
     smi_wait: float = 60.0
     persistenced: bool = True
     coherent_memory_mode: str = "driver"
+    source: str = "runfile"
 
 
 @dataclass(frozen=True)
@@ -206,6 +207,7 @@ _CHOICES = {
     ("detect", "fabric_manager"): ("auto", "yes", "no"),
     ("mig", "on_pending"): ("fail", "reboot"),
     ("driver", "coherent_memory_mode"): ("driver", ""),
+    ("driver", "source"): ("runfile", "ubuntu-signed"),
 }
 _DAY = 86400.0
 RANGES: dict[tuple[str, str], tuple[float, float, bool]] = {
