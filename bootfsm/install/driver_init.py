@@ -184,9 +184,10 @@ def signature_rejection(ctx: Context, output: str) -> BootError | None:
         said.append(ctx.run(["modprobe", "nvidia"], timeout=60, probe=True).output)
     if ctx.host.which("journalctl"):
         said.append(ctx.run(KERNEL_LOG, timeout=30, probe=True, die_with_bootfsm=False).output)
-    refusal = signature_refusal("\n".join(said))
-    if refusal is None:
+    found = [r for r in map(signature_refusal, said) if r is not None]
+    if not found:
         return None
+    refusal = "; ".join(dict.fromkeys(found))
     sb = ctx.facts.secure_boot
     where = f" (Secure Boot {'on' if sb.enabled else 'off'}, lockdown {sb.lockdown or '?'})"
     return BootError(

@@ -126,9 +126,10 @@ _REFUSALS = (
 
 
 def signature_refusal(text: str) -> str | None:
-    """The first line of ``text`` (kmod's output or the kernel log) saying a module was
-    refused for its signature, stripped and cut to 200 characters; None without one."""
-    for line in text.splitlines():
+    """The last line of ``text`` (kmod's output or the kernel log, oldest first) saying a
+    module was refused for its signature, stripped and cut to 200 characters; None
+    without one."""
+    for line in reversed(text.splitlines()):
         if any(p.search(line) for p in _REFUSALS):
             return line.strip()[:200]
     return None
