@@ -118,7 +118,9 @@ def test_secure_boot_refuses_the_unsigned_module_as_kmod_says(make_node: MakeNod
     assert node.install("open").returncode == 0  # DKMS builds; nothing signs it
     load = node.run("modprobe", "nvidia")
     assert load.returncode == 1
-    assert load.stderr == "modprobe: ERROR: could not insert 'nvidia': Key was rejected by service\n"
+    assert load.stderr == (
+        "modprobe: ERROR: could not insert 'nvidia': Key was rejected by service\n"
+    )
     assert not (node.root / "sys/module/nvidia").exists()
     kernel = node.run("journalctl", "-k", "-o", "cat", "--no-pager", "-n", "1").stdout
     assert kernel == "Loading of unsigned module is rejected\n"
