@@ -13,6 +13,7 @@ from bootfsm.node.facts import NodeFacts, gather_facts, loaded_module_version
 from bootfsm.node.verdict import fabric_manager_disagreement, judge, no_gpu_reason
 from bootfsm.parsers import ParseError
 from bootfsm.parsers.imds_tags import parse_imds_tags, skip_gpu_install, tag_value
+from bootfsm.parsers.secureboot import imds_secure_boot
 from bootfsm.parsers.vmsize import parse_imds_vm_size
 
 NAME = "detect"
@@ -46,6 +47,16 @@ def _vm_size(ctx: Context, doc: str | None) -> str | None:
     except ParseError as exc:
         ctx.event("imds.skipped", reason=str(exc)[:200])
         return None
+
+
+def _secure_boot(ctx: Context, f: NodeFacts, doc: str | None) -> NodeFacts:
+    """IMDS's securityProfile.secureBootEnabled, used where the EFI variable is unreadable."""
+    try:
+        imds = imds_secure_boot(doc) if doc is not None else None
+    except ParseError as exc:
+        ctx.event("imds.skipped", reason=str(exc)[:200])
+        imds = None
+    return replace(f, secure_boot=f.secure_boot.with_imds(imds))
 
 
 def _skip_reason(ctx: Context, doc: str | None) -> str | None:
@@ -128,6 +139,7 @@ def run(ctx: Context) -> None:
             mig_profile=mig,
             mig_profile_source=mig_source,
         )
+        facts = _secure_boot(ctx, facts, doc)
         facts = replace(facts, no_gpu=no_gpu_reason(ctx.config, facts))
     ctx.journal.event("node.facts", durable=True, **facts.summary())
     if facts.skip_gpu_install is not None:

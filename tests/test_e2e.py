@@ -127,6 +127,7 @@ FAULTS = [
     ("gpu-missing", "h100-pcie", Code.GPU_COUNT_MISMATCH, "verify"),
     ("containerd-restart-fails", "h100-pcie", Code.CONTAINERD_RESTART_FAILED, "join"),
     ("kernel-headers-missing", "h100-pcie", Code.KERNEL_HEADERS_MISSING, "detect"),
+    ("secure-boot", "h100-pcie", Code.SECURE_BOOT_NEEDS_SIGNED_MODULE, "detect"),
 ]
 
 

@@ -231,6 +231,8 @@ EVERY_FAULT = [
     ("gpus-off-bus", "h100-pcie", Code.NO_GPU, "detect", 84),
     # a GRID guest (driver.kind = "grid") whose vGPU licence never comes
     ("grid-unlicensed", "a10-nvads", Code.GRID_NOT_LICENSED, "verify", 84),
+    # Secure Boot on and the runfile chosen: refused in detect, before any download
+    ("secure-boot", "h100-pcie", Code.SECURE_BOOT_NEEDS_SIGNED_MODULE, "detect", 84),
 ]
 
 

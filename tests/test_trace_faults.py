@@ -69,6 +69,8 @@ EXPECTED: dict[str, tuple[str, Code] | None] = {
     "gpus-off-bus": ("detect", Code.NO_GPU),
     # a GRID guest whose vGPU licence never comes: CUDA would say the device is busy
     "grid-unlicensed": ("verify", Code.GRID_NOT_LICENSED),
+    # a Trusted Launch VM with Secure Boot on: the runfile's unsigned module never loads
+    "secure-boot": ("detect", Code.SECURE_BOOT_NEEDS_SIGNED_MODULE),
 }
 #: The node a fault bites on (SKU, config sections added to FAST); h100-pcie otherwise.
 WHERE: dict[str, tuple[str, dict[str, dict[str, Any]]]] = {

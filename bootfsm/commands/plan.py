@@ -99,6 +99,18 @@ def _fail_fast(state: str, exc: BootError | TransientError) -> dict[str, Any]:
     return {"state": state, "code": int(exc.code), "name": exc.code.name, "message": message}
 
 
+def _secure_boot_line(f: dict[str, Any]) -> str:
+    """Secure Boot, who said so, and whether the kernel refuses unsigned modules."""
+    state = {True: "on", False: "off"}.get(f["secure_boot"], "unknown")
+    source = f" ({f['secure_boot_source']})" if f["secure_boot_source"] else ""
+    enforced = "enforced" if f["module_signatures_enforced"] else "not enforced"
+    enrolled = "yes" if f["dkms_key_enrolled"] else "no"
+    return (
+        f"secure boot: {state}{source}, lockdown {f['lockdown'] or 'unknown'}, "
+        f"module signatures {enforced}, DKMS key enrolled {enrolled}"
+    )
+
+
 def _show(plan: dict[str, Any]) -> None:
     """The plan for people: node, guards, states, artifacts, the fail-fast verdict."""
     f = plan["facts"]
@@ -106,6 +118,7 @@ def _show(plan: dict[str, Any]) -> None:
         f"node: {f['arch']} {f['os']} kernel {f['kernel']} {f['gpu_count']}x "
         f"{f['gpu_model']} nvswitches={f['nvswitches']} nvlink5={f['nvlink5']}"
     )
+    print(_secure_boot_line(f))
     for name, value in plan["guards"].items():
         print(f"guard {name} = {value}")
     for s in plan["states"]:

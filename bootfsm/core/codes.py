@@ -31,6 +31,13 @@ _TABLE: dict[tuple[Code, int], tuple[str, str]] = {
         "the publisher hashed broken bytes: the mirror's file and its manifest agree;"
         " pin another version or mirror and tell the publisher (the message names the file)",
     ),
+    (Code.SECURE_BOOT_NEEDS_SIGNED_MODULE, 84): (
+        "the kernel enforces module signatures (Secure Boot) and the chosen driver would"
+        " load an unsigned module: NVIDIA's runfile built by DKMS without an enrolled"
+        " key, or GRID (no signed GRID driver exists)",
+        'set driver.source = "ubuntu-signed" (Canonical\'s signed modules); for GRID,'
+        " or to keep the runfile, create the VM with Secure Boot off",
+    ),
     (Code.DRIVER_BRANCH_UNSUPPORTED, 84): (
         "the chosen driver's branch does not drive this node's GPUs",
         "choose a branch the GPU supports (B300, GB300: R580+): driver.version or GPU_DV",
@@ -151,6 +158,12 @@ _TABLE: dict[tuple[Code, int], tuple[str, str]] = {
     (Code.MODULE_LOAD_FAILED, 84): (
         "the nvidia kernel module did not load",
         "check dmesg for NVRM lines; Blackwell needs the open module",
+    ),
+    (Code.MODULE_SIGNATURE_REJECTED, 84): (
+        "the kernel refused the nvidia module for its signature (unsigned, or signed by"
+        " a key it does not trust: 'Key was rejected by service')",
+        'set driver.source = "ubuntu-signed", or enroll the signing key (mokutil) or turn'
+        " Secure Boot off; the message quotes kmod or the kernel log",
     ),
     (Code.TOOLKIT_INSTALL_FAILED, 84): (
         "the NVIDIA container toolkit packages did not install",

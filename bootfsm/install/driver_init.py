@@ -8,7 +8,7 @@ every boot. /run/bootfsm/driver-loaded lists the modules bootfsm's own commands 
 from __future__ import annotations
 
 from bootfsm.core.codes import Code
-from bootfsm.core.errors import BootError
+from bootfsm.core.errors import BootError, CommandError
 from bootfsm.install import records
 from bootfsm.install.daemons import DRIVER_USERS, IMEX, Daemon
 from bootfsm.machine.context import Context
@@ -19,6 +19,7 @@ from bootfsm.parsers.nvidia_smi import (
     inforom_warnings,
     wrong_module_type,
 )
+from bootfsm.parsers.secureboot import signature_refusal
 
 __all__ = [
     "LDCACHE",
@@ -32,6 +33,7 @@ __all__ = [
     "initialize",
     "modules_present",
     "record_loaded",
+    "signature_rejection",
     "unload_driver",
     "unload_own",
 ]
@@ -169,6 +171,35 @@ def init_missing(ctx: Context) -> list[str]:
     return missing
 
 
+KERNEL_LOG = ["journalctl", "-k", "-o", "cat", "--no-pager", "-q", "-n", "200"]
+"""The kernel's messages of this boot, the newest 200 (journalctl(1): -k implies -b)."""
+
+
+def signature_rejection(ctx: Context, output: str) -> BootError | None:
+    """MODULE_SIGNATURE_REJECTED when the failed load was refused for its signature, else
+    None. nvidia-modprobe sends modprobe's words to /dev/null (NVIDIA/nvidia-modprobe
+    nvidia-modprobe-utils.c, modprobe_helper), so kmod runs once more for them, and the
+    kernel log says why (kernel/module/signing.c, security/lockdown/lockdown.c)."""
+    said = [output]
+    if ctx.host.which("modprobe"):
+        said.append(ctx.run(["modprobe", "nvidia"], timeout=60, probe=True).output)
+    if ctx.host.which("journalctl"):
+        said.append(ctx.run(KERNEL_LOG, timeout=30, probe=True, die_with_bootfsm=False).output)
+    found = [r for r in map(signature_refusal, said) if r is not None]
+    if not found:
+        return None
+    refusal = "; ".join(dict.fromkeys(found))
+    sb = ctx.facts.secure_boot
+    where = f" (Secure Boot {'on' if sb.enabled else 'off'}, lockdown {sb.lockdown or '?'})"
+    return BootError(
+        Code.MODULE_SIGNATURE_REJECTED,
+        f"the kernel refused the nvidia module for its signature{where}: {refusal}; "
+        'set driver.source = "ubuntu-signed" for Canonical\'s signed modules, or enroll '
+        "the key that signed it",
+        output=refusal,
+    )
+
+
 def _load(ctx: Context) -> None:
     """nvidia-modprobe -u -c0: nvidia_uvm (and nvidia under it), /dev/nvidia-uvm."""
     argv = ["nvidia-modprobe", "-u", "-c0"]
@@ -179,10 +210,18 @@ def _load(ctx: Context) -> None:
             ctx.require(["modprobe", module], code=Code.MODULE_LOAD_FAILED, timeout=120)
         return
     if ctx.config.driver.install:
-        ctx.require(argv, code=Code.MODULE_LOAD_FAILED, timeout=120)
+        try:
+            ctx.require(argv, code=Code.MODULE_LOAD_FAILED, timeout=120)
+        except CommandError as exc:
+            if exc.code is Code.MODULE_LOAD_FAILED:  # refused, not hung
+                raise signature_rejection(ctx, exc.output_tail) or exc from None
+            raise
         return
     r = ctx.run(argv, timeout=120) if ctx.host.which("nvidia-modprobe") else None
     if r is None or not ctx.host.exists("/sys/module/nvidia"):
+        refused = signature_rejection(ctx, r.output if r else "")
+        if refused is not None:
+            raise refused
         raise BootError(
             Code.MODULE_LOAD_FAILED,
             "driver.install = false, but no nvidia module is loaded and nvidia-modprobe "

@@ -85,6 +85,7 @@ def _judge_gpus(cfg: Config, f: NodeFacts) -> None:
 def _judge_driver(cfg: Config, f: NodeFacts, runfile: str) -> None:
     """The driver to install: its source, its branch for these GPUs, its pinned runfile."""
     d = cfg.driver
+    _judge_signatures(cfg, f)
     if d.kind == "grid" and not cfg.sources.grid_runfile_url:
         raise BootError(Code.CONFIG_INVALID, "driver.kind = grid needs sources.grid_runfile_url")
     if (unsupported := branch_problem(d.version, [g.model for g in f.gpus])) is not None:
@@ -98,6 +99,38 @@ def _judge_driver(cfg: Config, f: NodeFacts, runfile: str) -> None:
             f'({runfile}): add "{d.kind} {d.version} {runfile} <sha256>" to '
             f"sources.runfile_pins (sources.runfile_sha256_{runfile} for the configured "
             "driver), or bake that driver into the image; never another version instead",
+        )
+
+
+_SAID_BY = {"efi": "EFI variable SecureBoot = 1", "imds": "IMDS secureBootEnabled"}
+
+
+def _judge_signatures(cfg: Config, f: NodeFacts) -> None:
+    """SECURE_BOOT_NEEDS_SIGNED_MODULE when the kernel enforces module signatures and the
+    driver would load an unsigned module: GRID always, the runfile unless the key DKMS
+    signs with is enrolled (docs/security.md, "Secure Boot")."""
+    sb = f.secure_boot
+    if not sb.enforced:
+        return
+    why = (
+        f"Secure Boot is on ({_SAID_BY.get(sb.source, sb.source)})"
+        if sb.enabled
+        else f"the kernel enforces module signatures (lockdown {sb.lockdown}, "
+        f"module.sig_enforce {'Y' if sb.sig_enforce else 'N'})"
+    )
+    if cfg.driver.kind == "grid":
+        raise BootError(
+            Code.SECURE_BOOT_NEEDS_SIGNED_MODULE,
+            f"{why}, and NVIDIA ships no signed GRID (vGPU) driver: its module would be "
+            "refused at load; create this VM with Secure Boot off (Azure's NVIDIA GRID "
+            "guidance for N-series VMs)",
+        )
+    if cfg.driver.source == "runfile" and not sb.dkms_key_enrolled:
+        raise BootError(
+            Code.SECURE_BOOT_NEEDS_SIGNED_MODULE,
+            f'{why}, and driver.source = "runfile" builds an unsigned module (no DKMS '
+            'signing key is enrolled in MokListRT): set driver.source = "ubuntu-signed" '
+            "for Canonical's signed modules, or create the VM with Secure Boot off",
         )
 
 

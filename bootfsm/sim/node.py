@@ -167,6 +167,7 @@ def imds_instance(root: Path) -> tuple[int, dict[str, str], bytes]:
     plan = {"name": "", "product": "", "publisher": ""}
     extra, size = root / VM_TAGS, root / VM_SIZE
     tags = [("aks-managed-poolName", "gpu")]
+    trusted = node.fault("secure-boot")
     if extra.exists():
         tags += [(str(k), str(v)) for k, v in json.loads(extra.read_text())]
     compute: dict[str, Any] = {
@@ -198,11 +199,13 @@ def imds_instance(root: Path) -> tuple[int, dict[str, str], bytes]:
             f"mc_bootfsm_sim_southcentralus/providers/Microsoft.Compute/virtualMachineScaleSets/"
             f"aks-gpu-{sku.name}-vmss/virtualMachines/0"
         ),
+        # Trusted Launch turns on Secure Boot and the vTPM (Microsoft's IMDS reference,
+        # samples azure-imds/imds_compute_docs_sample_linux.json: strings, not booleans)
         "securityProfile": {
-            "secureBootEnabled": "false",
-            "virtualTpmEnabled": "false",
+            "secureBootEnabled": "true" if trusted else "false",
+            "virtualTpmEnabled": "true" if trusted else "false",
             "encryptionAtHost": "false",
-            "securityType": "",
+            "securityType": "TrustedLaunch" if trusted else "",
         },
         "sku": "",
         "storageProfile": {

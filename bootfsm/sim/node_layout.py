@@ -16,7 +16,17 @@ from bootfsm.sim.nodestate import Node
 from bootfsm.sim.skus import STALE_DRIVER_VERSION, Sku, pci_layout
 from bootfsm.sim.standin_installer import install_driver_files
 
-__all__ = ["KUBELET_BIN", "apply_build_faults", "vpd", "write_layout"]
+__all__ = [
+    "EFIVARS",
+    "KUBELET_BIN",
+    "MOK_LIST_VAR",
+    "SECURE_BOOT_VAR",
+    "SHIM_VENDOR_CERT",
+    "apply_build_faults",
+    "signature_list",
+    "vpd",
+    "write_layout",
+]
 
 _OS_RELEASE = {
     "22.04": (
@@ -190,6 +200,47 @@ def vpd(sw_mng: bool) -> bytes:
     return partial + bytes([checksum]) + b"\x78"
 
 
+EFIVARS = "sys/firmware/efi/efivars"
+SECURE_BOOT_VAR = f"{EFIVARS}/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
+MOK_LIST_VAR = f"{EFIVARS}/MokListRT-605dab50-e046-4300-abb6-3dd810dd8b23"
+_EFI_BS_RT = (0x06).to_bytes(4, "little")  # EFI_VARIABLE_BOOTSERVICE_ACCESS | RUNTIME_ACCESS
+_X509_GUID = bytes.fromhex("a159c0a5e494a74a87b5ab155c2bf072")  # a5c059a1-..., little-endian
+SHIM_VENDOR_CERT = b"0\x82\x04\x00 Canonical Ltd. Master Certificate Authority (simulated)"
+"""The one certificate shim mirrors into MokListRT on an Ubuntu image with no MOK
+enrolled: its vendor certificate (simulated bytes; the list's layout is real)."""
+
+
+def signature_list(certs: list[bytes], owner: bytes = bytes(16)) -> bytes:
+    """An EFI_SIGNATURE_LIST of X.509 entries (UEFI 2.10 section 32.4.1): SignatureType,
+    ListSize, HeaderSize 0, SignatureSize, then each entry's owner GUID and DER bytes;
+    one list per certificate, as shim writes them (certificates differ in size)."""
+    out = b""
+    for cert in certs:
+        size = 16 + len(cert)
+        head = _X509_GUID + (28 + size).to_bytes(4, "little") + bytes(4)
+        out += head + size.to_bytes(4, "little") + owner + cert
+    return out
+
+
+def _write_firmware(node: Node, *, secure_boot: bool) -> None:
+    """A Generation 2 (UEFI) Azure VM as Linux shows its firmware and lockdown state.
+
+    efivarfs (Documentation/filesystems/efivarfs.rst): each variable is its 4 attribute
+    bytes then its data; SecureBoot is one byte (UEFI 2.10 section 3.3), 06 00 00 00 01
+    on a Trusted Launch VM with Secure Boot on. The kernel's lockdown file lists the
+    modes, the active one bracketed (security/lockdown/lockdown.c); Ubuntu's kernels
+    lock down to integrity under Secure Boot and enforce module signatures, the
+    enforcement that makes kmod print "Key was rejected by service" (EKEYREJECTED comes
+    only from module.sig_enforce: kernel/module/signing.c)."""
+    node.write(SECURE_BOOT_VAR, _EFI_BS_RT + bytes([1 if secure_boot else 0]))
+    node.write(MOK_LIST_VAR, _EFI_BS_RT + signature_list([SHIM_VENDOR_CERT]))
+    modes = (
+        "none [integrity] confidentiality" if secure_boot else "[none] integrity confidentiality"
+    )
+    node.write("sys/kernel/security/lockdown", modes + "\n")
+    node.write("sys/module/module/parameters/sig_enforce", "Y\n" if secure_boot else "N\n")
+
+
 def write_layout(node: Node, sku: Sku, faults: Collection[str]) -> None:
     """Write the static node files for a SKU."""
     node.write("proc/sys/kernel/arch", f"{sku.arch}\n")
@@ -208,6 +259,7 @@ def write_layout(node: Node, sku: Sku, faults: Collection[str]) -> None:
     # what ibstat reads, and through it nvidia-fabricmanager-start.sh the port GUID
     for rel, text in _IB_PORT.items():
         node.write(f"sys/class/infiniband/mlx5_0/{rel}", text + "\n")
+    _write_firmware(node, secure_boot="secure-boot" in faults)
     modules = f"lib/modules/{sku.kernel}"
     node.write(
         f"{modules}/modules.dep", "kernel/drivers/net/ethernet/mellanox/mlx5/core/mlx5_core.ko:\n"

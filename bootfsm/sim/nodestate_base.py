@@ -30,6 +30,7 @@ __all__ = [
     "RUN_DIR",
     "SIM_DIR",
     "SIM_STATE",
+    "UNIT_JOURNAL",
     "NodeBase",
     "log_call",
     "smi_bus_id",
@@ -48,6 +49,8 @@ MIG_INSTANCES = f"{RUN_DIR}/mig-instances.json"
 """GPU and compute instances, {address: [{"gi", "profile", "start", "size", "cis"}]}: they
 live in the driver, so a reboot (or a driver reload) leaves none."""
 JOURNAL = "var/log/bootfsm-sim/journal.log"
+UNIT_JOURNAL = "var/log/bootfsm-sim/unit-journal.jsonl"
+"""The systemd journal's entries as JSON lines (the fields journalctl matches on)."""
 
 
 def log_call(root: Path, cmd: str, argv: list[str], rc: int, started: float) -> None:
@@ -133,6 +136,16 @@ class NodeBase:
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a") as fh:
             fh.write(f"{time.strftime('%b %d %H:%M:%S')} {line}\n")
+
+    def kernel_log(self, message: str) -> None:
+        """A kernel message (printk): in the journal with _TRANSPORT=kernel, as journald
+        reads /dev/kmsg (systemd.journal-fields(7)), what `journalctl -k` shows."""
+        self.journal(f"kernel: {message}")
+        path = self.p(UNIT_JOURNAL)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        entry = {"_TRANSPORT": "kernel", "SYSLOG_IDENTIFIER": "kernel", "MESSAGE": message}
+        with path.open("a") as fh:
+            fh.write(json.dumps(entry) + "\n")
 
     def fault(self, name: str) -> bool:
         """Whether a node-side fault is injected."""

@@ -53,6 +53,11 @@ _PARAMS = (
 _MODPROBE_DIRS = ("etc/modprobe.d", "run/modprobe.d", "lib/modprobe.d", "usr/lib/modprobe.d")
 
 
+def fields_of(text: str | None) -> dict[str, str]:
+    """The ``key=value`` lines of a simulated .ko file."""
+    return dict(line.split("=", 1) for line in (text or "").splitlines() if "=" in line)
+
+
 @dataclass(frozen=True)
 class Module:
     """An nvidia kernel module: its version and "open" or "proprietary"."""
@@ -77,7 +82,7 @@ class NodeDriver(NodeBase):
             text = found[0].read_text() if found else None
         if text is None:
             return None
-        fields = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+        fields = fields_of(text)
         if "version" not in fields:
             return None
         return Module(fields["version"], fields.get("module_type", "proprietary"))
@@ -120,11 +125,14 @@ class NodeDriver(NodeBase):
                 "modprobe: FATAL: Module nvidia not found in directory"
                 f" /lib/modules/{self.kernel}\n"
             )
+        refused = self._signature_refused(fields_of(self.read(self.module_path(self.kernel))))
+        if refused is not None:
+            return refused
         blackwell = self.blackwell_gpu()
         if module.module_type == "proprietary" and blackwell is not None and not force:
             address, device = blackwell
-            self.journal(
-                f"kernel: NVRM: The NVIDIA GPU {address} (PCI ID: 10de:{device:04x})"
+            self.kernel_log(
+                f"NVRM: The NVIDIA GPU {address} (PCI ID: 10de:{device:04x})"
                 " installed in this system requires use of the NVIDIA open kernel modules."
             )
             return (
@@ -143,7 +151,7 @@ class NodeDriver(NodeBase):
                 "NVRM: System Processor (GSP).",
             )
             for line in lines:
-                self.journal(f"kernel: {line}")
+                self.kernel_log(line)
             return (
                 "\n".join(lines) + "\nmodprobe: ERROR: could not insert 'nvidia': No such device\n"
             )
@@ -168,6 +176,35 @@ class NodeDriver(NodeBase):
         if self.p("etc/udev/rules.d/71-nvidia-dev-char.rules").exists():
             self.create_dev_char_links()
         return None
+
+    def signatures_enforced(self) -> tuple[bool, str]:
+        """(module.sig_enforce, the lockdown mode) as this kernel shows them in sysfs."""
+        enforce = (self.read("sys/module/module/parameters/sig_enforce") or "N").strip()
+        lockdown = self.read("sys/kernel/security/lockdown") or "[none]"
+        mode = next((w[1:-1] for w in lockdown.split() if w.startswith("[")), "none")
+        return enforce == "Y", mode
+
+    def _signature_refused(self, module: dict[str, str]) -> str | None:
+        """modprobe's error when this kernel refuses an unsigned module, else None.
+
+        Reference: Linux kernel/module/signing.c, module_sig_check: an unsigned module
+        under module.sig_enforce is "Loading of unsigned module is rejected" (pr_notice)
+        and -EKEYREJECTED; without it, under lockdown, security_locked_down() logs
+        "Lockdown: modprobe: unsigned module loading is restricted; see man
+        kernel_lockdown.7" (security/lockdown/lockdown.c) and returns -EPERM. kmod 30
+        tools/modprobe.c prints "could not insert '%s': %s" with strerror(-err).
+        A module with a ``signer`` (modinfo's field of a signed module) loads.
+        """
+        enforce, lockdown = self.signatures_enforced()
+        if module.get("signer") or not (enforce or lockdown != "none"):
+            return None
+        if enforce:
+            self.kernel_log("Loading of unsigned module is rejected")
+            return "modprobe: ERROR: could not insert 'nvidia': Key was rejected by service\n"
+        self.kernel_log(
+            "Lockdown: modprobe: unsigned module loading is restricted; see man kernel_lockdown.7"
+        )
+        return "modprobe: ERROR: could not insert 'nvidia': Operation not permitted\n"
 
     def device_processes(self) -> list[tuple[int, str]]:
         """(pid, comm) of every process with a /dev/nvidia* file open, as Linux shows it:

@@ -15,7 +15,7 @@ import time
 import uuid
 from pathlib import Path
 
-from bootfsm.sim.nodestate_base import IB_PORT_GUID, RUN_DIR
+from bootfsm.sim.nodestate_base import IB_PORT_GUID, RUN_DIR, UNIT_JOURNAL
 from bootfsm.sim.nodestate_driver import NodeDriver
 
 __all__ = ["CDI_REFRESH", "DEVICE_UNITS", "FABRIC_MANAGER", "NVLSM", "UNIT_DIRS", "UNIT_JOURNAL",
@@ -34,7 +34,6 @@ FABRIC_MANAGER = "nvidia-fabricmanager.service"
 NVLSM = "nvlsm.service"
 _FM_CMD = "/usr/bin/nv-fabricmanager -c /usr/share/nvidia/nvswitch/fabricmanager.cfg"
 CDI_REFRESH = "nvidia-cdi-refresh.service"
-UNIT_JOURNAL = "var/log/bootfsm-sim/unit-journal.jsonl"
 _NVLSM_BIN = "/opt/nvidia/nvlsm/sbin/nvlsm"
 _NVLSM_INSTALL = 'Please make sure to install "Nvidia NVLink Subnet Manager"(nvlsm) package.'
 _NOTHING_TO_DO = (

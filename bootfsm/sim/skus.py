@@ -219,6 +219,12 @@ FAULTS: Mapping[str, str] = MappingProxyType(
             "a GRID guest's vGPU licence is never acquired (nvidia-smi -q: License Status"
             " Unlicensed (Unrestricted))"
         ),
+        "secure-boot": (
+            "a Trusted Launch VM with Secure Boot on: the EFI variable SecureBoot is 1, the"
+            " kernel locked down (integrity) and enforcing module signatures, IMDS"
+            ' secureBootEnabled "true"; an unsigned nvidia module is refused at load'
+            " ('Key was rejected by service')"
+        ),
         "mig-gpu-in-use": (
             "a client holds the GPUs: `nvidia-smi -mig 1` leaves MIG mode pending and MIG"
             " instances cannot be created or destroyed ('In use by another client')"

@@ -287,7 +287,10 @@ def nvidia_modprobe(node: Node, argv: list[str]) -> int:
     Reference: NVIDIA/nvidia-modprobe nvidia-modprobe.c: with -u it loads nvidia_uvm (and
     nvidia under it) and -c N creates the UVM device files (/dev/nvidia-uvm, and
     /dev/nvidia-uvm-tools beside it); without -u it loads nvidia and -c N creates
-    /dev/nvidiaN. An unknown option: nvgetopt's "<argv0>: unrecognized option: "X"",
+    /dev/nvidiaN; modprobe runs silenced (nvidia-modprobe-utils.c modprobe_helper,
+    silence_process_actions: its stdout and stderr on /dev/null, at NVIDIA/nvidia-modprobe
+    a9556df), so a failed load prints nothing and exits 1. An unknown option: nvgetopt's
+    "<argv0>: unrecognized option: "X"",
     then "ERROR: Invalid commandline, please run `<argv0> --help` for usage
     information.", exit 1.
     """
@@ -305,7 +308,9 @@ def nvidia_modprobe(node: Node, argv: list[str]) -> int:
         print(f"\n{Path(prog).name}:  version {built.version if built else '0.0'}\n")
         return 0
     uvm = "uvm" in flags
-    if _insmod_nvidia(node, "nvidia_uvm" if uvm else "nvidia"):
+    # modprobe runs with its stdout and stderr on /dev/null (modprobe_helper): a refused
+    # load says nothing here, only the kernel log and the exit status tell
+    if _insmod_nvidia(node, "nvidia_uvm" if uvm else "nvidia", quiet=True):
         return 1
     for minor in minors:
         if uvm:
@@ -313,7 +318,7 @@ def nvidia_modprobe(node: Node, argv: list[str]) -> int:
             node.write("dev/nvidia-uvm-tools", "")
         elif not {"nvswitch", "nvlink"} & flags:
             node.write(f"dev/nvidia{minor}", "")
-    if "modeset" in flags and not _insmod_nvidia(node, "nvidia_modeset"):
+    if "modeset" in flags and not _insmod_nvidia(node, "nvidia_modeset", quiet=True):
         node.write("dev/nvidia-modeset", "")
     return 0
 

@@ -327,8 +327,9 @@ _JOURNALCTL_FLAGS = frozenset({"--no-pager", "-q", "--quiet", "-b", "--boot", "-
 
 
 def journalctl(node: Node, argv: list[str]) -> int:
-    """`journalctl [FIELD=VALUE...] [-u UNIT] -o cat [--no-pager] [-q] [-b]`: the
-    messages unit processes wrote (their stdout and stderr lines).
+    """`journalctl [FIELD=VALUE...] [-u UNIT] [-k] [-n N] -o cat [--no-pager] [-q] [-b]`:
+    the messages unit processes wrote (their stdout and stderr lines) and, with -k
+    (--dmesg), the kernel's (_TRANSPORT=kernel); -n N (--lines=N) the newest N.
 
     Reference: systemd's journalctl(1) and journalctl 252 as run on Debian 12: matches
     FIELD=VALUE select entries (one field named twice: either value); ``-o cat`` prints
@@ -338,9 +339,21 @@ def journalctl(node: Node, argv: list[str]) -> int:
     ``-o cat`` is simulated.
     """
     matches: dict[str, set[str]] = {}
-    output, quiet, rest = "short", False, iter(argv)
+    output, quiet, rest, lines = "short", False, iter(argv), 0
     for arg in rest:
-        if arg in ("-o", "--output"):
+        if arg in ("-k", "--dmesg"):  # kernel messages only; implies -b
+            matches.setdefault("_TRANSPORT", set()).add("kernel")
+        elif arg.startswith("--lines="):
+            value = arg.split("=", 1)[1]
+            if not value.isdigit():
+                sys.stderr.write(f"Failed to parse lines '{value}'\n")
+                return 1
+            lines = int(value)
+        elif arg in ("-n", "--lines"):  # an optional argument: taken when a number follows
+            lines = 10
+            if argv[argv.index(arg) + 1 :][:1] and argv[argv.index(arg) + 1].isdigit():
+                lines = int(next(rest))
+        elif arg in ("-o", "--output"):
             output = next(rest, "")
         elif arg.startswith("--output="):
             output = arg.split("=", 1)[1]
@@ -363,6 +376,7 @@ def journalctl(node: Node, argv: list[str]) -> int:
     text = node.read(UNIT_JOURNAL) or ""
     entries = [json.loads(line) for line in text.splitlines() if line.strip()]
     found = [e for e in entries if all(e.get(k) in v for k, v in matches.items())]
+    found = found[-lines:] if lines else found
     for entry in found:
         print(entry["MESSAGE"])
     if not found and not quiet:

@@ -96,6 +96,46 @@ def _ready(node: SimNode, module_type: str | None = None) -> None:
 # ------------------------------------------------------------------------- driver
 
 
+def test_a_trusted_launch_node_shows_secure_boot_as_linux_does(make_node: MakeNode) -> None:
+    node = make_node("h100-pcie", "secure-boot")
+    efivars = node.root / "sys/firmware/efi/efivars"
+    # efivarfs: attributes 0x00000006 (boot service | runtime access), then the UINT8
+    assert (efivars / "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c").read_bytes() == (
+        b"\x06\x00\x00\x00\x01"
+    )
+    lockdown = (node.root / "sys/kernel/security/lockdown").read_text()
+    assert lockdown == "none [integrity] confidentiality\n"
+    plain = make_node("h100-pcie")
+    assert (plain.root / "sys/kernel/security/lockdown").read_text() == (
+        "[none] integrity confidentiality\n"
+    )
+
+
+def test_secure_boot_refuses_the_unsigned_module_as_kmod_says(make_node: MakeNode) -> None:
+    """kmod 30 tools/modprobe.c: "could not insert '%s': %s" with strerror(EKEYREJECTED);
+    the kernel logs "Loading of unsigned module is rejected" (kernel/module/signing.c)."""
+    node = make_node("h100-pcie", "secure-boot")
+    assert node.install("open").returncode == 0  # DKMS builds; nothing signs it
+    load = node.run("modprobe", "nvidia")
+    assert load.returncode == 1
+    assert load.stderr == (
+        "modprobe: ERROR: could not insert 'nvidia': Key was rejected by service\n"
+    )
+    assert not (node.root / "sys/module/nvidia").exists()
+    kernel = node.run("journalctl", "-k", "-o", "cat", "--no-pager", "-n", "1").stdout
+    assert kernel == "Loading of unsigned module is rejected\n"
+    quiet = node.run("nvidia-modprobe", "-u", "-c0")
+    assert (quiet.returncode, quiet.stderr) == (1, "")
+    (node.root / "sys/module/module/parameters/sig_enforce").write_text("N\n")
+    eperm = node.run("modprobe", "nvidia")  # lockdown alone: EPERM, the reason in the log
+    assert eperm.stderr == "modprobe: ERROR: could not insert 'nvidia': Operation not permitted\n"
+    assert node.run("journalctl", "-k", "-o", "cat", "-n", "1").stdout == (
+        "Lockdown: modprobe: unsigned module loading is restricted; see man kernel_lockdown.7\n"
+    )
+    (node.root / "sys/kernel/security/lockdown").write_text("[none] integrity confidentiality\n")
+    assert node.run("modprobe", "nvidia").returncode == 0  # nothing enforces: it loads
+
+
 @pytest.mark.parametrize(
     ("sku", "recommended"),
     [("h100-hgx", "open"), ("h100-pcie", "open"), ("b200-hgx", "open"),
@@ -150,9 +190,10 @@ def test_blackwell_with_proprietary_module_fails_to_load(make_node: MakeNode) ->
     node = make_node("b200-hgx")
     assert node.install("proprietary").returncode == 0
     load = node.run("nvidia-modprobe", "-u", "-c0")
-    assert load.returncode == 1
-    assert "requires use of the NVIDIA open kernel modules" in load.stderr
+    assert (load.returncode, load.stderr) == (1, "")  # modprobe's words go to /dev/null
     assert node.run("modprobe", "nvidia").returncode == 1
+    dmesg = node.run("journalctl", "-k", "-o", "cat", "--no-pager").stdout
+    assert "requires use of the NVIDIA open kernel modules" in dmesg
     assert node.run("nvidia-smi", "-q").returncode == 9
 
 
@@ -760,11 +801,14 @@ def test_the_open_module_refuses_a_v100(make_node: MakeNode) -> None:
     assert node.run(installer, "--print-recommended-kernel-module-type").stdout == "proprietary\n"
     assert node.install("open").returncode == 0  # the build itself needs no GPU
     load = node.run("nvidia-modprobe", "-u", "-c0")
-    assert load.returncode == 1
-    # open-gpu-kernel-modules kernel-open/nvidia/nv.c, the probe of a GPU without a GSP
-    assert "(PCI ID: 10de:1db5)\nNVRM: installed in this system is not supported by open" in (
-        load.stderr
-    )
-    assert "could not insert 'nvidia': No such device" in load.stderr
+    # nvidia-modprobe runs modprobe with its output on /dev/null: exit 1, nothing said
+    assert (load.returncode, load.stdout, load.stderr) == (1, "", "")
+    kmod = node.run("modprobe", "nvidia")
+    assert kmod.returncode == 1
+    assert "could not insert 'nvidia': No such device" in kmod.stderr
+    # open-gpu-kernel-modules kernel-open/nvidia/nv.c, the probe of a GPU without a GSP,
+    # in the kernel log
+    dmesg = node.run("journalctl", "-k", "-o", "cat", "--no-pager").stdout
+    assert "(PCI ID: 10de:1db5)\nNVRM: installed in this system is not supported by open" in dmesg
     assert node.install("proprietary").returncode == 0
     assert node.run("nvidia-modprobe", "-u", "-c0").returncode == 0
