@@ -235,6 +235,10 @@ FAULTS: Mapping[str, str] = MappingProxyType(
         "cdi-fails": "`nvidia-ctk cdi generate` fails",
         "gpus-off-bus": "the GPUs are missing from PCI (fell off the bus) on a GPU VM size",
         "kernel-headers-missing": "/lib/modules/<kernel>/build is absent (no DKMS build)",
+        "grid-passthrough": (
+            "a GRID driver on a GPU passed through whole, no vGPU: nvidia-smi shows"
+            " Virtualization Mode Pass-Through and no vGPU Software Licensed Product block"
+        ),
         "grid-unlicensed": (
             "a GRID guest's vGPU licence is never acquired (nvidia-smi -q: License Status"
             " Unlicensed (Unrestricted))"
