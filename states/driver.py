@@ -4,7 +4,8 @@ toolkit.
 Satisfied when the configured version is DKMS-built for the running kernel and loaded
 (under a matching marker, with Grace's coherent mode), the per-boot init is done and the
 toolkit installed. It compiles only when install/prebuilt.py says so, unloading any other
-loaded driver first.
+loaded driver first; with driver.keep_image_driver, only when the image's driver does not
+load (AgentBaker's validateGPUDrivers).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import asdict
 from bootfsm.install import coherent, persistenced, prebuilt, records, signed_stack, teardown
 from bootfsm.install import driver_steps as steps
 from bootfsm.install.driver_init import (
+    image_driver_loads,
     init_missing,
     initialize,
     modules_present,
@@ -31,7 +33,8 @@ def satisfied(ctx: Context) -> bool:
     if not steps.nouveau_off(ctx) or not steps.toolkit_ok(ctx) or not coherent.conf_ok(ctx):
         return False
     loaded = loaded_module_version(ctx.host)
-    if not ctx.config.driver.install:
+    cfg = ctx.config.driver
+    if not cfg.install or (cfg.keep_image_driver and loaded is not None):
         module_ok = loaded is not None
     elif signed_stack.active(ctx):  # Canonical's packages, at the version of the kernel's
         module_ok = loaded == signed_stack.userspace(ctx) and signed_stack.installed(ctx)
@@ -44,14 +47,16 @@ def satisfied(ctx: Context) -> bool:
 def skip_reason(ctx: Context) -> str | None:
     """Why the state was skipped (read-only; called only after ``satisfied`` held)."""
     cfg = ctx.config.driver
+    loaded = loaded_module_version(ctx.host)
     if not cfg.install:
-        loaded = loaded_module_version(ctx.host)
         return f"driver.install = false: the image's driver {loaded} is loaded"
     if signed_stack.active(ctx):
         return (
             f"Ubuntu's signed driver {signed_stack.userspace(ctx)} for {ctx.facts.kernel}"
             " installed, loaded and initialized this boot"
         )
+    if cfg.keep_image_driver and loaded != cfg.version:
+        return f"driver.keep_image_driver: the image's driver {loaded} is loaded"
     m = prebuilt.current_marker(ctx.host, ctx.config)
     where = f"built by {m.source} for {m.kernel}" if m is not None else "DKMS-built"
     return f"driver {cfg.version} ({cfg.kind}) {where}, loaded and initialized this boot"
@@ -85,11 +90,12 @@ def run(ctx: Context) -> None:
     """Blacklist nouveau, compile unless prebaked, initialize, then install the toolkit."""
     steps.blacklist_nouveau(ctx)
     coherent.write_conf(ctx)  # before any load: modprobe reads it
+    before = modules_present(ctx)
     if signed_stack.active(ctx):  # no compile: dpkg installs the kernel's signed module
         signed_stack.install(ctx)
         _unload_other(ctx, not coherent.applied(ctx))
         before = modules_present(ctx)
-    elif ctx.config.driver.install:
+    elif ctx.config.driver.install and not image_driver_loads(ctx):
         rebuild = _needs_build(ctx)
         teardown.supersede(ctx)  # an aks-gpu prebake of another kind or version: its libraries go
         _unload_other(ctx, rebuild or not coherent.applied(ctx))  # loaded without it: reload
@@ -97,8 +103,7 @@ def run(ctx: Context) -> None:
         if rebuild:  # the marker then describes this build
             built = steps.build_module(ctx)
             records.write_markers(ctx, prebuilt.new_marker(ctx, built, dkms="yes", source="boot"))
-    else:
-        before = modules_present(ctx)
+    elif not ctx.config.driver.install:
         ctx.event("driver.skipped", reason="driver.install = false: the image ships a driver")
     try:
         initialize(ctx)

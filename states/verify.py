@@ -110,6 +110,20 @@ def satisfied(ctx: Context) -> bool:
     return judge_fabric(report).ok
 
 
+def skip_reason(ctx: Context) -> str | None:
+    """On GRID, the GPUs that report no vGPU licence element (read-only): no licence to
+    wait for; None elsewhere (the default reason then)."""
+    if not grid_license.wanted(ctx):
+        return None
+    try:
+        passthrough = grid_license.no_vgpu(_query(ctx))
+    except (BootError, TransientError):
+        return None
+    if not passthrough:
+        return None
+    return f"GRID driver, no vGPU licence element ({'; '.join(passthrough)}): none to wait for"
+
+
 def _judge(ctx: Context, report: SmiReport) -> FabricJudgement:
     """``judge_fabric``; Completed with a Status other than Success is final:
     FABRIC_STATUS_FAILED."""

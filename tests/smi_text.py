@@ -35,7 +35,8 @@ class _GpuBuilder:
     section: str = ""
     subsection: str = ""
     mig: tuple[str, str] = ("", "")
-    license_status: str = ""
+    license_status: str | None = None  # None: no licence section (no vGPU guest)
+    virtualization_mode: str = ""
 
     def feed(self, indent: int, key: str, value: str | None) -> None:
         """Take one line of this GPU's block."""
@@ -46,6 +47,8 @@ class _GpuBuilder:
                 self.product_name = value or ""
             if self.section == "Fabric":
                 self.fabric = ["", "", "", "", ""]
+            if self.section == _LICENSED and self.license_status is None:
+                self.license_status = ""  # the section is there: a vGPU guest
             return
         if indent == 8:
             self.subsection = key if value is None else ""
@@ -53,6 +56,8 @@ class _GpuBuilder:
             self.device_id = device_id_of(value or "")
         elif self.section == _LICENSED and indent == 8 and key == "License Status":
             self.license_status = value or ""
+        elif self.section == "GPU Virtualization Mode" and key == "Virtualization Mode":
+            self.virtualization_mode = value or ""
         elif self.section == "MIG Mode" and indent == 8 and key in ("Current", "Pending"):
             current, pending = self.mig
             self.mig = (value or "", pending) if key == "Current" else (current, value or "")
@@ -76,6 +81,7 @@ class _GpuBuilder:
             health,
             *self.mig,
             self.license_status,
+            self.virtualization_mode,
         )
 
 

@@ -233,6 +233,8 @@ EVERY_FAULT = [
     ("grid-unlicensed", "a10-nvads", Code.GRID_NOT_LICENSED, "verify", 84),
     # Secure Boot on and the runfile chosen: refused in detect, before any download
     ("secure-boot", "h100-pcie", Code.SECURE_BOOT_NEEDS_SIGNED_MODULE, "detect", 84),
+    # a GRID driver on a GPU passed through whole: no licence element, nothing to wait for
+    ("grid-passthrough", "a10-nvads", Code.OK, "done", 0),
 ]
 
 
@@ -244,7 +246,7 @@ def _overrides(fault: str) -> dict[str, dict[str, object]]:
     # a hung installer is cut by driver.command_timeout (the state's own limit), quickly
     if fault == "mig-gpu-in-use":
         return {"mig": {"profile": "MIG1g"}}
-    if fault == "grid-unlicensed":
+    if fault in ("grid-unlicensed", "grid-passthrough"):
         return {"verify": {"license_timeout": 0.5, "license_poll_interval": 0.1}}
     return {"driver": {"command_timeout": 2.0}} if fault == "installer-hangs" else {}
 
@@ -258,7 +260,7 @@ def test_hook_exits_with_the_cse_code_of_each_fault(
     """The documented line on a node with the fault: the CSE code of the same meaning
     as the exit status, bootfsm's own code, name and hint (and the CSE code) in the one
     line, and bootfsm's own code in the journal."""
-    kind = "grid" if fault == "grid-unlicensed" else "cuda"
+    kind = "grid" if fault.startswith("grid-") else "cuda"
     w = make_world(sku, (fault,), driver_kind=kind, config_overrides=_overrides(fault))
     p = run_hook(w)
     line = only_line(p)

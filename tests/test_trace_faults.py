@@ -71,6 +71,8 @@ EXPECTED: dict[str, tuple[str, Code] | None] = {
     "grid-unlicensed": ("verify", Code.GRID_NOT_LICENSED),
     # a Trusted Launch VM with Secure Boot on: the runfile's unsigned module never loads
     "secure-boot": ("detect", Code.SECURE_BOOT_NEEDS_SIGNED_MODULE),
+    # a GRID driver on a GPU passed through whole: no licence element, no wait
+    "grid-passthrough": None,
 }
 #: The node a fault bites on (SKU, config sections added to FAST); h100-pcie otherwise.
 WHERE: dict[str, tuple[str, dict[str, dict[str, Any]]]] = {
@@ -79,6 +81,10 @@ WHERE: dict[str, tuple[str, dict[str, dict[str, Any]]]] = {
     "mig-gpu-in-use": ("h100-pcie", {"mig": {"profile": "MIG1g"}}),  # a MIG layout
     # a GRID guest (driver.kind = "grid"), its licence wait kept short
     "grid-unlicensed": (
+        "a10-nvads",
+        {"verify": {"license_timeout": 0.5, "license_poll_interval": 0.1}},
+    ),
+    "grid-passthrough": (
         "a10-nvads",
         {"verify": {"license_timeout": 0.5, "license_poll_interval": 0.1}},
     ),
@@ -118,7 +124,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[W
 
     def boot(fault: str) -> int:
         sku, config = _world(fault)
-        kind = "grid" if fault == "grid-unlicensed" else "cuda"
+        kind = "grid" if fault.startswith("grid-") else "cuda"
         w = World(base / fault, sku, (fault,), driver_kind=kind, config_overrides=config)
         worlds[fault] = w
         w.__enter__()

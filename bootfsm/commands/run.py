@@ -18,6 +18,7 @@ from bootfsm.core.config import Config, ConfigError
 from bootfsm.core.config_files import load_config_sources
 from bootfsm.core.cse import CSE_NAMES, cse_exit
 from bootfsm.core.deadline import Deadline
+from bootfsm.core.errors import BootError
 from bootfsm.machine.engine import Outcome
 from bootfsm.run.notify import Notifier, state_status
 from bootfsm.run.runner import RunOptions, execute
@@ -94,8 +95,9 @@ def _refused(code: Code, message: str, exit_codes: str) -> int:
 
 def _config(
     path: Path, required: bool, hook: bool
-) -> tuple[Config, list[caller.Override], dict[str, str]] | str:
-    """The config with the hook's overrides and each value's file; or why it is invalid."""
+) -> tuple[Config, list[caller.Override], dict[str, str]] | str | BootError:
+    """The config with the hook's overrides and each value's file; or why it is invalid
+    (a BootError: a valid choice of the caller's that bootfsm does not install)."""
     try:
         loaded = load_config_sources(path, required=required)
     except ConfigError as exc:
@@ -106,6 +108,8 @@ def _config(
             cfg, overrides = caller.apply(cfg, caller.hook_overrides(cfg, os.environ))
         except ConfigError as exc:
             return f"the provisioning hook's environment is invalid: {exc}"
+        except BootError as exc:
+            return exc
     return cfg, overrides, dict(loaded.sources)
 
 
@@ -117,6 +121,9 @@ def main(args: argparse.Namespace) -> int:
     if isinstance(configured, str):
         print(f"bootfsm: {configured}", file=sys.stderr)
         return _refused(Code.CONFIG_INVALID, configured, exit_codes)
+    if isinstance(configured, BootError):
+        print(f"bootfsm: {configured.message}", file=sys.stderr)
+        return _refused(configured.code, configured.message, exit_codes)
     cfg, overrides, sources = configured
     deadline = _deadline(args)
     if isinstance(deadline, str):

@@ -1,7 +1,10 @@
 """The provisioning hook's caller: what AKS's CSE chose for this VM size, as overrides.
 
 Pure: CSE's environment (``GPU_DV``, ``MIG_NODE``...) in, config overrides with their
-source out, kept in a drop-in for later runs; ``ConfigError`` names a bad variable.
+source out, kept in a drop-in for later runs; ``ConfigError`` names a bad variable,
+``BootError(DRIVER_BRANCH_UNSUPPORTED)`` a driver bootfsm does not install. The values
+are AgentBaker's (Azure/AgentBaker 06836ee2301e362039418c3a7ed0fe6004a641fd: cse_cmd.sh,
+cse_helpers.sh, aks-node-controller/pkg/gpu/gpu.go, cse_config.sh ensureGPUDrivers).
 """
 
 from __future__ import annotations
@@ -10,7 +13,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from bootfsm.core.codes import Code
 from bootfsm.core.config import DEFAULTS, RUNFILE_SHA256_KEYS, Config, ConfigError, parse_config
+from bootfsm.core.errors import BootError
 
 __all__ = [
     "HOOK_DROPIN",
@@ -75,10 +80,23 @@ def _flag_override(
     return None if flag is None else Override(key, values[flag], f"{name}={env[name].strip()}")
 
 
-def _driver_version(env: Mapping[str, str]) -> Override | None:
+def _driver_version(env: Mapping[str, str], cfg: Config) -> Override | None:
     name, version = _first(env, "GPU_DV", "GPU_DRIVER_VERSION")
     if not name:
+        if _flag(env, "GPU_NODE"):  # GetGPUDriverVersion gives "" without components.json
+            why = f"GPU_DV is empty (GPU_NODE=true): the config's {cfg.driver.version}"
+            return Override("driver.version", cfg.driver.version, why, persist=False)
         return None
+    kind, _, number = version.rpartition("-")
+    if kind and kind in _DRIVER_TYPES and all(p.isdigit() for p in number.split(".")):
+        # an aks-gpu image tag, not a version: gpu.go's Nvidia470CudaDriverVersion
+        # ("cuda-470.82.01"), which GetGPUDriverVersion gives the retired NCv1 (K80) sizes
+        raise BootError(
+            Code.DRIVER_BRANCH_UNSUPPORTED,
+            f"{name}={version[:40]}: the R{number.split('.', 1)[0]} {kind} driver AgentBaker "
+            "pins for the retired NCv1 sizes (Tesla K80); bootfsm installs no driver of "
+            "that branch and none drives a K80 after it",
+        )
     if not all(p.isdigit() for p in version.split(".")):
         raise ConfigError(
             f"{name}: expected a driver version like 580.159.04, got {version[:40]!r}"
@@ -113,9 +131,13 @@ def hook_overrides(cfg: Config, env: Mapping[str, str]) -> list[Override]:
     found = [
         _flag_override(env, "GPU_NODE", "detect.gpu_node", ("no", "yes")),
         _flag_override(env, "GPU_NEEDS_FABRIC_MANAGER", "detect.fabric_manager", ("no", "yes")),
-        _driver_version(env),
+        _driver_version(env, cfg),
         _driver_kind(env),
-        _flag_override(env, "CONFIG_GPU_DRIVER_IF_NEEDED", "driver.install", (False, True)),
+        # false: validateGPUDrivers, the image's driver if it loads, else configGPUDrivers
+        _flag_override(env, "CONFIG_GPU_DRIVER_IF_NEEDED", "driver.install", (True, True)),
+        _flag_override(
+            env, "CONFIG_GPU_DRIVER_IF_NEEDED", "driver.keep_image_driver", (True, False)
+        ),
         _mig_profile(env),
     ]
     out = [o for o in found if o is not None]

@@ -216,7 +216,8 @@ _TABLE: dict[tuple[Code, int], tuple[str, str]] = {
         "install the kernel's InfiniBand modules (linux-modules-extra / MOFED); see dmesg",
     ),
     (Code.GRID_NOT_LICENSED, 84): (
-        "GRID: nvidia-smi -q -x shows no vGPU licence acquired within verify.license_timeout",
+        "GRID: a vGPU's licence element still says unlicensed after verify.license_timeout"
+        " or the run's deadline",
         "check nvidia-gridd (unit, /etc/nvidia/gridd.conf) and the licence server",
     ),
     (Code.DRIVER_LIBRARY_MISMATCH, 84): (

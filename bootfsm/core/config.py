@@ -58,6 +58,7 @@ class DriverSpec:
     """[driver]: which driver to install and how."""
 
     install: bool = True
+    keep_image_driver: bool = False
     version: str = "580.159.04"
     kind: str = "cuda"
     module_type: str = "auto"

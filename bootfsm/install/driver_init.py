@@ -28,6 +28,7 @@ __all__ = [
     "SMI_POLL_S",
     "device_nodes",
     "device_processes",
+    "image_driver_loads",
     "inforom_error",
     "init_missing",
     "initialize",
@@ -198,6 +199,25 @@ def signature_rejection(ctx: Context, output: str) -> BootError | None:
         "the key that signed it",
         output=refusal,
     )
+
+
+def image_driver_loads(ctx: Context) -> bool:
+    """With driver.keep_image_driver: whether a driver the image ships is loaded, or loads
+    with `nvidia-modprobe -u -c0` (validateGPUDrivers' check), whatever its version; journaled
+    ``driver.image_kept`` or ``driver.image_not_loaded``. False without the key."""
+    if not ctx.config.driver.keep_image_driver:
+        return False
+    loaded = loaded_module_version(ctx.host)
+    output = ""
+    if loaded is None and ctx.host.which("nvidia-modprobe"):
+        r = ctx.run(["nvidia-modprobe", "-u", "-c0"], timeout=120, probe=True)
+        loaded, output = loaded_module_version(ctx.host), r.tail.strip()[-300:]
+    if loaded is None:
+        why = output or "nvidia-modprobe is not on PATH"
+        ctx.event("driver.image_not_loaded", install=ctx.config.driver.version, output=why)
+        return False
+    ctx.event("driver.image_kept", version=loaded, configured=ctx.config.driver.version)
+    return True
 
 
 def _load(ctx: Context) -> None:

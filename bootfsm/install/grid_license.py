@@ -1,8 +1,11 @@
-"""GRID (vGPU) licences: a GRID node is ready only once every GPU's licence is acquired.
+"""GRID (vGPU) licences: a GRID node is ready only once every vGPU's licence is acquired.
 
-verify waits, bounded by ``verify.license_timeout``, until `nvidia-smi -q -x` shows each
-GPU's ``license_status`` as ``Licensed``; GRID_NOT_LICENSED else. An unlicensed vGPU is
-throttled and CUDA reports it busy (Azure/AKS issues 4870, 4880).
+A GPU whose `nvidia-smi -q -x` report has a ``vgpu_software_licensed_product`` element is
+a vGPU guest: verify waits, bounded by ``verify.license_timeout`` and by what is left of
+the run's deadline (under the hook, CSE's budget), until its ``license_status`` says
+``Licensed``; GRID_NOT_LICENSED else. An unlicensed vGPU is throttled and CUDA reports it
+busy (Azure/AKS issues 4870, 4880). A GPU without the element (passed through whole:
+virtualization mode Pass-Through or None) never reports a licence: no wait, journaled.
 """
 
 from __future__ import annotations
@@ -14,7 +17,11 @@ from bootfsm.parsers import ParseError
 from bootfsm.parsers.nvidia_smi import SmiReport, licensed
 from bootfsm.parsers.nvidia_smi_xml import parse_smi_xml
 
-__all__ = ["problems", "wait_licensed", "wanted"]
+__all__ = ["no_vgpu", "problems", "wait_licensed", "wanted"]
+
+LAST_QUERY_S = 5.0
+"""Seconds of the run's deadline kept for the wait's last `nvidia-smi -q -x`, so that a
+licence that never comes ends GRID_NOT_LICENSED, not a bare deadline error."""
 
 
 def wanted(ctx: Context) -> bool:
@@ -23,11 +30,20 @@ def wanted(ctx: Context) -> bool:
 
 
 def problems(report: SmiReport) -> list[str]:
-    """``<bus id>: <License Status>`` of each unlicensed GPU (pure); empty when all are."""
+    """``<bus id>: <License Status>`` of each vGPU not licensed (pure); empty when all are."""
     return [
-        f"{g.bus_id}: {g.license_status or 'no vgpu_software_licensed_product element'}"
+        f"{g.bus_id}: {g.license_status or '(empty license_status)'}"
         for g in report.gpus
-        if not licensed(g.license_status)
+        if g.license_status is not None and not licensed(g.license_status)
+    ]
+
+
+def no_vgpu(report: SmiReport) -> list[str]:
+    """``<bus id>: <virtualization mode>`` of each GPU without a licence element (pure)."""
+    return [
+        f"{g.bus_id}: virtualization mode {g.virtualization_mode or '(none reported)'}"
+        for g in report.gpus
+        if g.license_status is None
     ]
 
 
@@ -45,13 +61,25 @@ def _asked(ctx: Context) -> list[str]:
 
 
 def wait_licensed(ctx: Context, report: SmiReport) -> None:
-    """Wait, bounded, until every GPU is licensed, starting from ``report``;
+    """Wait, bounded, until every vGPU is licensed, starting from ``report``;
     GRID_NOT_LICENSED with what nvidia-smi said last when the wait runs out."""
     cfg = ctx.config.verify
+    passthrough = no_vgpu(report)
+    if passthrough:
+        ctx.event(
+            "grid.no_vgpu", gpus=passthrough, reason="no licence element: no licence to wait for"
+        )
     last = problems(report)
     if not last:
         return
-    ctx.event("grid.license_waiting", gpus=last, timeout_s=cfg.license_timeout)
+    left = max(0.0, ctx.remaining() - LAST_QUERY_S)
+    bound = (
+        f"verify.license_timeout = {cfg.license_timeout:g} s"
+        if cfg.license_timeout <= left
+        else f"the {left:.0f} s left of the run's deadline ({ctx.deadline.seconds:g} s)"
+    )
+    timeout = min(cfg.license_timeout, left)
+    ctx.event("grid.license_waiting", gpus=last, timeout_s=round(timeout, 1))
 
     def probe() -> bool | None:
         last[:] = _asked(ctx)
@@ -59,12 +87,11 @@ def wait_licensed(ctx: Context, report: SmiReport) -> None:
 
     ctx.wait_until(
         probe,
-        timeout=cfg.license_timeout,
+        timeout=timeout,
         interval=cfg.license_poll_interval,
         on_timeout=lambda: BootError(
             Code.GRID_NOT_LICENSED,
-            f"the vGPU licence was not acquired within verify.license_timeout ="
-            f" {cfg.license_timeout:g} s: {'; '.join(last)[:500]}",
+            f"the vGPU licence was not acquired within {bound}: {'; '.join(last)[:500]}",
         ),
     )
     ctx.event("grid.licensed")

@@ -45,10 +45,12 @@ class SmiGpu:
     """MIG Mode Current as printed ("Enabled", "Disabled", "N/A": no MIG); "" when absent."""
     mig_pending: str = ""
     """MIG Mode Pending: what the next GPU reset or reboot makes current."""
-    license_status: str = ""
-    """vGPU Software Licensed Product / License Status as printed (a GRID driver:
-    "Licensed (Expiry: 2025-3-19 7:29:4 GMT)", "Unlicensed (Unrestricted)"...); "" when
-    the block is absent (not a GRID driver)."""
+    license_status: str | None = None
+    """vGPU Software Licensed Product / License Status as printed (a vGPU guest:
+    "Licensed (Expiry: 2025-3-19 7:29:4 GMT)", "Unlicensed (Unrestricted)"...); None when
+    the report has no such block (no vGPU guest: no licence will ever be reported)."""
+    virtualization_mode: str = ""
+    """GPU Virtualization Mode as printed ("None", "Pass-Through", "VGPU"...)."""
 
 
 @dataclass(frozen=True)

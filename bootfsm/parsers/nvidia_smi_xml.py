@@ -98,5 +98,10 @@ def _gpu(gpu: ET.Element) -> SmiGpu:
         health_summary=_text(fabric, "health/summary"),
         mig_current=_text(gpu, "mig_mode/current_mig"),
         mig_pending=_text(gpu, "mig_mode/pending_mig"),
-        license_status=_text(gpu, "vgpu_software_licensed_product/license_status"),
+        license_status=(
+            _text(gpu, "vgpu_software_licensed_product/license_status")
+            if gpu.find("vgpu_software_licensed_product") is not None
+            else None
+        ),
+        virtualization_mode=_text(gpu, "gpu_virtualization_mode/virtualization_mode"),
     )

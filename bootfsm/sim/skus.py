@@ -41,6 +41,8 @@ class Sku:
     kernel: str
     containerd_version: str
     vm_size: str
+    amd_gpu_device_id: int | None = None
+    """An AMD GPU function on PCI (vendor 0x1002) instead of NVIDIA's, on an AMD VM size."""
     clique_id: int = 0
     """Fabric CliqueId once Completed: a Grace-Blackwell NVLink domain's clique (GB200
     capture: 2, GB300 capture: 32766); 0 on single-node NVSwitch/NVLink5 systems."""
@@ -189,6 +191,24 @@ SKUS: Mapping[str, Sku] = _skus(
         containerd_version="1.7.27",
         vm_size="Standard_D4s_v5",
     ),
+    Sku(
+        # an AMD GPU VM size booting the same image: Azure NGads V620 (a quarter of a Radeon
+        # PRO V620, passed in as its SR-IOV function, pci.ids 1002:73ae "Navi 21 [Radeon Pro
+        # V620 MxGPU]"), no NVIDIA function on PCI
+        name="amd-ngads-v620",
+        arch="x86_64",
+        gpu_device_id=0,
+        gpu_count=0,
+        nvswitch_device_id=None,
+        nvswitch_count=0,
+        nvlink5=False,
+        os_id="ubuntu",
+        os_version="22.04",
+        kernel="5.15.0-1089-azure",
+        containerd_version="1.7.27",
+        vm_size="Standard_NG8ads_V620_v1",
+        amd_gpu_device_id=0x73AE,
+    ),
 )
 
 FAULTS: Mapping[str, str] = MappingProxyType(
@@ -215,6 +235,10 @@ FAULTS: Mapping[str, str] = MappingProxyType(
         "cdi-fails": "`nvidia-ctk cdi generate` fails",
         "gpus-off-bus": "the GPUs are missing from PCI (fell off the bus) on a GPU VM size",
         "kernel-headers-missing": "/lib/modules/<kernel>/build is absent (no DKMS build)",
+        "grid-passthrough": (
+            "a GRID driver on a GPU passed through whole, no vGPU: nvidia-smi shows"
+            " Virtualization Mode Pass-Through and no vGPU Software Licensed Product block"
+        ),
         "grid-unlicensed": (
             "a GRID guest's vGPU licence is never acquired (nvidia-smi -q: License Status"
             " Unlicensed (Unrestricted))"
@@ -244,6 +268,7 @@ class PciFunction:
 
 
 _NVIDIA = 0x10DE
+_AMD = 0x1002
 _MELLANOX = 0x15B3
 _MICROSOFT = 0x1414
 
@@ -265,6 +290,8 @@ def pci_layout(sku: Sku) -> tuple[PciFunction, ...]:
         for i in range(sku.nvswitch_count):
             address = f"{sku.gpu_count + i + 1:04x}:00:00.0"
             funcs.append(PciFunction(address, _NVIDIA, sku.nvswitch_device_id, 0x068000))
+    if sku.amd_gpu_device_id is not None:
+        funcs.append(PciFunction("0001:00:00.0", _AMD, sku.amd_gpu_device_id, 0x038000))
     funcs += [
         PciFunction("0101:00:00.0", _MELLANOX, 0x101E, 0x020700),  # ConnectX-7 VF (InfiniBand)
         PciFunction("c941:00:02.0", _MELLANOX, 0x1016, 0x020000),  # ConnectX-4 Lx VF (Ethernet)

@@ -7,6 +7,9 @@ GPU Operator vGPU guide; ``License Status`` words from NVIDIA's vGPU licensing g
 ``Licensed (Expiry: ...)``, and NVIDIA/gpu-operator #220, ``Unlicensed``). nvidia-gridd
 takes a moment: the licence is acquired after the second report (`-q` or `-q -x`) this boot, never
 under the grid-unlicensed fault ("Unlicensed (Unrestricted)", the grace period's state).
+Under the grid-passthrough fault the GPU is passed through whole: "Pass-Through" and no
+licence block, as the real passthrough captures show (samples/nvidia-smi
+k8s-test-infra_hardware_xml qx-l40s.xml, qx-t4.xml: no vgpu_software_licensed_product).
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ def vgpu_values(node: Node) -> dict[str, str]:
     no block, not a vGPU guest)."""
     if not node.p(_GRIDD).exists():
         return {"virtualization_mode": "None", "licensed_product": "", "license_status": ""}
+    if node.fault("grid-passthrough"):
+        return {"virtualization_mode": "Pass-Through", "licensed_product": "", "license_status": ""}
     if node.fault("grid-unlicensed") or _seen(node) < 2:
         status = "Unlicensed (Unrestricted)"
     else:

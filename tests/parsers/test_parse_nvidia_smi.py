@@ -172,6 +172,8 @@ def test_layout_without_fabric_block() -> None:
         device_id=0x2236,
         mig_current="N/A",  # "MIG Mode / Current : N/A" in the capture (no MIG on an A10)
         mig_pending="N/A",
+        license_status=None,  # no "vGPU Software Licensed Product" block: no vGPU guest
+        virtualization_mode="Pass-Through",  # "GPU Virtualization Mode" in the capture
     )
 
 
