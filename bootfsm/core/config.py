@@ -9,20 +9,28 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from bootfsm.core.migspec import parse_mig_layout
+from bootfsm.core.config_rules import (
+    ConfigError,
+    Rule,
+    absolute,
+    absolute_or_empty,
+    base_urls,
+    mig_profile,
+    mig_tag,
+    node_path,
+    one_of,
+    pins,
+    sha256,
+    version,
+)
 
 __all__ = ["DEFAULTS", "DEFAULT_PATH", "Config", "ConfigError", "parse_config"]
 
 DEFAULT_PATH = "/etc/bootfsm/config.toml"
-
-
-class ConfigError(ValueError):
-    """The configuration is invalid; the message names the key."""
 
 
 @dataclass(frozen=True)
@@ -278,107 +286,27 @@ def _number(where: str, value: Any, default: float, bounds: tuple[float, float, 
     return type(default)(value)  # the default's type: a float key takes a whole number too
 
 
-Rule = Callable[[str, Any], None]  # a check of one key's value, already of its type
-
-
-def _node_path(where: str, value: str) -> None:
-    """A node path: no NUL or control character, no ``..`` or ``.`` component."""
-    if any(ord(c) < 32 or ord(c) == 127 for c in value):
-        raise ConfigError(f"{where}: a path must not contain NUL or control characters")
-    if any(part in ("..", ".") for part in value.split("/")):
-        raise ConfigError(f"{where}: a path must not contain '..' or '.' components: {value!r}")
-
-
-def _absolute(where: str, value: str) -> None:
-    if not value.startswith("/"):
-        raise ConfigError(f"{where}: must be an absolute node path")
-
-
-def _absolute_or_empty(where: str, value: str) -> None:  # empty: off, or the system store
-    if value and not value.startswith("/"):
-        raise ConfigError(f"{where}: must be an absolute node path or empty")
-
-
-def _one_of(choices: tuple[str, ...]) -> Rule:
-    def rule(where: str, value: str) -> None:
-        if value not in choices:
-            raise ConfigError(f"{where}: must be one of {', '.join(choices)}; got {value!r}")
-
-    return rule
-
-
-def _sha256(where: str, value: str) -> None:
-    if value and not (len(value) == 64 and all(c in "0123456789abcdef" for c in value.lower())):
-        raise ConfigError(f"{where}: expected 64 hex digits, got {len(value)} characters")
-
-
-def _is_version(v: str) -> bool:
-    return bool(v) and all(p.isdigit() for p in v.split("."))
-
-
-def _version(where: str, value: str) -> None:
-    if not _is_version(value):
-        raise ConfigError(f"{where}: expected a dotted version like 580.159.04, got {value!r}")
-
-
-def _mig_profile(where: str, value: str) -> None:
-    try:
-        parse_mig_layout(value) if value else None
-    except ValueError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
-
-
-def _mig_tag(where: str, value: str) -> None:
-    if value and not re.fullmatch(r"[A-Za-z0-9_.-]{1,128}", value):
-        raise ConfigError(f"{where}: not a VM tag name: {value!r:.80}")
-
-
-def _base_urls(where: str, value: tuple[str, ...]) -> None:
-    for i, url in enumerate(value, start=1):
-        if not url.startswith(("https://", "http://")):
-            shown = url.split("?", 1)[0]  # never echo a signature
-            raise ConfigError(f"{where}: entry {i} is not an http(s) base URL: {shown!r}")
-
-
-def _pins(where: str, value: tuple[str, ...]) -> None:
-    """``sources.runfile_pins``: each "KIND VERSION ARCH SHA256"."""
-    for i, pin in enumerate(value, start=1):
-        parts, entry = pin.split(), f"{where}: entry {i}"
-        if len(parts) != 4:
-            raise ConfigError(
-                f'{entry}: expected "KIND VERSION ARCH SHA256", got {len(parts)} words'
-            )
-        kind, version, arch, sha = parts
-        if kind not in _CHOICES[("driver", "kind")]:
-            raise ConfigError(f"{entry}: kind must be cuda or grid, got {kind!r:.40}")
-        if not _is_version(version):
-            raise ConfigError(f"{entry}: expected a dotted version, got {version!r:.40}")
-        if arch not in ("x86_64", "aarch64"):
-            raise ConfigError(f"{entry}: arch must be x86_64 or aarch64, got {arch!r:.40}")
-        _sha256(entry, sha)
-
-
 _UBUNTU = ("archive", "ports")
 RUNFILE_SHA256_KEYS = ("runfile_sha256", "runfile_sha256_x86_64", "runfile_sha256_aarch64")
 """The plain runfile pins: they pin driver.version as configured (not ``runfile_pins``)."""
 _RULES: dict[tuple[str, str], tuple[Rule, ...]] = {
-    **{k: (_one_of(choices),) for k, choices in _CHOICES.items()},
-    **{k: (_node_path, _absolute) for k in (("run", "state_dir"), ("run", "log_dir"))},
-    **{("run", k): (_node_path, _absolute_or_empty) for k in ("metrics_file", "cse_events_dir")},
-    ("fetch", "cache_dir"): (_node_path, _absolute),
-    ("fetch", "ca_file"): (_node_path, _absolute_or_empty),
-    **{("sources", f"{k}_repo_keyring"): (_absolute,) for k in ("cuda", "toolkit")},
-    ("sources", "ubuntu_archive_keyring"): (_node_path, _absolute),
-    **{("sources", f"ubuntu_{k}"): (lambda w, v: _base_urls(w, (v,)),) for k in _UBUNTU},
-    **{("sources", k): (_sha256,) for k in (*RUNFILE_SHA256_KEYS, "redist_manifest_sha256")},
+    **{k: (one_of(choices),) for k, choices in _CHOICES.items()},
+    **{k: (node_path, absolute) for k in (("run", "state_dir"), ("run", "log_dir"))},
+    **{("run", k): (node_path, absolute_or_empty) for k in ("metrics_file", "cse_events_dir")},
+    ("fetch", "cache_dir"): (node_path, absolute),
+    ("fetch", "ca_file"): (node_path, absolute_or_empty),
+    **{("sources", f"{k}_repo_keyring"): (absolute,) for k in ("cuda", "toolkit")},
+    ("sources", "ubuntu_archive_keyring"): (node_path, absolute),
+    **{("sources", f"ubuntu_{k}"): (lambda w, v: base_urls(w, (v,)),) for k in _UBUNTU},
+    **{("sources", k): (sha256,) for k in (*RUNFILE_SHA256_KEYS, "redist_manifest_sha256")},
     **{
-        ("sources", f"{k}_mirrors"): (_base_urls,)
+        ("sources", f"{k}_mirrors"): (base_urls,)
         for k in ("runfile", "redist", "cuda_repo", "toolkit_repo", "ubuntu_archive")
     },
-    ("sources", "runfile_pins"): (_pins,),
-    ("driver", "version"): (_version,),
-    ("mig", "profile"): (_mig_profile,),
-    ("mig", "tag"): (_mig_tag,),
+    ("sources", "runfile_pins"): (pins,),
+    ("driver", "version"): (version,),
+    ("mig", "profile"): (mig_profile,),
+    ("mig", "tag"): (mig_tag,),
 }
 """Every key's checks beyond its type (and its range, ``RANGES``, for a number)."""
 
