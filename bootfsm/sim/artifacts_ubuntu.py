@@ -30,6 +30,7 @@ from bootfsm.sim.artifacts_packages import _control_fields, build_deb
 from bootfsm.sim.artifacts_redist import _FM_UNIT
 from bootfsm.sim.artifacts_signing import RepoSigner
 from bootfsm.sim.artifacts_tools import digests
+from bootfsm.sim.elf import shared_object
 
 __all__ = ["BASE_PACKAGES", "base_status", "build_ubuntu_archive"]
 
@@ -79,8 +80,8 @@ def _userspace(
             fields={"Provides": f"nvidia-kernel-common, {common}-{x}",
                     "Conflicts": "nvidia-kernel-common", "Replaces": "nvidia-kernel-common"}),
         deb(drv, f"libnvidia-compute-{b}-server",
-            files={f"{lib}/libnvidia-ml.so.{x}": b"NVML (simulated)\n",
-                   f"{lib}/libcuda.so.{x}": b"CUDA driver (simulated)\n"},
+            files={f"{lib}/libnvidia-ml.so.{x}": shared_object("libnvidia-ml.so.1", libdir),
+                   f"{lib}/libcuda.so.{x}": shared_object("libcuda.so.1", libdir)},
             links={f"{lib}/libnvidia-ml.so.1": f"libnvidia-ml.so.{x}",
                    f"{lib}/libcuda.so.1": f"libcuda.so.{x}"},
             depends=f"{common}-{x}, ocl-icd-libopencl1, libc6 (>= 2.34), libgcc-s1 (>= 4.3),"
