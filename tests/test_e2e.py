@@ -197,13 +197,14 @@ def test_rerun_on_a_provisioned_node_invokes_no_installer(make_world: MakeWorld)
         " nvidia-fabricmanager.service nvidia-imex.service containerd.service kubelet.service"
     )
     assert asked == [show] * 3
-    # verify's two: the plain table (the one that reports a corrupted infoROM) and -q -x
+    # verify's three: the plain table (the one that reports a corrupted infoROM), -q -x,
+    # and the linker cache (only the loaded driver's libraries resolve)
     assert [c["cmd"] for c in new] == [
-        "dpkg-query", "dkms", *["systemctl"] * 3, *["nvidia-smi"] * 2
+        "dpkg-query", "dkms", *["systemctl"] * 3, *["nvidia-smi"] * 2, "ldconfig"
     ]  # fmt: skip
 
 
-def test_gb300_rerun_asks_eight_commands(make_world: MakeWorld) -> None:
+def test_gb300_rerun_asks_nine_commands(make_world: MakeWorld) -> None:
     """Grace-Blackwell: driver's toolkit question and imex's nvidia-imex question are a
     `dpkg-query` each; the persistence daemon (driver), the fabric manager that must stay
     off (the transition to imex) and the masked IMEX unit (imex) a `systemctl show` each."""
@@ -212,10 +213,11 @@ def test_gb300_rerun_asks_eight_commands(make_world: MakeWorld) -> None:
     before = len(w.calls())
     assert run_in_process(w).outcome.ok
     new = w.calls()[before:]
-    # verify's two: the plain table (the one that reports a corrupted infoROM) and -q -x
+    # verify's three: the plain table (the one that reports a corrupted infoROM), -q -x,
+    # and the linker cache (`ldconfig -p`: only the loaded driver's libraries resolve)
     assert [c["cmd"] for c in new] == [
         "dpkg-query", "dkms", "systemctl", "systemctl", "dpkg-query", "systemctl",
-        *["nvidia-smi"] * 2,
+        *["nvidia-smi"] * 2, "ldconfig",
     ]  # fmt: skip
     query = [c["argv"] for c in new if c["cmd"] == "dpkg-query"][-1]
     assert "nvidia-imex" in query and "nvidia-container-toolkit" in query
