@@ -38,8 +38,16 @@ from pathlib import Path
 
 from images import Image, run, sha256, ubuntu_archive
 from real_node import CANONICAL_SIGNER
-from real_packages import RELEASES, Release, _download, fetch, verified_index
-from signed_mirror import DOCROOT, config_text, rejected
+from real_packages import (
+    RELEASES,
+    Release,
+    _download,
+    fetch,
+    signed_sha256,
+    verified_index,
+    verified_inrelease,
+)
+from signed_mirror import DOCROOT, LISTED, config_text, rejected
 
 # what a PCIe node's stack is (the lane's SKU has no NVSwitch: no fabric manager/IMEX)
 PINNED = (
@@ -94,7 +102,28 @@ def stanza(deb: Path, pool: str) -> str:
     return f"{control}\nFilename: {pool}\nSize: {deb.stat().st_size}\nSHA256: {sha256(deb)}\n"
 
 
-def repository(root: Path, rel: Release, debs: list[Path], gnupg: Path) -> None:
+def newer_listed(cache: Path, rel: Release, names: set[str]) -> list[str]:
+    """The REAL stanzas (verbatim, from the real signed {suite}-updates restricted index) of
+    the newer user-space it lists today (580.196.07): listed, their files never served here,
+    as on the real archive. A resolver that took the newest user-space fails on them."""
+    # checked through the signed InRelease and cached by its digest; its text read below
+    verified_index(cache, f"{rel.suite}-updates", "restricted", set())
+    signed = verified_inrelease(cache, f"{rel.suite}-updates", refresh=False)
+    sha, _size = signed_sha256(signed, "restricted/binary-amd64/Packages.xz")
+    xz = cache / "ubuntu-archive" / f"{rel.suite}-updates" / f"restricted-Packages-{sha[:16]}.xz"
+    out = []
+    for block in lzma.decompress(xz.read_bytes()).decode().split("\n\n"):
+        fields = dict(ln.split(": ", 1) for ln in block.splitlines() if ": " in ln and ln[0] != " ")
+        name = fields.get("Package", "")
+        newer = fields.get("Version", "").split("-")[0] == LISTED
+        if newer and (name in names or name == f"nvidia-firmware-580-server-{LISTED}"):
+            out.append(block.strip("\n") + "\n")
+    if not out:
+        raise RuntimeError(f"{rel.suite}-updates restricted lists no {LISTED} user-space any more")
+    return out
+
+
+def repository(root: Path, rel: Release, debs: list[Path], gnupg: Path, cache: Path) -> None:
     """dists/{suite,-updates,-security}/restricted (the stack in -updates), signed."""
     entries = []
     for deb in debs:
@@ -102,6 +131,7 @@ def repository(root: Path, rel: Release, debs: list[Path], gnupg: Path) -> None:
         (root / pool).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(deb, root / pool)
         entries.append(stanza(deb, pool))
+    entries += newer_listed(cache, rel, {Path(d).name.split("-", 1)[1].split("_")[0] for d in debs})
     for suite in (rel.suite, f"{rel.suite}-updates", f"{rel.suite}-security"):
         text = "\n".join(entries) if suite.endswith("-updates") else ""
         body = lzma.compress(text.encode(), format=lzma.FORMAT_XZ)
@@ -184,7 +214,7 @@ def scenario(
         gnupg = Path(tempfile.mkdtemp(prefix="lane-gnupg-", dir=work))
         try:
             test_key(gnupg, node / KEYRING.lstrip("/"))
-            repository(node / DOCROOT, rel, [d.path for d in debs], gnupg)
+            repository(node / DOCROOT, rel, [d.path for d in debs], gnupg, cache)
         finally:  # the agent gpg started for this home, then the home
             subprocess.run(["gpgconf", "--homedir", str(gnupg), "--kill", "gpg-agent"],
                            capture_output=True, timeout=60, check=False)  # fmt: skip

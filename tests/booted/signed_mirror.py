@@ -20,8 +20,10 @@ outcome is bootfsm's code 47 (the signed module's exact user-space version no lo
 listed), decided from the real signed indexes before anything is installed. (The full
 install of the listed 6.8.0-1074-azure set cannot be served: its files answer 404 here.)
 
-Until the branch that adds ``driver.source`` is merged, ``bootfsm validate`` rejects the
-key and the scenario is skipped with that message (logged, no row).
+The message must name both versions (580.178.04, needed; 580.196.07, listed). A checkout
+older than ``driver.source`` has ``bootfsm validate`` reject the key: the scenario is then
+skipped with that message (logged, no row). signed_install.py is the scenario in which
+bootfsm does install Canonical's real packages.
 """
 
 from __future__ import annotations
