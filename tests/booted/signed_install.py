@@ -247,6 +247,8 @@ def scenario(
         problems += after_run(node, work, cfg, rel, [d.package for d in debs], facts)
     except Exception as exc:  # a broken scenario is a FAIL, never a skip
         problems.append(f"{type(exc).__name__}: {exc}"[-2000:])
+    finally:  # the node copy (500 MB); the boot's reports stay under work
+        shutil.rmtree(node, ignore_errors=True)
     ok = not problems
     return [(title, ok, "; ".join(problems + facts), time.monotonic() - t0)]
 
