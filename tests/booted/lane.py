@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import real_node
+import signed_install
 import signed_mirror
 from images import IMAGES, Image, base_image, log, run
 
@@ -1035,9 +1036,14 @@ def lane(img: Image, cache: Path, wheels: Path, results: list[Result], only: set
         log(results[-1].line())
     if not only or "boot" in only:
         results.extend(scenarios(img, prepared, work, full))
-    if img.nvidia and (not only or "boot" in only):
+    if img.nvidia and (not only or "boot" in only or "signed" in only):
         for name, ok, detail, seconds in signed_mirror.scenario(
             img, prepared, work / "signed", cache, boot
+        ):
+            results.append(Result(img.name, img.systemd, full, name, ok, detail, seconds))
+            log(results[-1].line())
+        for name, ok, detail, seconds in signed_install.scenario(
+            img, prepared, work / "signed-install", cache, boot
         ):
             results.append(Result(img.name, img.systemd, full, name, ok, detail, seconds))
             log(results[-1].line())
@@ -1046,7 +1052,7 @@ def lane(img: Image, cache: Path, wheels: Path, results: list[Result], only: set
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--image", action="append", choices=[i.name for i in IMAGES])
-    ap.add_argument("--only", action="append", choices=["unit", "boot", "real"])
+    ap.add_argument("--only", action="append", choices=["unit", "boot", "real", "signed"])
     args = ap.parse_args(argv)
     problems = preflight()
     if problems:

@@ -117,6 +117,10 @@ RELEASES = {
                 "libnvidia-compute-580-server",
                 "b2c0fd25a7824be8563ab6ef044930094e27cc825855d34efe7d17dec963064d",
             ),
+            (  # downloaded 2026-12-07 (tests/booted/signed_install.py)
+                "libnvidia-cfg1-580-server",
+                "a2b5383a7428975a6a8aa6fbb55f4f3f59ca1cf7fa4c5cbdd03f4313b696e199",
+            ),
             (
                 "nvidia-compute-utils-580-server",
                 "eebd9b4f1d835cd33743cf44734e28c6100e885a11584da7432bb14639d273a5",

@@ -20,8 +20,10 @@ outcome is bootfsm's code 47 (the signed module's exact user-space version no lo
 listed), decided from the real signed indexes before anything is installed. (The full
 install of the listed 6.8.0-1074-azure set cannot be served: its files answer 404 here.)
 
-Until the branch that adds ``driver.source`` is merged, ``bootfsm validate`` rejects the
-key and the scenario is skipped with that message (logged, no row).
+The message must name both versions (580.178.04, needed; 580.196.07, listed). A checkout
+older than ``driver.source`` has ``bootfsm validate`` reject the key: the scenario is then
+skipped with that message (logged, no row). signed_install.py is the scenario in which
+bootfsm does install Canonical's real packages.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ MIRROR = "http://127.0.0.1:8765/ubuntu"
 DOCROOT = "var/lib/booted/mirror/ubuntu"  # booted_node.DOCROOT, relative to the root
 COMPONENTS = ("restricted", "multiverse")
 EXPECTED_CODE = "47"
+LISTED = "580.196.07"  # what noble-updates lists today (real_packages.py)
 
 
 def config_text(base: str) -> str:
@@ -149,8 +152,11 @@ def scenario(
             )
         if kl.get("ActiveState") == "active":
             problems.append("kubelet started on a node without its driver")
-        if "580.178.04" not in b.journal():  # type: ignore[attr-defined]
-            problems.append("the journal never names the module's user-space 580.178.04")
+        # the message names the version the module needs and the one the indexes list
+        failed = [ln for ln in b.journal().splitlines() if "SIGNED_USERSPACE_MISSING" in ln]  # type: ignore[attr-defined]
+        for version in (rel.driver, LISTED):
+            if not any(version in ln for ln in failed):
+                problems.append(f"bootfsm's code 47 message never names {version}")
         ok = not problems
         detail = "; ".join(problems) or (
             f"exit {bf.get('ExecMainStatus')}: {bf.get('StatusText', '')[:200]!r}; kubelet"
