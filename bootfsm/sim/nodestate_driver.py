@@ -272,8 +272,12 @@ class NodeDriver(NodeBase):
     def linker_cache(self) -> list[tuple[str, str]] | None:
         """The simulated /etc/ld.so.cache (bootfsm/sim/standin_ldconfig.py writes it as
         JSON; the real one is binary): (name, path) entries in the loader's order, or None
-        without a cache."""
-        text = self.read(LINKER_CACHE)
+        without a cache. A real glibc cache (the booted lane's images run glibc's
+        ldconfig) is not read here: [], and the library's own directory decides."""
+        try:
+            text = self.read(LINKER_CACHE)
+        except UnicodeDecodeError:  # glibc's binary "glibc-ld.so.cache1.1"
+            return []
         if text is None:
             return None
         try:

@@ -87,7 +87,8 @@ def build(img: Image, cache: Path, work: Path, wheels: Path, rel: Release) -> Pa
     run([str(host_bootfsm), "install-unit", "--root", str(node), "--exec", f"{VENV}/bin/bootfsm"])
     units = node / "etc/systemd/system"
     shutil.copy(HERE / "image/units/kubelet.service", units / "kubelet.service")
-    kubelet = node / "usr/local/bin/kubelet"  # the lane's stand-in (serves /healthz)
+    kubelet = node / "opt/bin/kubelet"  # the lane's stand-in (serves /healthz), where
+    kubelet.parent.mkdir(parents=True, exist_ok=True)  # configureKubeletAndKubectl puts it
     shutil.copy(HERE / "image/kubelet", kubelet)
     kubelet.chmod(0o755)
     shutil.copy(FILES / "real-report.service", units / "real-report.service")

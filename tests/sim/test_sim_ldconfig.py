@@ -78,3 +78,22 @@ def test_print_cache_without_a_cache_is_the_real_error(tmp_path: Path) -> None:
     assert out.stderr.endswith(
         "ldconfig: Can't open cache file /etc/ld.so.cache\n: No such file or directory\n"
     )
+
+
+def test_a_cache_written_by_the_real_ldconfig_does_not_break_the_simulated_gpu(
+    tmp_path: Path,
+) -> None:
+    """On the booted lane's images glibc's own ldconfig writes /etc/ld.so.cache (binary,
+    "glibc-ld.so.cache1.1"): the simulated driver still finds its NVML, in its directory."""
+    ldconfig = _real_ldconfig()
+    root = tmp_path / "sim"
+    build_node(root, SKUS["a10-nvads"])
+    node = Node(root)
+    (root / LIBDIR).mkdir(parents=True, exist_ok=True)
+    (root / f"{LIBDIR}/libnvidia-ml.so.580.159.04").write_bytes(
+        shared_object("libnvidia-ml.so.1", "x86_64")
+    )
+    subprocess.run([ldconfig, "-r", str(root)], check=True)
+    assert (root / "etc/ld.so.cache").read_bytes().startswith(b"glibc-ld.so.cache")
+    assert node.linker_cache() == []
+    assert node.nvml_version() == "580.159.04"
