@@ -50,13 +50,14 @@ def test_an_amd_vm_size_booting_the_shared_image_has_nothing_to_provision(
 
 def test_the_hook_on_an_amd_vm_size_goes_on_to_kubelet(make_world: MakeWorld) -> None:
     """AKS's provisioning script on the same VM: GPU_NODE=false (its EnableNvidia is false
-    for an AMD size), no driver values; the hook ends 0 and ensureKubelet starts kubelet."""
+    for an AMD size), no driver values: cse_main.sh does not enter its GPU block (the hook
+    does not run, AgentBaker 06836ee), and ensureKubelet starts kubelet."""
     w = make_world("amd-ngads-v620")
     fresh_aks_node(w)
     env = aks_env(w, GPU_NODE="false", GPU_DRIVER_VERSION="", GPU_DRIVER_TYPE="")
     p = run_caller(w, env)
     assert p.returncode == 0, (p.stdout, p.stderr)
-    assert "nothing to provision: not a GPU node (detect.gpu_node = no)" in summary(p)
+    assert "bootfsm: " not in p.stdout and w.journals() == []
     assert installer_calls(w) == []
     assert Node(w.root).unit_state("kubelet.service") == "active"
 

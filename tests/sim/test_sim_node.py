@@ -80,7 +80,8 @@ def test_build_node_lays_out_every_contract_fact(tmp_path: Path, name: str) -> N
     assert all(v[1] == sku.gpu_device_id for v in gpus.values())
     assert len(switches) == sku.nvswitch_count
     nvidia = {0x10DE} if sku.gpu_count or sku.nvswitch_count else set()  # a CPU size: none
-    assert {v[0] for v in pci.values()} == {*nvidia, 0x15B3, 0x1414}
+    amd = {0x1002} if sku.amd_gpu_device_id else set()  # AMD's V620 on the NG sizes
+    assert {v[0] for v in pci.values()} == {*nvidia, *amd, 0x15B3, 0x1414}
     assert (0x15B3, 0x1016, 0x020000) in pci.values()
     if sku.gpu_count:
         first_gpu = sorted(gpus)[0]
