@@ -19,7 +19,7 @@ deps-sim:
 	@$(MAKE) --no-print-directory _apt WANT="makeself:makeself dpkg-deb:dpkg xz:xz-utils gpg:gpg gpg-agent:gpg-agent gpgv:gpgv"
 
 deps:
-	@$(MAKE) --no-print-directory _apt WANT="makeself:makeself dpkg-deb:dpkg xz:xz-utils gpg:gpg gpg-agent:gpg-agent gpgv:gpgv systemd-analyze:systemd chromium:chromium npm:npm zsh:zsh groff:groff-base readelf:binutils containerd:containerd modprobe:kmod lspci:pciutils"
+	@$(MAKE) --no-print-directory _apt WANT="makeself:makeself dpkg-deb:dpkg xz:xz-utils gpg:gpg gpg-agent:gpg-agent gpgv:gpgv systemd-analyze:systemd chromium:chromium npm:npm zsh:zsh groff:groff-base readelf:binutils containerd:containerd modprobe:kmod lspci:pciutils curl:curl jq:jq"
 	@$(MAKE) --no-print-directory mermaid
 
 # Real Mermaid releases (their browser bundles) for the render test of `bootfsm graph`.

@@ -43,8 +43,9 @@ PACKAGES = (
 )
 # What the whole test suite needs besides (make deps, less the browser, which Ubuntu 22.04
 # ships only as a snap): zsh and groff for the completion and man page checks, readelf,
-# setpriv, make, git (tests ask git what the checkout tracks)
-SUITE_PACKAGES = ("zsh", "groff-base", "binutils", "util-linux", "make", "git")
+# setpriv, make, git (tests ask git what the checkout tracks), and curl and jq, with which
+# tests/cse_caller.sh reads the SkipGpuDriverInstall tag from IMDS as cse_main.sh does
+SUITE_PACKAGES = ("zsh", "groff-base", "binutils", "util-linux", "make", "git", "curl", "jq")
 # The image Canonical's real NVIDIA packages are installed into (tests/booted/
 # real_packages.py fetches them, checked against the archive's signed indexes, and installs
 # them with the image's dpkg): their dependencies from the archive (libpciaccess0,
