@@ -140,7 +140,8 @@ _TABLE: dict[tuple[Code, int], tuple[str, str]] = {
         "a repository's InRelease/Release is missing, unsigned, or its signature does not"
         " verify with gpgv against the source's keyring (bad, expired, unknown key)",
         "install the repository's keyring (sources.cuda_repo_keyring,"
-        " sources.toolkit_repo_keyring); the message names gpgv's reason",
+        " sources.toolkit_repo_keyring, sources.ubuntu_archive_keyring); the message names"
+        " gpgv's reason",
     ),
     (Code.DPKG_LOCK_TIMEOUT, 85): (
         "the dpkg lock stayed held past driver.dpkg_lock_timeout",
