@@ -158,6 +158,46 @@ def test_uninstall_removes_every_package_and_apt_get_check_is_clean(
     assert query(w, "libc6").startswith("ii")  # the node's own packages stay
 
 
+def test_upgrade_in_place_takes_the_kernels_respin_and_apt_get_check_stays_clean(
+    make_world: MakeWorld, tmp_path: Path
+) -> None:
+    """Canonical respins the running kernel's module against a newer user-space (as
+    6.8.0-1074.83+1 was for 580.196.07) and the operator asks for it (driver.version, as
+    for the runfile): the next run, same boot, reads the archive again, unloads the old
+    module, installs the respin and its user-space with the real dpkg, and loads it."""
+    if REAL_DPKG is None or REAL_APT_GET is None:
+        pytest.skip("the real dpkg and apt-get are not installed")
+    w = _signed(make_world, {KERNEL: OLD})
+    path = real_dpkg_path(w, tmp_path)
+    _ok(run_in_process(w, env=env_of(w, path)))
+    assert query(w, "nvidia-utils-580-server") == f"ii {OLD}-0ubuntu0.22.04.1"
+    assert query(w, MODULE) == "ii 5.15.0-1089.97+1"
+    w.ubuntu_kernels, w.ubuntu_userspace = {KERNEL: X}, (OLD, X)
+    w.publish_ubuntu_archive()
+    before = len(w.mirror.log)
+    unchanged = run_in_process(w, env=env_of(w, path))  # same config: cached, no network
+    _ok(unchanged)
+    assert [e.path for e in w.mirror.log[before:] if e.path.startswith("/ubuntu/")] == []
+    assert (w.root / "sys/module/nvidia/version").read_text().strip() == OLD
+    w.config_overrides = {"driver": {"version": X}}
+    w.write_config()
+    n, seen = len(w.calls()), len(w.mirror.log)
+    result = run_in_process(w, env=env_of(w, path))
+    _ok(result)
+    assert [e.path for e in w.mirror.log[seen:] if e.path.endswith("InRelease")]
+    removed = [c["argv"] for c in w.calls()[n:] if c["cmd"] == "modprobe" and "-r" in c["argv"]]
+    assert removed, "the old module was never unloaded"
+    assert (w.root / "sys/module/nvidia/version").read_text().strip() == X
+    [done] = _events(result, "driver.signed_installed")
+    assert MODULE in done["installed"] and "nvidia-utils-580-server" in done["installed"]
+    assert query(w, MODULE) == "ii 5.15.0-1089.97+2"
+    for name in STACK[1:]:
+        if name != MODULE:
+            assert query(w, name) == f"ii {V}", name
+    check = apt_check(w, "amd64")
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
 def test_debian_is_refused_clearly(make_world: MakeWorld) -> None:
     w = _signed(make_world, {KERNEL: X})
     (w.root / "etc/os-release").write_text('ID=debian\nVERSION_ID="12"\n')

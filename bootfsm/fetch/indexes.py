@@ -19,7 +19,7 @@ from bootfsm.fetch.artifacts import (
     sha256_of,
 )
 from bootfsm.fetch.stamps import known_sha256, remember
-from bootfsm.fetch.ubuntu_signed import is_archive_key, unxz
+from bootfsm.fetch.ubuntu_signed import asks_newer, is_archive_key, unxz
 from bootfsm.host.http import check_url
 from bootfsm.machine.context import Context
 from bootfsm.parsers import ParseError
@@ -78,6 +78,9 @@ def from_cache(ctx: Context) -> list[Artifact] | None:
     except BootError:
         return None
     if not all(cached_ok(ctx, a) for a in arts):
+        return None
+    if ctx.config.driver.source == "ubuntu-signed" and asks_newer(ctx.config, arts):
+        ctx.event("fetch.index_stale", reason="driver.version is newer than the cached indexes")
         return None
     for a in arts:
         ctx.event("artifact.cached", artifact=a.name, size=a.size, verified=bool(a.sha256))

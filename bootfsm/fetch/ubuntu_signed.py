@@ -16,6 +16,7 @@ import lzma
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from bootfsm.core.codes import Code
 from bootfsm.core.config import Config
@@ -34,11 +35,13 @@ __all__ = [
     "SignedStack",
     "Wanted",
     "archive_sources",
+    "asks_newer",
     "deb_version",
     "is_archive_key",
     "module_package",
     "module_type",
     "resolve_stack",
+    "resolved_userspace",
     "unxz",
     "upstream",
     "wanted",
@@ -150,6 +153,28 @@ def deb_version(filename: str) -> str:
     """The version in a pool file name ``name_version_arch.deb`` ("" when not one)."""
     parts = filename.rsplit("/", 1)[-1].split("_")
     return parts[1] if len(parts) == 3 and parts[2].endswith(".deb") else ""
+
+
+class _Resolved(Protocol):  # fetch/artifacts.py's Artifact (which resolves through here)
+    @property
+    def name(self) -> str: ...
+    @property
+    def filename(self) -> str: ...
+
+
+def resolved_userspace(arts: Sequence[_Resolved], branch: str) -> str | None:
+    """X: the user-space version a resolution's nvidia-kernel-common has (None: none)."""
+    common = f"nvidia-kernel-common-{branch}-server"
+    a = next((a for a in arts if a.name == common), None)
+    return upstream(deb_version(a.filename)) if a is not None else None
+
+
+def asks_newer(cfg: Config, arts: Sequence[_Resolved]) -> bool:
+    """driver.version names a newer user-space than a (cached) resolution has: the
+    archive is read again, and what it lists now is installed in place (an older or equal
+    driver.version keeps the resolution: a baked node boots with no network)."""
+    have = resolved_userspace(arts, cfg.driver.version.split(".", 1)[0])
+    return have is not None and compare_debian_versions(cfg.driver.version, have) > 0
 
 
 @dataclass(frozen=True)

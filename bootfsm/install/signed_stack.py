@@ -17,7 +17,7 @@ from bootfsm.fetch.ubuntu_signed import (
     deb_version,
     is_archive_key,
     resolve_stack,
-    upstream,
+    resolved_userspace,
     wanted,
 )
 from bootfsm.install import dpkg
@@ -41,9 +41,7 @@ def _artifacts(ctx: Context) -> list[Artifact]:
 
 def userspace(ctx: Context) -> str | None:
     """X: the user-space version resolved for the running kernel's module (None before fetch)."""
-    common = f"nvidia-kernel-common-{ctx.config.driver.version.split('.', 1)[0]}-server"
-    a = next((a for a in _artifacts(ctx) if a.name == common), None)
-    return upstream(deb_version(a.filename)) if a is not None else None
+    return resolved_userspace(_artifacts(ctx), ctx.config.driver.version.split(".", 1)[0])
 
 
 def missing(ctx: Context) -> list[Artifact]:

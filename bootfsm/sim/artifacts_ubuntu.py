@@ -137,7 +137,10 @@ def _userspace(
     return {"restricted": restricted, "multiverse": multiverse}
 
 
-def _module(pool: Path, b: str, kernel: str, x: str, arch: str, open_: bool) -> Path:
+def _module(pool: Path, b: str, kernel: str, x: str, arch: str, open_: bool, rev: int) -> Path:
+    """The kernel's module package, version ``<kernel's>+<rev>``: a rebuild for the same
+    kernel against a newer user-space is a higher ``+N`` of the same package, as in the
+    archive (6.8.0-1073.82 built for 580.178.04, 6.8.0-1074.83+1 for 580.196.07)."""
     flavour = "-open" if open_ else ""
     abi = kernel.split("-")[1]
     sub = f"nvidia-{b}srv{flavour}"
@@ -145,12 +148,16 @@ def _module(pool: Path, b: str, kernel: str, x: str, arch: str, open_: bool) -> 
     return build_deb(
         pool / "restricted" / "l" / "linux-restricted-signatures-azure",
         package=f"linux-modules-nvidia-{b}-server{flavour}-{kernel}",
-        version=f"{kernel.rsplit('-', 1)[0]}.{int(abi) % 100 + 8}+1",  # 6.8.0-1074.83+1
+        version=f"{kernel.rsplit('-', 1)[0]}.{int(abi) % 100 + 8}+{rev}",  # 6.8.0-1074.83+1
         arch=arch,
         files={f"/lib/modules/{kernel}/kernel/{sub}/{m}.ko": body for m in _MODULES},
         depends=f"linux-image-{kernel} | linux-image-unsigned-{kernel},"
         f" nvidia-kernel-common-{b}-server (<= {x}-1), nvidia-kernel-common-{b}-server (>= {x})",
     )
+
+
+def _numbers(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split("."))
 
 
 def _stanza(deb: Path, top: Path) -> str:
@@ -225,8 +232,9 @@ def build_ubuntu_archive(
     for x in userspace:
         for comp, debs in _userspace(pool, branch, x, release, arch, libdir, scripts).items():
             comps[comp] += debs
-    for kernel, x in kernels.items():
-        comps["restricted"].append(_module(pool, branch, kernel, x, arch, open_))
+    for kernel, x in kernels.items():  # +1, or higher when older user-space is listed
+        older = {v for v in userspace if _numbers(v) < _numbers(x)}
+        comps["restricted"].append(_module(pool, branch, kernel, x, arch, open_, len(older) + 1))
     empty: dict[str, list[Path]] = {"restricted": [], "multiverse": []}
     for suite, content in ((codename, empty), (f"{codename}-updates", comps),
                            (f"{codename}-security", empty)):  # fmt: skip

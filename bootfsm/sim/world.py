@@ -222,16 +222,32 @@ class World:
     def _build_ubuntu_archive(self, signer: art.RepoSigner) -> None:
         """Ubuntu's archive (bootfsm/sim/artifacts_ubuntu.py), its keyring where the
         ubuntu-keyring package installs it, and the base packages in dpkg's status."""
-        from bootfsm.sim.artifacts_ubuntu import base_status, build_ubuntu_archive
+        from bootfsm.sim.artifacts_ubuntu import base_status
+
+        sku = SKUS[self.sku_name]
+        names = normalize_arch(sku.arch)
+        assert names is not None
+        self.publish_ubuntu_archive(signer)
+        signer.export_keyring(self.root / "usr/share/keyrings/ubuntu-archive-keyring.gpg")
+        (self.root / "var/lib/dpkg/status").write_text(base_status(sku.kernel, names.debian))
+
+    def publish_ubuntu_archive(self, signer: art.RepoSigner | None = None) -> None:
+        """(Re)publish Ubuntu's archive from ``ubuntu_kernels`` and ``ubuntu_userspace``,
+        as the archive is after an upload: what it no longer lists is gone from its pool
+        too. The node is untouched."""
+        import shutil
+
+        from bootfsm.sim.artifacts_ubuntu import build_ubuntu_archive
 
         sku = SKUS[self.sku_name]
         names = normalize_arch(sku.arch)
         assert names is not None
         scripts = {n: standin_script(n, self.root) for n in ("nvidia-smi", "nvidia-persistenced")}
         scripts["fm-start"] = standin_script("nvidia-fabricmanager-start.sh", self.root)
+        shutil.rmtree(self.docroot / "ubuntu", ignore_errors=True)
         build_ubuntu_archive(
             self.docroot / "ubuntu",
-            signer,
+            signer or art.shared_signer(),
             codename={"22.04": "jammy", "24.04": "noble"}[sku.os_version],
             release=sku.os_version,
             arch=names.debian,
@@ -240,8 +256,6 @@ class World:
             userspace=self.ubuntu_userspace or sorted(set(self.ubuntu_kernels.values())),
             scripts=scripts,
         )
-        signer.export_keyring(self.root / "usr/share/keyrings/ubuntu-archive-keyring.gpg")
-        (self.root / "var/lib/dpkg/status").write_text(base_status(sku.kernel, names.debian))
 
     def _inject(self) -> None:
         names = normalize_arch(SKUS[self.sku_name].arch)
