@@ -111,17 +111,16 @@ def _cse(c: _Checks, b: _Boot, skip: str, gpu_node: str) -> None:
 
 
 def kubelet_by_ensure_kubelet(c: _Checks, b: _Boot) -> None:
-    """kubelet's binary was in the image's cache at boot (ConditionPathExists= failed, as
-    the real systemd judges it): only CSE's ensureKubelet can have started it."""
+    """The node booted without kubelet's binary in /opt/bin and without
+    /etc/default/kubelet (a fresh VHD): kubelet runs, and with the flags of the file only
+    CSE's ensureKubelet writes (`systemctl status kubelet` shows its command line)."""
+    status = b.text("status-kubelet.txt")
     c.true(
-        "kubelet was not skipped at boot for ConditionPathExists=/opt/bin/kubelet",
-        re.search(
-            r"kubelet\.service.*ConditionPathExists=/opt/bin/kubelet"
-            r"|Condition check resulted in Kubelet being skipped",
-            b.journal(),
-        )
+        "kubelet does not run with ensureKubelet's /etc/default/kubelet",
+        re.search(r"booted_node\.py kubelet --enable-server --node-labels=kubernetes\.azure"
+                  r"\.com/mode=user,\S+ --v=2 --node-labels=\S+ --max-pods=30$", status, re.M)
         is not None,
-    )
+    )  # fmt: skip
 
 
 def _torn_down(c: _Checks, b: _Boot, version: str, unloaded: bool) -> None:
