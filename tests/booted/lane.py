@@ -966,7 +966,7 @@ SCENARIOS = (
             "fresh_cse": True,
             "aks_gpu_prebake": DRIVER_VERSION,
         },
-        files={"cse.env": teardown_lane.no_driver_env(imds=False)},
+        files={"cse.env": teardown_lane.no_driver_env()},
         images=UBUNTU,
     ),
     Scenario(

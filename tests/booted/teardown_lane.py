@@ -20,6 +20,7 @@ import re
 from typing import Any, Protocol
 
 __all__ = [
+    "IMDS_URL",
     "OLD_CUDA",
     "SKIP_TAG",
     "cpu_prebake",
@@ -65,18 +66,15 @@ class _Boot(Protocol):
 
     def show(self, unit: str) -> dict[str, str]: ...
 
-    def journal(self) -> str: ...
 
-
-def no_driver_env(imds: bool) -> str:
-    """cse_cmd.sh's values for a CPU VM size (GPU_NODE=false, no driver chosen); with
-    ``imds`` the caller reads the tag from the loopback IMDS with curl and jq."""
-    env = (
+def no_driver_env() -> str:
+    """cse_cmd.sh's values for a CPU VM size (GPU_NODE=false, no driver chosen); no
+    IMDS_URL: the tag is read only where the image has curl and jq (scenario 13)."""
+    return (
         "GPU_NODE=false\nGPU_DRIVER_VERSION=\nGPU_DRIVER_TYPE=\nGPU_NEEDS_FABRIC_MANAGER=false\n"
         "MIG_NODE=false\nGPU_INSTANCE_PROFILE=\nCONFIG_GPU_DRIVER_IF_NEEDED=true\n"
         "KUBELET_CACHE=/opt/kube/kubelet\n"
     )
-    return env + (f"IMDS_URL={IMDS_URL}\n" if imds else "")
 
 
 def _resolved(text: str) -> list[tuple[str, str]]:
