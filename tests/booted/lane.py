@@ -47,10 +47,12 @@ from pathlib import Path
 import real_node
 import signed_install
 import signed_mirror
+import teardown_lane
 from images import IMAGES, Image, base_image, log, run
 
 from bootfsm.commands.unit import AFTER_HOOK_PATH, AFTER_HOOK_TEXT, HOOK_CHOICES
 from bootfsm.core.compat import tomllib
+from bootfsm.sim.world import DRIVER_VERSION
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -784,8 +786,6 @@ def check_gpus_off_the_bus(b: Boot, systemd: str) -> Checks:
 def cse_env(mig: str = "") -> str:
     """What cse_cmd.sh and cse_helpers.sh export for this SKU's VM size (AgentBaker):
     MIG_NODE is true exactly when the pool has a GPU instance profile."""
-    from bootfsm.sim.world import DRIVER_VERSION
-
     return (
         f"GPU_NODE=true\nGPU_DRIVER_VERSION={DRIVER_VERSION}\nGPU_DRIVER_TYPE=cuda-lts\n"
         f"GPU_NEEDS_FABRIC_MANAGER=false\nMIG_NODE={'true' if mig else 'false'}\n"
@@ -834,6 +834,24 @@ def check_mig_after_reboot(b: Boot, systemd: str) -> Checks:
     return c
 
 
+def check_teardown(
+    b: Boot, systemd: str, what: Callable[[Checks, Boot], None], *, hook: bool = False
+) -> Checks:
+    """A teardown scenario (tests/booted/teardown_lane.py): the boot settled; with
+    ``hook`` the hook ran in CSE's order (check_cse_hook), else bootfsm.service ended 0
+    before kubelet; then what ``what`` asserts."""
+    c = check_cse_hook(b, systemd) if hook else Checks()
+    if not hook:
+        base_checks(c, b, systemd)
+        bf, kl = b.show("bootfsm"), b.show("kubelet")
+        c.eq("ActiveState", bf.get("ActiveState"), "active")
+        c.eq("ExecMainStatus", bf.get("ExecMainStatus"), "0")
+        c.eq("NRestarts", bf.get("NRestarts"), "0")
+        kubelet_after_bootfsm(c, bf, kl)
+    what(c, b)
+    return c
+
+
 # -- the scenarios ----------------------------------------------------------------------
 @dataclass(frozen=True)
 class Scenario:
@@ -860,6 +878,8 @@ class Scenario:
     images: frozenset[str] | None = None
 
 
+UBUNTU = frozenset({"ubuntu-22.04", "ubuntu-24.04"})  # aks-gpu prebakes Ubuntu images
+TEARDOWN = frozenset({"12-cpu-prebake", "13-skip-tag", "14-supersede"})  # --only teardown
 DEADLINE, TIMEOUT_START = 20.0, 80.0  # the shipped 720/780 scaled down, same 60 s margin
 
 SCENARIOS = (
@@ -934,6 +954,52 @@ SCENARIOS = (
         scenario={"pci": "no-gpus", "vm_size": "Standard_D4s_v5"},
     ),
     Scenario(
+        "12-cpu-prebake",
+        "12 a CPU VM size of an aks-gpu-prebaked image in CSE's order: prebake torn down,"
+        " the real ldconfig resolves no NVIDIA library, kubelet by ensureKubelet",
+        lambda b, img, _: check_teardown(
+            b, img.systemd, lambda c, b: teardown_lane.cpu_prebake(c, b, DRIVER_VERSION)
+        ),
+        scenario={
+            "pci": "no-gpus",
+            "vm_size": "Standard_D4s_v5",
+            "fresh_cse": True,
+            "aks_gpu_prebake": DRIVER_VERSION,
+        },
+        files={"cse.env": teardown_lane.no_driver_env()},
+        images=UBUNTU,
+    ),
+    Scenario(
+        "13-skip-tag",
+        "13 a GPU VM size tagged SkipGpuDriverInstall in IMDS, read by CSE's curl and jq:"
+        " no driver, the loaded prebake unloaded and torn down, kubelet by ensureKubelet",
+        lambda b, img, _: check_teardown(
+            b, img.systemd, lambda c, b: teardown_lane.skip_tag(c, b, DRIVER_VERSION)
+        ),
+        scenario={
+            "vm_tags": teardown_lane.SKIP_TAG,
+            "fresh_cse": True,
+            "aks_gpu_prebake": DRIVER_VERSION,
+        },
+        files={"cse.env": cse_env() + f"IMDS_URL={teardown_lane.IMDS_URL}\n"},
+        images=frozenset({"ubuntu-22.04"}),  # the image with curl and jq (images.py)
+    ),
+    Scenario(
+        "14-supersede",
+        f"14 the hook on an image aks-gpu prebaked with {teardown_lane.OLD_CUDA}: only"
+        f" {DRIVER_VERSION}'s libraries resolve under the real ldconfig",
+        lambda b, img, _: check_teardown(
+            b,
+            img.systemd,
+            lambda c, b: teardown_lane.superseded(c, b, DRIVER_VERSION),
+            hook=True,
+        ),
+        scenario={"fresh_cse": True, "aks_gpu_prebake": teardown_lane.OLD_CUDA},
+        files={"cse.env": cse_env()},
+        ro_binds={AFTER_HOOK_PATH: AFTER_HOOK_TEXT},
+        images=UBUNTU,
+    ),
+    Scenario(
         "9-gpus-off-bus",
         "9 a GPU VM size without its GPUs on PCI: 22, no restart, kubelet down",
         lambda b, img, _: check_gpus_off_the_bus(b, img.systemd),
@@ -943,13 +1009,18 @@ SCENARIOS = (
 """The lane's scenarios, in the order they boot on every image (see docs/testing.md)."""
 
 
-def scenarios(img: Image, prepared: Path, work: Path, pyver: str) -> list[Result]:
+def scenarios(
+    img: Image, prepared: Path, work: Path, pyver: str, keys: frozenset[str] | None = None
+) -> list[Result]:
+    """The rows of SCENARIOS for this image (only those in ``keys`` when given)."""
     results: list[Result] = []
     boots: dict[str, Boot] = {}
     kept = work / "node"
     shutil.rmtree(kept, ignore_errors=True)
     for sc in SCENARIOS:
         if sc.images is not None and img.name not in sc.images:
+            continue
+        if keys is not None and sc.key not in keys:
             continue
         if sc.node == "kept" and not kept.exists():
             run(["cp", "-a", "--reflink=auto", str(prepared), str(kept)])
@@ -1036,6 +1107,8 @@ def lane(img: Image, cache: Path, wheels: Path, results: list[Result], only: set
         log(results[-1].line())
     if not only or "boot" in only:
         results.extend(scenarios(img, prepared, work, full))
+    elif "teardown" in only:
+        results.extend(scenarios(img, prepared, work, full, TEARDOWN))
     if img.nvidia and (not only or "boot" in only or "signed" in only):
         for name, ok, detail, seconds in signed_mirror.scenario(
             img, prepared, work / "signed", cache, boot
@@ -1052,7 +1125,9 @@ def lane(img: Image, cache: Path, wheels: Path, results: list[Result], only: set
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--image", action="append", choices=[i.name for i in IMAGES])
-    ap.add_argument("--only", action="append", choices=["unit", "boot", "real", "signed"])
+    ap.add_argument(
+        "--only", action="append", choices=["unit", "boot", "real", "signed", "teardown"]
+    )
     args = ap.parse_args(argv)
     problems = preflight()
     if problems:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import json
 import os
 import re
@@ -174,6 +175,11 @@ def setup() -> int:
     (build / ".config").write_text("CONFIG_MODULES=y\nCONFIG_MODULE_UNLOAD=y\n")
     if scenario.get("vm_size"):  # what IMDS says (the simulator's VM_SIZE override)
         Path("/opt/bootfsm-sim/vm-size").write_text(f"{scenario['vm_size']}\n")
+    if scenario.get("vm_tags"):  # compute.tagsList beside the pool's (the simulator's VM_TAGS)
+        tags = [[k, v] for k, v in scenario["vm_tags"].items()]  # type: ignore[attr-defined]
+        Path("/opt/bootfsm-sim/vm-tags.json").write_text(json.dumps(tags) + "\n")
+    if scenario.get("aks_gpu_prebake"):
+        _aks_gpu_prebake(str(scenario["aks_gpu_prebake"]))
     if scenario.get("fresh_cse"):  # a fresh VHD: kubelet in the image's cache, unconfigured
         Path("/opt/kube").mkdir(exist_ok=True)
         shutil.move("/opt/bin/kubelet", "/opt/kube/kubelet")
@@ -183,11 +189,61 @@ def setup() -> int:
         current, pending = node.mig_mode(address)  # mode current, as Node.boot does
         if current != pending:
             node.set_mig_mode(address, pending, pending)
-    if node.built_module() is not None:  # a reboot: the kernel loads the DKMS module
+    # a reboot, or a prebaked image: udev loads the DKMS module for the GPU's modalias
+    # (nothing loads it on a VM size without an NVIDIA GPU)
+    if node.built_module() is not None and node.gpus():
         err = node.load_module()
         print(f"booted-sim: nvidia module loaded at boot{': ' + err if err else ''}")
     print(f"booted-sim: {sku.name} hardware presented for kernel {kernel}")
     return 0
+
+
+def _aks_gpu_prebake(version: str) -> None:
+    """The image as aks-gpu's install.sh leaves it after one run (bootfsm/sim/aksgpu.py:
+    the DKMS tree and modules, the user-space staged under /usr/bin/lib64 and copied into
+    the multiarch directory, /etc/ld.so.conf.d/nvidia.conf, the dkms-marker), then the
+    image's real ldconfig, as install.sh runs it; what the real ``ldconfig -p`` resolves
+    before bootfsm runs goes to /booted/out/ldconfig-before.txt."""
+    from bootfsm.sim.aksgpu import stage_aks_gpu_prebake
+    from bootfsm.sim.nodestate import Node
+
+    stage_aks_gpu_prebake(Node(Path("/")), version, initialized=True)
+    _run("ldconfig")  # the simulator's ldconfig wrote its own cache: the real one rewrites it
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "ldconfig-before.txt").write_text(_resolved())
+    print(f"booted-sim: aks-gpu prebake of {version} staged", flush=True)
+
+
+# what an aks-gpu prebake leaves (bootfsm/sim/aksgpu.py, Azure/aks-gpu install.sh), and the
+# nouveau blacklist AgentBaker's teardown keeps
+PREBAKE_GLOBS = (
+    "/var/lib/dkms/nvidia/*",
+    "/lib/modules/*/updates/dkms/nvidia*.ko*",
+    "/lib/modules/*/kernel/drivers/video/nvidia*.ko*",
+    "/usr/bin/lib64",
+    "/usr/bin/lib64/lib64/libnvidia-ml.so.*",
+    "/etc/ld.so.conf.d/nvidia.conf",
+    "/opt/azure/aks-gpu/dkms-marker",
+    "/usr/bin/nvidia-smi",
+    "/usr/bin/nvidia-modprobe",
+    "/usr/bin/nvidia-persistenced",
+    "/usr/lib/*-linux-gnu/libnvidia-ml.so*",
+    "/usr/lib/*-linux-gnu/libcuda.so*",
+    "/sys/module/nvidia*",
+    "/etc/modprobe.d/blacklist-nouveau.conf",
+)
+
+
+def _resolved() -> str:
+    """The real ``ldconfig -p``, and for each NVIDIA or CUDA library it lists the file its
+    path resolves to (the loader opens the SONAME link): ``name path target`` lines."""
+    p = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, check=False)
+    lines = [f"# ldconfig -p exit {p.returncode}", *p.stdout.splitlines()]
+    for line in p.stdout.splitlines():
+        m = re.match(r"\s+(lib(?:nvidia|cuda)\S*) \(.*\) => (\S+)$", line)
+        if m:
+            lines.append(f"resolved {m[1]} {m[2]} {os.path.realpath(m[2])}")
+    return "\n".join(lines) + "\n"
 
 
 # -- mirror -----------------------------------------------------------------------------
@@ -205,7 +261,11 @@ def mirror() -> int:
     server = mm.MirrorServer(("127.0.0.1", MIRROR_PORT), mm.MirrorHandler)
     server.mirror = m
     m._server = server
-    m.add_route("/metadata/instance", lambda: imds_instance(Path("/")))
+    # Azure's IMDS answers only a request with "Metadata: true" (bootfsm's and the CSE
+    # caller's curl both send it)
+    m.add_route(
+        "/metadata/instance", lambda: imds_instance(Path("/")), require=("Metadata", "true")
+    )
     runfile = RUNFILE_NAME.read_text().strip()
     for name in _scenario().get("mirror_faults", []):  # type: ignore[attr-defined]
         m.add_fault(runfile, faults[name])
@@ -345,6 +405,12 @@ def report() -> int:
     # journals of runs through the provisioning hook (/var/log/azure/bootfsm), in order
     for n, path in enumerate(sorted(Path("/var/log/azure/bootfsm").glob("run-*.jsonl"))):
         shutil.copy(path, OUT / f"azure-run-{n}.jsonl")
+    # the unit's own runs (log_dir), in order: their teardown events
+    for n, path in enumerate(sorted(Path("/var/log/bootfsm").glob("run-*.jsonl"))):
+        shutil.copy(path, OUT / f"unit-run-{n}.jsonl")
+    (OUT / "ldconfig-p.txt").write_text(_resolved())
+    found = sorted({p for g in PREBAKE_GLOBS for p in glob.glob(g)})
+    (OUT / "prebake.txt").write_text("".join(f"{p}\n" for p in found))
     for src in ("/var/lib/bootfsm-sim/calls.jsonl", "/var/log/dpkg.log"):
         if Path(src).is_file():
             shutil.copy(src, OUT / Path(src).name)
