@@ -227,7 +227,12 @@ def _load(ctx: Context) -> None:
         # Ubuntu's server user-space ships no nvidia-modprobe: modprobe (the packaged
         # module, by depmod's modules.dep); nvidia-smi as root makes the device files
         for module in ("nvidia", "nvidia-uvm"):
-            ctx.require(["modprobe", module], code=Code.MODULE_LOAD_FAILED, timeout=120)
+            try:
+                ctx.require(["modprobe", module], code=Code.MODULE_LOAD_FAILED, timeout=120)
+            except CommandError as exc:
+                if exc.code is Code.MODULE_LOAD_FAILED:  # refused for its signature: 45
+                    raise signature_rejection(ctx, exc.output_tail) or exc from None
+                raise
         return
     if ctx.config.driver.install:
         try:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from bootfsm.sim.kmod_elf import ModuleFormatError, is_elf, read_module
 from bootfsm.sim.nodestate import Node
 from bootfsm.sim.standin_dkms import dkms
 from bootfsm.sim.standin_installer import nvidia_installer
@@ -162,8 +163,8 @@ def _insmod_nvidia(node: Node, module: str = "nvidia", quiet: bool = False) -> i
 def _rmmod_nvidia(node: Node, module: str = "nvidia", first_time: bool = False) -> int:
     name = module.replace("-", "_")
     loaded = node.p(_module_dir(name)).exists() if name != "nvidia" else node.loaded_module()
-    built = node.p(f"lib/modules/{node.kernel}/updates/dkms/{name.replace('_', '-')}.ko")
-    if not loaded and not built.exists():  # kmod finds no such module for this kernel
+    built = node.module_file(name=name.replace("_", "-"))
+    if not loaded and built is None:  # kmod finds no such module for this kernel
         _err(f"modprobe: FATAL: Module {name} not found.")
         return 1
     if not loaded:
@@ -191,10 +192,16 @@ _MODINFO_VALUED = frozenset({"-F", "--field", "-k", "--set-version", "-b", "--ba
 
 
 def modinfo(node: Node, argv: list[str]) -> int:
-    """`modinfo [-k KERNEL] [-F FIELD] nvidia[-uvm|-modeset]` for DKMS-installed modules.
+    """`modinfo [-k KERNEL] [-F FIELD] nvidia[-uvm|-modeset]|FILE.ko`: the module kmod
+    finds for the kernel (DKMS's updates/dkms, else Ubuntu's packaged kernel/nvidia-*srv*/),
+    or the file named.
 
     Reference: kmod 30 modinfo on Debian 12: "modinfo: unrecognized option '--bogus'"
-    (argv[0] as invoked), exit 1; "modinfo: ERROR: Module X not found.", exit 1.
+    (argv[0] as invoked), exit 1; "modinfo: ERROR: Module X not found.", exit 1. A real
+    ELF module prints as kmod prints it (tools/modinfo.c, libkmod-signature.c): filename,
+    then its .modinfo strings in file order (parmtype folded into parm, printed last, last first),
+    then sig_id, signer, sig_key, sig_hashalgo and signature read from its appended
+    PKCS#7 message (bootfsm.sim.kmod_elf); -F FIELD prints each value of that field.
     """
     problem = _getopt_error(argv, _MODINFO_FLAGS, _MODINFO_VALUED)
     if problem is not None:
@@ -217,14 +224,42 @@ def modinfo(node: Node, argv: list[str]) -> int:
         _err("modinfo: ERROR: missing module or filename.")
         return 1
     name = names[0].replace("_", "-")
-    path = f"lib/modules/{kernel}/updates/dkms/{name}.ko"
-    text = node.read(path) if name in _NVIDIA_MODULES else None
-    if text is None:
+    if "/" in names[0]:
+        given = Path(names[0])
+        path: Path | None = node.p(names[0].lstrip("/")) if given.is_absolute() else given
+        if path is not None and not path.is_file():
+            _err(f"modinfo: ERROR: Module {names[0]} not found.")
+            return 1
+    else:
+        path = node.module_file(kernel, name) if name in _NVIDIA_MODULES else None
+    if path is None:
         _err(f"modinfo: ERROR: Module {names[0]} not found.")
         return 1
+    data = path.read_bytes()
+    shown = f"/{path.relative_to(node.root)}" if path.is_relative_to(node.root) else str(path)
+    elf = is_elf(data)
+    fields = _elf_fields(data) if elf else _text_fields(data.decode(), name)
+    if fields is None:
+        _err(f"modinfo: ERROR: could not get modinfo from '{name.replace('-', '_')}': "
+             "Invalid argument")  # fmt: skip
+        return 1
+    fields.insert(0, ("filename", shown))
+    for key, value in fields:
+        if not field_name:
+            lines = value.split("\n")
+            head = f"{key + ':':<16}{lines[0]}"
+            print(head if elf else head.rstrip())
+            for more in lines[1:]:
+                print(f"\t\t{more}")
+        elif key == field_name and value:
+            print(value)
+    return 0
+
+
+def _text_fields(text: str, name: str) -> list[tuple[str, str]]:
+    """The simulator's own text module as modinfo shows a DKMS-built nvidia.ko."""
     keys = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
-    fields = [
-        ("filename", f"/{path}"),
+    return [
         ("alias", "char-major-195-*"),
         ("version", keys.get("version", "")),
         ("supported", "external"),
@@ -234,12 +269,33 @@ def modinfo(node: Node, argv: list[str]) -> int:
         ("name", keys.get("name", name).replace("-", "_")),
         ("vermagic", keys.get("vermagic", "")),
     ]
-    for key, value in fields:
-        if not field_name:
-            print(f"{key + ':':<16}{value}".rstrip())
-        elif key == field_name and value:
-            print(value)
-    return 0
+
+
+def _elf_fields(data: bytes) -> list[tuple[str, str]] | None:
+    """A real module's fields in kmod's order, or None when it is unreadable."""
+    try:
+        module = read_module(data)
+    except ModuleFormatError:
+        return None
+    params: dict[str, list[str]] = {}
+    out: list[tuple[str, str]] = []
+    for key, value in module.info:
+        if key in ("parm", "parmtype"):
+            pname, _, text = value.partition(":")
+            entry = params.setdefault(pname, ["", ""])
+            entry[0 if key == "parm" else 1] = text
+        else:
+            out.append((key, value))
+    sig = module.signature
+    if sig is not None:
+        wrapped = [sig.signature[i : i + 20] for i in range(0, len(sig.signature), 20)]
+        text = ":\n".join(":".join(f"{b:02X}" for b in chunk) for chunk in wrapped)
+        out += [("sig_id", "PKCS#7"), ("signer", sig.signer), ("sig_key", sig.key_id),
+                ("sig_hashalgo", sig.hash_algo), ("signature", text)]  # fmt: skip
+    for pname, (desc, ptype) in reversed(params.items()):  # kmod lists them last first
+        text = f"{desc} ({ptype})" if desc and ptype else desc or ptype
+        out.append(("parm", f"{pname}:{text}"))
+    return out
 
 
 # nvidia-modprobe's option table (NVIDIA/nvidia-modprobe option-table.h): -c takes an

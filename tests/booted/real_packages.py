@@ -162,6 +162,10 @@ RELEASES = {
                 "libnvidia-compute-580-server",
                 "e187d63c36b9162954c7f75678c4444045fdb8e0d9df3073b9ab1245e27eb591",
             ),
+            (  # downloaded 2026-12-07 (tests/booted/signed_install.py)
+                "libnvidia-cfg1-580-server",
+                "30f53b90037efba89f79fc7873e22bd719e1c7ad00dbcd52d248450274f35390",
+            ),
             (
                 "nvidia-compute-utils-580-server",
                 "56085651b801b74c9669a4929be6898a95fe9fd66c30c903ffec8ce012280af6",
