@@ -71,6 +71,7 @@ NODE_FAULTS = ["secure-boot"]
 # the packages ships nvidia-modprobe (dpkg-deb -c of the 580.178.04 debs), so bootfsm
 # loads the packaged module with modprobe
 NOT_ON_NODE = ("nvidia-modprobe",)
+PERSISTENCED = "nvidia-persistenced"
 BootFn = Callable[..., object]
 
 
@@ -219,6 +220,7 @@ def scenario(
         run(["cp", "-a", "--reflink=auto", str(prepared), str(node)])
         for name in NOT_ON_NODE:
             (node / "opt/bootfsm-sim/bin" / name).unlink()
+        gpu_daemon(node)
         debs = fetch(cache, rel, PINNED)
         module = next(d for d in debs if d.package == rel.module_package)
         module_version = subprocess.run(
@@ -258,6 +260,33 @@ def scenario(
         shutil.rmtree(node, ignore_errors=True)
     ok = not problems
     return [(title, ok, "; ".join(problems + facts), time.monotonic() - t0)]
+
+
+def gpu_daemon(node: Path) -> None:
+    """nvidia-persistenced needs a GPU: the packaged unit (nvidia-compute-utils-580-server:
+    Type=forking, ExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced
+    --no-persistence-mode --verbose, ExecStopPost) runs as packaged but for its binary,
+    which a drop-in points at the simulator's stand-in with the same arguments: the real
+    daemon, run here, logs "Failed to query NVIDIA devices" and exits 1 (no GPU)."""
+    bindir = node / "opt/bootfsm-sim/bin"
+    template = (bindir / "modprobe").read_text()  # booted_node.prepare's stand-in script
+    if "main('modprobe'," not in template:
+        raise RuntimeError("the image's modprobe stand-in is not the expected script")
+    daemon = bindir / PERSISTENCED
+    daemon.write_text(
+        template.replace("main('modprobe',", f"main({PERSISTENCED!r},").replace(
+            "stand-in for modprobe", f"stand-in for {PERSISTENCED}"
+        )
+    )
+    daemon.chmod(0o755)
+    dropin = node / f"etc/systemd/system/{PERSISTENCED}.service.d/booted-lane-gpu.conf"
+    dropin.parent.mkdir(parents=True, exist_ok=True)
+    dropin.write_text(
+        "# booted lane: the daemon needs a GPU; the simulator's stand-in answers for it\n"
+        "[Service]\nExecStart=\n"
+        f"ExecStart=/{daemon.relative_to(node).as_posix()}"
+        f" --user {PERSISTENCED} --no-persistence-mode --verbose\n"
+    )
 
 
 def _mono(props: dict[str, str], key: str) -> float:
