@@ -267,7 +267,12 @@ def gpu_daemon(node: Path) -> None:
     Type=forking, ExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced
     --no-persistence-mode --verbose, ExecStopPost) runs as packaged but for its binary,
     which a drop-in points at the simulator's stand-in with the same arguments: the real
-    daemon, run here, logs "Failed to query NVIDIA devices" and exits 1 (no GPU)."""
+    daemon, run here, logs "Failed to query NVIDIA devices" and exits 1 (no GPU). The
+    unit is StopWhenUnneeded=true: on a real node nvidia-kernel-common's udev rule makes
+    the bound driver's device (/bus/pci/drivers/nvidia) want it; no GPU binds in the
+    container, so the drop-in stands for that device (StopWhenUnneeded=false): without
+    it systemd stops the unit right after bootfsm starts it (seen: "Stopping
+    nvidia-persistenced.service" 4 ms after "Started", bootfsm 84)."""
     bindir = node / "opt/bootfsm-sim/bin"
     template = (bindir / "modprobe").read_text()  # booted_node.prepare's stand-in script
     if "main('modprobe'," not in template:
@@ -282,7 +287,11 @@ def gpu_daemon(node: Path) -> None:
     dropin = node / f"etc/systemd/system/{PERSISTENCED}.service.d/booted-lane-gpu.conf"
     dropin.parent.mkdir(parents=True, exist_ok=True)
     dropin.write_text(
-        "# booted lane: the daemon needs a GPU; the simulator's stand-in answers for it\n"
+        "# booted lane: the daemon needs a GPU; the simulator's stand-in answers for it.\n"
+        "# On a real node the bound driver's device unit wants this unit (71-nvidia.rules:\n"
+        '# ENV{SYSTEMD_WANTS}="nvidia-persistenced.service"), which keeps the packaged\n'
+        "# StopWhenUnneeded=true unit running; no GPU binds here, so nothing would.\n"
+        "[Unit]\nStopWhenUnneeded=false\n"
         "[Service]\nExecStart=\n"
         f"ExecStart=/{daemon.relative_to(node).as_posix()}"
         f" --user {PERSISTENCED} --no-persistence-mode --verbose\n"

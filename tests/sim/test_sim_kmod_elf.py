@@ -90,7 +90,7 @@ def sign(module: bytes, work: Path, cn: str) -> bytes:
     key, cert, data = work / "key.pem", work / "cert.pem", work / "mod.bin"
     subprocess.run(
         [openssl, "req", "-new", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
-         "-out", str(cert), "-subj", f"/O=bootfsm test/CN={cn}", "-days", "1",
+         "-out", str(cert), "-subj", f"/CN={cn}/O=bootfsm test", "-days", "1",
          "-set_serial", "0x00C0FFEE"],
         check=True, capture_output=True, timeout=120,
     )  # fmt: skip
