@@ -141,7 +141,11 @@ def _module(pool: Path, b: str, kernel: str, x: str, arch: str, open_: bool) -> 
     flavour = "-open" if open_ else ""
     abi = kernel.split("-")[1]
     sub = f"nvidia-{b}srv{flavour}"
-    body = f"version={x}\nmodule_type={'open' if open_ else 'proprietary'}\n".encode()
+    # signed by Canonical, as the real packaged modules are (modinfo -F signer)
+    body = (
+        f"version={x}\nmodule_type={'open' if open_ else 'proprietary'}\n"
+        "signer=Canonical Ltd. Kernel Module Signing\n"
+    ).encode()
     return build_deb(
         pool / "restricted" / "l" / "linux-restricted-signatures-azure",
         package=f"linux-modules-nvidia-{b}-server{flavour}-{kernel}",

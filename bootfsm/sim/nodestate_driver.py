@@ -52,6 +52,8 @@ _PARAMS = (
     ("GpuBlacklist", '""'), ("TemporaryFilePath", '""'), ("ExcludedGpus", '""'),
 )  # fmt: skip
 _MODPROBE_DIRS = ("etc/modprobe.d", "run/modprobe.d", "lib/modprobe.d", "usr/lib/modprobe.d")
+_UDEV_DIRS = ("etc/udev/rules.d", "run/udev/rules.d", "lib/udev/rules.d", "usr/lib/udev/rules.d")
+DEVICE_CREATE = "/sbin/ub-device-create"
 
 
 # the module-signing CA Ubuntu's kernels trust (built in): the issuer of Canonical's
@@ -226,7 +228,44 @@ class NodeDriver(NodeBase):
             self.write("dev/nvidia-nvswitchctl", "")
         if self.p("etc/udev/rules.d/71-nvidia-dev-char.rules").exists():
             self.create_dev_char_links()
+        # the driver's "add" uevent (/bus/pci/drivers/nvidia): Ubuntu's udev rule
+        if self.udev_runs("/bus/pci/drivers/nvidia", DEVICE_CREATE):
+            self.device_create()
         return None
+
+    def udev_runs(self, devpath: str, program: str) -> bool:
+        """Whether udev runs ``program`` on the kernel's "add" uevent of ``devpath``: a rule
+        of the rules files (udev(7): *.rules of /etc, /run, /lib and /usr/lib/udev/rules.d,
+        a name in /etc hiding the same name further down) matching ACTION "add" and that
+        DEVPATH with RUN+= the program, and the program installed."""
+        files: dict[str, Path] = {}
+        for base in _UDEV_DIRS:
+            for rules in sorted(self.p(base).glob("*.rules")):
+                files.setdefault(rules.name, rules)
+        want = ('ACTION=="add"', f'DEVPATH=="{devpath}"', f'RUN+="{program}"')
+        for name in sorted(files):
+            for line in files[name].read_text(errors="replace").splitlines():
+                if not line.lstrip().startswith("#") and all(w in line for w in want):
+                    return self.p(program).is_file()
+        return False
+
+    def device_create(self) -> None:
+        """What Ubuntu's /sbin/ub-device-create (nvidia-kernel-common-580-server 580.178.04,
+        run by its 71-nvidia.rules) makes: nothing without the nvidia module ("No nvidia
+        module is loaded. Aborting."), else /dev/nvidiaN for each NVIDIA GPU bound to the
+        driver, /dev/nvidiactl, and /dev/nvidia-uvm and /dev/nvidia-uvm-tools while
+        nvidia_uvm is loaded, /dev/nvidia-modeset while nvidia_modeset is (the strings of
+        the real binary; it reads /proc/modules, /proc/devices and the PCI bus)."""
+        if self.loaded_module() is None:
+            return
+        for index, _gpu in enumerate(self.visible_gpus()):
+            self.write(f"dev/nvidia{index}", "")
+        self.write("dev/nvidiactl", "")
+        if self.p("sys/module/nvidia_uvm").is_dir():
+            self.write("dev/nvidia-uvm", "")
+            self.write("dev/nvidia-uvm-tools", "")
+        if self.p("sys/module/nvidia_modeset").is_dir():
+            self.write("dev/nvidia-modeset", "")
 
     def signatures_enforced(self) -> tuple[bool, str]:
         """(module.sig_enforce, the lockdown mode) as this kernel shows them in sysfs."""

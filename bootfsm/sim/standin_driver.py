@@ -18,6 +18,7 @@ from pathlib import Path
 
 from bootfsm.sim.kmod_elf import ModuleFormatError, is_elf, read_module
 from bootfsm.sim.nodestate import Node
+from bootfsm.sim.nodestate_driver import DEVICE_CREATE
 from bootfsm.sim.standin_dkms import dkms
 from bootfsm.sim.standin_installer import nvidia_installer
 
@@ -157,6 +158,9 @@ def _insmod_nvidia(node: Node, module: str = "nvidia", quiet: bool = False) -> i
     if name != "nvidia" and not node.p(_module_dir(name)).exists():
         node.write(f"{_module_dir(name)}/refcnt", "0\n")
         node.write(f"sys/module/nvidia/holders/{name}", "")
+        # the kernel's "add" uevent of /module/<name>: Ubuntu's udev rule creates its nodes
+        if node.udev_runs(f"/module/{name}", DEVICE_CREATE):
+            node.device_create()
     return 0
 
 

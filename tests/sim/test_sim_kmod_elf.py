@@ -274,3 +274,34 @@ def test_wrong_vermagic_is_refused_as_the_kernel_words_it(tmp_path: Path) -> Non
     assert node.kernel_log() == f"nvidia: version magic '{release}' should be '{VERMAGIC}'\n"
     node.place(elf_module(INFO))
     assert node.run("modprobe", "nvidia").returncode == 0
+
+
+# -- Ubuntu's udev rule and ub-device-create --------------------------------------------
+RULES = (  # nvidia-kernel-common-580-server 580.178.04, lib/udev/rules.d/71-nvidia.rules
+    'ACTION=="add", DEVPATH=="/bus/pci/drivers/nvidia", RUN+="/sbin/ub-device-create"\n'
+    'ACTION=="add", DEVPATH=="/module/nvidia_uvm", SUBSYSTEM=="module",'
+    ' RUN+="/sbin/ub-device-create"\n'
+)
+
+
+def test_ubuntus_udev_rule_makes_the_uvm_device_files(tmp_path: Path) -> None:
+    """Without nvidia-modprobe (Canonical's server user-space ships none), `modprobe
+    nvidia-uvm` on an Ubuntu node gets /dev/nvidia-uvm from udev running ub-device-create;
+    without the rule (or the program) nothing makes it."""
+    bare = Node(tmp_path / "bare")
+    bare.place(elf_module(INFO))
+    assert bare.run("modprobe", "nvidia").returncode == 0
+    assert bare.run("modprobe", "nvidia-uvm").returncode == 0
+    assert not (bare.root / "dev/nvidia-uvm").exists()
+    node = Node(tmp_path / "ubuntu")
+    node.place(elf_module(INFO))
+    (node.root / "lib/udev/rules.d").mkdir(parents=True, exist_ok=True)
+    (node.root / "lib/udev/rules.d/71-nvidia.rules").write_text(RULES)
+    (node.root / "sbin").mkdir(exist_ok=True)
+    (node.root / "sbin/ub-device-create").write_bytes(b"\x7fELF")
+    assert node.run("modprobe", "nvidia").returncode == 0
+    assert (node.root / "dev/nvidia0").exists() and (node.root / "dev/nvidiactl").exists()
+    assert not (node.root / "dev/nvidia-uvm").exists()  # nvidia_uvm not loaded yet
+    assert node.run("modprobe", "nvidia-uvm").returncode == 0
+    assert (node.root / "dev/nvidia-uvm").exists()
+    assert (node.root / "dev/nvidia-uvm-tools").exists()
