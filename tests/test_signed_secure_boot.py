@@ -61,9 +61,7 @@ def test_a_secure_boot_node_provisions_with_modprobe_and_no_compile(
     assert ["modprobe", "nvidia"] in cmds and ["modprobe", "nvidia-uvm"] in cmds
     assert not [c for c in cmds if c[0] in ("nvidia-modprobe", "dkms", "nvidia-installer")]
     lines = Path(str(result.journal)).read_text().splitlines()
-    facts: dict[str, Any] = next(
-        e for e in map(json.loads, lines) if e["event"] == "node.facts"
-    )
+    facts: dict[str, Any] = next(e for e in map(json.loads, lines) if e["event"] == "node.facts")
     assert facts["secure_boot"] is True and facts["module_sig_enforce"] is True
 
 
