@@ -12,17 +12,24 @@ as Canonical wrote it) with the files' real SHA256 and Size; its pool serves tho
 Canonical's (each file is checked against the sha256 the real signed index, or the pin of
 real_packages.py, gives it before it is copied in).
 
-bootfsm then runs with ``driver.source = "ubuntu-signed"`` on the simulated GPU node: it
-resolves the stack from those indexes, verifies the InRelease with gpgv and each .deb by
-its SHA256, and installs them with the image's real dpkg (their real maintainer scripts
-run). What the container cannot have is simulated: the GPU and the module load
-(booted_node.GPU_STANDINS: modprobe, nvidia-modprobe, modinfo and nvidia-smi on
-bootfsm.service's PATH), and the booted kernel's package: a container runs the host's
-kernel, so the node's dpkg database gets a stand-in ``linux-image-<kernel>`` (no files,
-built here with dpkg-deb, its Description says so) for the module package's Depends. The
-packages' base dependencies from Ubuntu's main (libpciaccess0, adduser; ocl-icd-libopencl1 from
-universe) are installed into the image first, each checked through the real signed noble
-main index: the image's job, as bootfsm's message says when they are missing.
+bootfsm then runs with ``driver.source = "ubuntu-signed"`` on the simulated GPU node, on
+Ubuntu 24.04 (noble) and 22.04 (jammy, linux-azure-6.8), booted as a Trusted Launch VM
+with Secure Boot on (the simulator's ``secure-boot`` fault: EFI SecureBoot = 1, lockdown
+integrity, module.sig_enforce Y, IMDS secureBootEnabled): it resolves the stack from
+those indexes, verifies the InRelease with gpgv and each .deb by its SHA256, installs
+them with the image's real dpkg (their real maintainer scripts run), loads the signed
+module with `modprobe` (no nvidia-modprobe: none of Canonical's packages ships one, so
+the node has no stand-in of it either) and goes to the end: exit 0, kubelet after it,
+no compile. What the container cannot have is simulated: the GPU and the module load
+(booted_node.GPU_STANDINS on bootfsm.service's PATH; the simulated kernel reads the REAL
+nvidia.ko, its .modinfo and its appended signature, bootfsm/sim/kmod_elf.py), udev's run
+of the package's ub-device-create, the packaged nvidia-persistenced's binary (a drop-in,
+``gpu_daemon``), and the booted kernel's package: a container runs the host's kernel, so
+the node's dpkg database gets a stand-in ``linux-image-<kernel>`` (no files, built here
+with dpkg-deb, its Description says so) for the module package's Depends. The packages'
+base dependencies from Ubuntu's main (libpciaccess0, adduser; ocl-icd-libopencl1 from
+universe) are installed into the image first, each checked through the real signed main
+index: the image's job, as bootfsm's message says when they are missing.
 """
 
 from __future__ import annotations
