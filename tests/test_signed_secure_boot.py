@@ -76,6 +76,8 @@ def test_an_unsigned_module_shadowing_the_signed_one_ends_45(make_world: MakeWor
         "driver",
     ), result.outcome.message
     assert "could not insert 'nvidia': Key was rejected by service" in result.outcome.message
+    assert "remove the unsigned module that shadows it" in result.outcome.message
+    assert 'set driver.source = "ubuntu-signed"' not in result.outcome.message  # it is set
     assert not (w.root / "sys/module/nvidia").exists()
 
 

@@ -192,11 +192,16 @@ def signature_rejection(ctx: Context, output: str) -> BootError | None:
     refusal = "; ".join(dict.fromkeys(found))
     sb = ctx.facts.secure_boot
     where = f" (Secure Boot {'on' if sb.enabled else 'off'}, lockdown {sb.lockdown or '?'})"
+    fix = (
+        "the module kmod found for this kernel is not the one Canonical signed: remove the "
+        "unsigned module that shadows it (depmod puts updates/ and extra/ first)"
+        if ctx.config.driver.source == "ubuntu-signed"
+        else 'set driver.source = "ubuntu-signed" for Canonical\'s signed modules, or enroll '
+        "the key that signed it"
+    )
     return BootError(
         Code.MODULE_SIGNATURE_REJECTED,
-        f"the kernel refused the nvidia module for its signature{where}: {refusal}; "
-        'set driver.source = "ubuntu-signed" for Canonical\'s signed modules, or enroll '
-        "the key that signed it",
+        f"the kernel refused the nvidia module for its signature{where}: {refusal}; {fix}",
         output=refusal,
     )
 
