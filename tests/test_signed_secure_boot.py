@@ -63,6 +63,11 @@ def test_a_secure_boot_node_provisions_with_modprobe_and_no_compile(
     lines = Path(str(result.journal)).read_text().splitlines()
     facts: dict[str, Any] = next(e for e in map(json.loads, lines) if e["event"] == "node.facts")
     assert facts["secure_boot"] is True and facts["module_sig_enforce"] is True
+    signer = subprocess.run(
+        ["modinfo", "-F", "signer", "nvidia"], env=w.env(), capture_output=True, text=True,
+        timeout=60, check=True,
+    ).stdout  # fmt: skip
+    assert signer == "Canonical Ltd. Kernel Module Signing\n"
 
 
 def test_an_unsigned_module_shadowing_the_signed_one_ends_45(make_world: MakeWorld) -> None:

@@ -126,6 +126,8 @@ def _text_fields(text: str, name: str) -> list[tuple[str, str]]:
         ("retpoline", "Y"),
         ("name", keys.get("name", name).replace("-", "_")),
         ("vermagic", keys.get("vermagic", "")),
+        # a simulated signed module: who signed it (it has no key id or signature bytes)
+        *([("sig_id", "PKCS#7"), ("signer", keys["signer"])] if keys.get("signer") else []),
     ]
 
 
