@@ -27,6 +27,11 @@ __all__ = [
     "kubelet_healthy",
 ]
 
+# what "enabled" can be: a static unit (no [Install]: Canonical's packaged
+# nvidia-persistenced.service, which its udev rule pulls in when the driver binds) cannot
+# be enabled; `systemctl enable` of it changes nothing (systemctl(1): "static")
+_CONFIGURED = frozenset({"enabled", "static"})
+
 
 @dataclass(frozen=True)
 class Daemon:
@@ -45,8 +50,9 @@ class Daemon:
         return found if found is not None else unit_state(ctx, self.unit)
 
     def configured(self, ctx: Context) -> bool:
-        """Enabled (masked, for a host-masked daemon)."""
-        return self.state(ctx).enabled == ("masked" if self.masked else "enabled")
+        """Enabled, or static (masked, for a host-masked daemon)."""
+        state = self.state(ctx).enabled
+        return state == "masked" if self.masked else state in _CONFIGURED
 
     def running(self, ctx: Context) -> bool:
         """Active."""
@@ -55,13 +61,13 @@ class Daemon:
     def ready(self, ctx: Context) -> bool:
         """Enabled and active (a postcondition's question)."""
         state = self.state(ctx)
-        return state.enabled == "enabled" and state.active
+        return state.enabled in _CONFIGURED and state.active
 
     def start(self, ctx: Context, *, reset_failed: bool = False) -> None:
         """Enable unless enabled, start unless active (``reset_failed`` first);
         ``code`` on failure."""
         state = self.state(ctx)
-        if state.enabled != "enabled":
+        if state.enabled not in _CONFIGURED:
             systemctl(ctx, "enable", self.unit, code=self.code)
             records.unit_done(ctx, "enable", self.unit)  # uninstall disables it again
         if state.active:

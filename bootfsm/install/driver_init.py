@@ -192,11 +192,16 @@ def signature_rejection(ctx: Context, output: str) -> BootError | None:
     refusal = "; ".join(dict.fromkeys(found))
     sb = ctx.facts.secure_boot
     where = f" (Secure Boot {'on' if sb.enabled else 'off'}, lockdown {sb.lockdown or '?'})"
+    fix = (
+        "the module kmod found for this kernel is not the one Canonical signed: remove the "
+        "unsigned module that shadows it (depmod puts updates/ and extra/ first)"
+        if ctx.config.driver.source == "ubuntu-signed"
+        else 'set driver.source = "ubuntu-signed" for Canonical\'s signed modules, or enroll '
+        "the key that signed it"
+    )
     return BootError(
         Code.MODULE_SIGNATURE_REJECTED,
-        f"the kernel refused the nvidia module for its signature{where}: {refusal}; "
-        'set driver.source = "ubuntu-signed" for Canonical\'s signed modules, or enroll '
-        "the key that signed it",
+        f"the kernel refused the nvidia module for its signature{where}: {refusal}; {fix}",
         output=refusal,
     )
 
@@ -227,7 +232,12 @@ def _load(ctx: Context) -> None:
         # Ubuntu's server user-space ships no nvidia-modprobe: modprobe (the packaged
         # module, by depmod's modules.dep); nvidia-smi as root makes the device files
         for module in ("nvidia", "nvidia-uvm"):
-            ctx.require(["modprobe", module], code=Code.MODULE_LOAD_FAILED, timeout=120)
+            try:
+                ctx.require(["modprobe", module], code=Code.MODULE_LOAD_FAILED, timeout=120)
+            except CommandError as exc:
+                if exc.code is Code.MODULE_LOAD_FAILED:  # refused for its signature: 45
+                    raise signature_rejection(ctx, exc.output_tail) or exc from None
+                raise
         return
     if ctx.config.driver.install:
         try:

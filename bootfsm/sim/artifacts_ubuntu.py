@@ -32,9 +32,23 @@ from bootfsm.sim.artifacts_signing import RepoSigner
 from bootfsm.sim.artifacts_tools import digests
 from bootfsm.sim.elf import shared_object
 
-__all__ = ["BASE_PACKAGES", "base_status", "build_ubuntu_archive"]
+__all__ = ["BASE_PACKAGES", "PERSISTENCED_UNIT", "base_status", "build_ubuntu_archive"]
 
 _MODULES = ("nvidia", "nvidia-uvm", "nvidia-modeset", "nvidia-drm", "nvidia-peermem")
+# nvidia-compute-utils-580-server 580.178.04's unit, as packaged (no [Install]: static;
+# 71-nvidia.rules of nvidia-kernel-common pulls it in when the driver binds)
+PERSISTENCED_UNIT = """\
+[Unit]
+Description=NVIDIA Persistence Daemon
+Wants=syslog.target
+StopWhenUnneeded=true
+Before=systemd-backlight@backlight:nvidia_0.service
+
+[Service]
+Type=forking
+ExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced --no-persistence-mode --verbose
+ExecStopPost=/bin/rm -rf /var/run/nvidia-persistenced
+"""
 BASE_PACKAGES = {  # what the signed stack's Depends need from the node (noble versions)
     "libc6": "2.39-0ubuntu8.6",
     "libgcc-s1": "14.2.0-4ubuntu2~24.04",
@@ -98,7 +112,9 @@ def _userspace(
                     "Replaces": "nvidia-smi, nvidia-utils"}),
         deb(drv, f"nvidia-compute-utils-{b}-server",
             files={"/usr/bin/nvidia-persistenced": scripts["nvidia-persistenced"].encode(),
-                   "/usr/bin/nvidia-cuda-mps-control": b"#!/bin/sh\nexit 0\n"},
+                   "/usr/bin/nvidia-cuda-mps-control": b"#!/bin/sh\nexit 0\n",
+                   "/usr/lib/systemd/system/nvidia-persistenced.service":
+                       PERSISTENCED_UNIT.encode()},
             depends=f"libnvidia-compute-{b}-server, adduser, libc6 (>= 2.34)",
             fields={"Provides": "nvidia-compute-utils, nvidia-persistenced",
                     "Conflicts": "nvidia-compute-utils, nvidia-persistenced",
@@ -144,7 +160,11 @@ def _module(pool: Path, b: str, kernel: str, x: str, arch: str, open_: bool, rev
     flavour = "-open" if open_ else ""
     abi = kernel.split("-")[1]
     sub = f"nvidia-{b}srv{flavour}"
-    body = f"version={x}\nmodule_type={'open' if open_ else 'proprietary'}\n".encode()
+    # signed by Canonical, as the real packaged modules are (modinfo -F signer)
+    body = (
+        f"version={x}\nmodule_type={'open' if open_ else 'proprietary'}\n"
+        "signer=Canonical Ltd. Kernel Module Signing\n"
+    ).encode()
     return build_deb(
         pool / "restricted" / "l" / "linux-restricted-signatures-azure",
         package=f"linux-modules-nvidia-{b}-server{flavour}-{kernel}",

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from bootfsm.sim.nodestate_base import NodeBase
+from bootfsm.sim.nodestate_kmod import DEVICE_CREATE, NodeKmod
 
 __all__ = ["LINKER_CACHE", "NVSWITCH_MAJOR", "UVM_MAJOR", "Module", "NodeDriver"]
 
@@ -53,11 +53,6 @@ _PARAMS = (
 _MODPROBE_DIRS = ("etc/modprobe.d", "run/modprobe.d", "lib/modprobe.d", "usr/lib/modprobe.d")
 
 
-def fields_of(text: str | None) -> dict[str, str]:
-    """The ``key=value`` lines of a simulated .ko file."""
-    return dict(line.split("=", 1) for line in (text or "").splitlines() if "=" in line)
-
-
 @dataclass(frozen=True)
 class Module:
     """An nvidia kernel module: its version and "open" or "proprietary"."""
@@ -66,24 +61,13 @@ class Module:
     module_type: str
 
 
-class NodeDriver(NodeBase):
+class NodeDriver(NodeKmod):
     """A node with its driver state (see the module docstring)."""
-
-    def module_path(self, kernel: str) -> str:
-        """Node path of the DKMS-installed nvidia.ko for a kernel."""
-        return f"lib/modules/{kernel}/updates/dkms/nvidia.ko"
 
     def built_module(self, kernel: str | None = None) -> Module | None:
         """The nvidia module installed for a kernel (default: the running one)."""
-        kernel = kernel or self.kernel
-        text = self.read(self.module_path(kernel))
-        if text is None:  # a packaged module: Ubuntu's kernel/nvidia-<B>srv[-open]/
-            found = sorted(self.p(f"lib/modules/{kernel}/kernel").glob("nvidia-*srv*/nvidia.ko"))
-            text = found[0].read_text() if found else None
-        if text is None:
-            return None
-        fields = fields_of(text)
-        if "version" not in fields:
+        fields = self.module_info(kernel)
+        if fields is None or "version" not in fields:
             return None
         return Module(fields["version"], fields.get("module_type", "proprietary"))
 
@@ -125,7 +109,9 @@ class NodeDriver(NodeBase):
                 "modprobe: FATAL: Module nvidia not found in directory"
                 f" /lib/modules/{self.kernel}\n"
             )
-        refused = self._signature_refused(fields_of(self.read(self.module_path(self.kernel))))
+        fields = self.module_info() or {}
+        # module_sig_check comes first in load_module (kernel/module/main.c)
+        refused = self._signature_refused(fields) or self._format_refused(fields)
         if refused is not None:
             return refused
         blackwell = self.blackwell_gpu()
@@ -175,36 +161,28 @@ class NodeDriver(NodeBase):
             self.write("dev/nvidia-nvswitchctl", "")
         if self.p("etc/udev/rules.d/71-nvidia-dev-char.rules").exists():
             self.create_dev_char_links()
+        # the driver's "add" uevent (/bus/pci/drivers/nvidia): Ubuntu's udev rule
+        if self.udev_runs("/bus/pci/drivers/nvidia", DEVICE_CREATE):
+            self.device_create()
         return None
 
-    def signatures_enforced(self) -> tuple[bool, str]:
-        """(module.sig_enforce, the lockdown mode) as this kernel shows them in sysfs."""
-        enforce = (self.read("sys/module/module/parameters/sig_enforce") or "N").strip()
-        lockdown = self.read("sys/kernel/security/lockdown") or "[none]"
-        mode = next((w[1:-1] for w in lockdown.split() if w.startswith("[")), "none")
-        return enforce == "Y", mode
-
-    def _signature_refused(self, module: dict[str, str]) -> str | None:
-        """modprobe's error when this kernel refuses an unsigned module, else None.
-
-        Reference: Linux kernel/module/signing.c, module_sig_check: an unsigned module
-        under module.sig_enforce is "Loading of unsigned module is rejected" (pr_notice)
-        and -EKEYREJECTED; without it, under lockdown, security_locked_down() logs
-        "Lockdown: modprobe: unsigned module loading is restricted; see man
-        kernel_lockdown.7" (security/lockdown/lockdown.c) and returns -EPERM. kmod 30
-        tools/modprobe.c prints "could not insert '%s': %s" with strerror(-err).
-        A module with a ``signer`` (modinfo's field of a signed module) loads.
-        """
-        enforce, lockdown = self.signatures_enforced()
-        if module.get("signer") or not (enforce or lockdown != "none"):
-            return None
-        if enforce:
-            self.kernel_log("Loading of unsigned module is rejected")
-            return "modprobe: ERROR: could not insert 'nvidia': Key was rejected by service\n"
-        self.kernel_log(
-            "Lockdown: modprobe: unsigned module loading is restricted; see man kernel_lockdown.7"
-        )
-        return "modprobe: ERROR: could not insert 'nvidia': Operation not permitted\n"
+    def device_create(self) -> None:
+        """What Ubuntu's /sbin/ub-device-create (nvidia-kernel-common-580-server 580.178.04,
+        run by its 71-nvidia.rules) makes: nothing without the nvidia module ("No nvidia
+        module is loaded. Aborting."), else /dev/nvidiaN for each NVIDIA GPU bound to the
+        driver, /dev/nvidiactl, and /dev/nvidia-uvm and /dev/nvidia-uvm-tools while
+        nvidia_uvm is loaded, /dev/nvidia-modeset while nvidia_modeset is (the strings of
+        the real binary; it reads /proc/modules, /proc/devices and the PCI bus)."""
+        if self.loaded_module() is None:
+            return
+        for index, _gpu in enumerate(self.visible_gpus()):
+            self.write(f"dev/nvidia{index}", "")
+        self.write("dev/nvidiactl", "")
+        if self.p("sys/module/nvidia_uvm").is_dir():
+            self.write("dev/nvidia-uvm", "")
+            self.write("dev/nvidia-uvm-tools", "")
+        if self.p("sys/module/nvidia_modeset").is_dir():
+            self.write("dev/nvidia-modeset", "")
 
     def device_processes(self) -> list[tuple[int, str]]:
         """(pid, comm) of every process with a /dev/nvidia* file open, as Linux shows it:

@@ -17,8 +17,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from bootfsm.sim.nodestate import Node
+from bootfsm.sim.nodestate_kmod import DEVICE_CREATE
 from bootfsm.sim.standin_dkms import dkms
 from bootfsm.sim.standin_installer import nvidia_installer
+from bootfsm.sim.standin_kmod import NVIDIA_MODULES, getopt_error, modinfo
 
 __all__ = ["COMMANDS", "cuda_version_for"]
 
@@ -45,9 +47,6 @@ def _err(*lines: str) -> None:
 # ---------------------------------------------------------------------- modprobe
 
 
-_NVIDIA_MODULES = frozenset({"nvidia", "nvidia-uvm", "nvidia_uvm", "nvidia-modeset",
-                             "nvidia_modeset", "nvidia-drm", "nvidia_drm", "nvidia-peermem",
-                             "nvidia_peermem"})  # fmt: skip
 _IN_TREE = frozenset({"ib_umad", "ib_uverbs", "mlx5_ib", "mlx5_core", "rdma_ucm", "nouveau"})
 # kmod 30 (Debian 12) modprobe: its getopt_long options; the valued ones take an argument.
 _MODPROBE_FLAGS = frozenset({"-a", "--all", "-r", "--remove", "-R", "--resolve-alias",
@@ -57,27 +56,6 @@ _MODPROBE_FLAGS = frozenset({"-a", "--all", "-r", "--remove", "-R", "--resolve-a
                              "--show", "-q", "--quiet", "-v", "--verbose", "-s", "--syslog",
                              "-w", "--wait", "-c", "--showconfig", "--show-config"})  # fmt: skip
 _MODPROBE_VALUED = frozenset({"-S", "--set-version", "-C", "--config", "-d", "--dirname"})
-
-
-def _getopt_error(argv: list[str], flags: frozenset[str], valued: frozenset[str]) -> str | None:
-    """glibc getopt_long's message for the first unknown option, as kmod prints it."""
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-            continue
-        if arg == "--":
-            return None
-        key = arg.split("=", 1)[0]
-        if key in valued:
-            skip = "=" not in arg
-        elif arg.startswith("--") and key not in flags:
-            return f"{sys.argv[0]}: unrecognized option '{arg}'"
-        elif arg.startswith("-") and not arg.startswith("--") and len(arg) > 1:
-            for ch in arg[1:]:
-                if f"-{ch}" not in flags and f"-{ch}" not in valued:
-                    return f"{sys.argv[0]}: invalid option -- '{ch}'"
-    return None
 
 
 def _module_dir(name: str) -> str:
@@ -102,7 +80,7 @@ def modprobe(node: Node, argv: list[str]) -> int:
     nvidia.
     """
     argv = [*os.environ.get("MODPROBE_OPTIONS", "").split(), *argv]
-    problem = _getopt_error(argv, _MODPROBE_FLAGS, _MODPROBE_VALUED)
+    problem = getopt_error(argv, _MODPROBE_FLAGS, _MODPROBE_VALUED)
     if problem is not None:
         _err(problem)
         return 1
@@ -114,7 +92,7 @@ def modprobe(node: Node, argv: list[str]) -> int:
         _err("modprobe: ERROR: missing parameters. See -h.")
         return 1
     for module in modules if remove or "-a" in argv or "--all" in argv else modules[:1]:
-        if module in _NVIDIA_MODULES:
+        if module in NVIDIA_MODULES:
             rc = (
                 _rmmod_nvidia(node, module, first_time)
                 if remove
@@ -156,14 +134,17 @@ def _insmod_nvidia(node: Node, module: str = "nvidia", quiet: bool = False) -> i
     if name != "nvidia" and not node.p(_module_dir(name)).exists():
         node.write(f"{_module_dir(name)}/refcnt", "0\n")
         node.write(f"sys/module/nvidia/holders/{name}", "")
+        # the kernel's "add" uevent of /module/<name>: Ubuntu's udev rule creates its nodes
+        if node.udev_runs(f"/module/{name}", DEVICE_CREATE):
+            node.device_create()
     return 0
 
 
 def _rmmod_nvidia(node: Node, module: str = "nvidia", first_time: bool = False) -> int:
     name = module.replace("-", "_")
     loaded = node.p(_module_dir(name)).exists() if name != "nvidia" else node.loaded_module()
-    built = node.p(f"lib/modules/{node.kernel}/updates/dkms/{name.replace('_', '-')}.ko")
-    if not loaded and not built.exists():  # kmod finds no such module for this kernel
+    built = node.module_file(name=name.replace("_", "-"))
+    if not loaded and built is None:  # kmod finds no such module for this kernel
         _err(f"modprobe: FATAL: Module {name} not found.")
         return 1
     if not loaded:
@@ -181,64 +162,6 @@ def _rmmod_nvidia(node: Node, module: str = "nvidia", first_time: bool = False) 
         _err("modprobe: FATAL: Module nvidia is in use.")
         return 1
     node.unload_module()
-    return 0
-
-
-_MODINFO_FLAGS = frozenset({"-a", "--author", "-d", "--description", "-l", "--license",
-                            "-p", "--parameters", "-n", "--filename", "-0", "--null",
-                            "-V", "--version", "-h", "--help"})  # fmt: skip
-_MODINFO_VALUED = frozenset({"-F", "--field", "-k", "--set-version", "-b", "--basedir"})
-
-
-def modinfo(node: Node, argv: list[str]) -> int:
-    """`modinfo [-k KERNEL] [-F FIELD] nvidia[-uvm|-modeset]` for DKMS-installed modules.
-
-    Reference: kmod 30 modinfo on Debian 12: "modinfo: unrecognized option '--bogus'"
-    (argv[0] as invoked), exit 1; "modinfo: ERROR: Module X not found.", exit 1.
-    """
-    problem = _getopt_error(argv, _MODINFO_FLAGS, _MODINFO_VALUED)
-    if problem is not None:
-        _err(problem)
-        return 1
-    kernel, field_name, names = node.kernel, "", []
-    rest = iter(argv)
-    for arg in rest:
-        if arg in ("-k", "--set-version"):
-            kernel = next(rest, kernel)
-        elif arg in ("-F", "--field"):
-            field_name = next(rest, "")
-        elif arg.startswith("--field="):
-            field_name = arg.split("=", 1)[1]
-        elif arg in ("-b", "--basedir"):
-            next(rest, "")
-        elif not arg.startswith("-"):
-            names.append(arg)
-    if len(names) != 1:
-        _err("modinfo: ERROR: missing module or filename.")
-        return 1
-    name = names[0].replace("_", "-")
-    path = f"lib/modules/{kernel}/updates/dkms/{name}.ko"
-    text = node.read(path) if name in _NVIDIA_MODULES else None
-    if text is None:
-        _err(f"modinfo: ERROR: Module {names[0]} not found.")
-        return 1
-    keys = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
-    fields = [
-        ("filename", f"/{path}"),
-        ("alias", "char-major-195-*"),
-        ("version", keys.get("version", "")),
-        ("supported", "external"),
-        ("license", keys.get("license", "")),
-        ("depends", ""),
-        ("retpoline", "Y"),
-        ("name", keys.get("name", name).replace("-", "_")),
-        ("vermagic", keys.get("vermagic", "")),
-    ]
-    for key, value in fields:
-        if not field_name:
-            print(f"{key + ':':<16}{value}".rstrip())
-        elif key == field_name and value:
-            print(value)
     return 0
 
 

@@ -22,7 +22,9 @@ nvidia-kernel-common-580-server (>= 580.178.04, <= 580.178.04-1). So the lane in
 sha256 from the signed index) with the 580.178.04 user-space and daemons taken from the
 pool, pinned below by the sha256 of the files downloaded on 2026-12-07 (no signed index
 vouches for them today: that is the gap between pinned and indexed, said in
-docs/testing.md). The multiverse daemons listed at 580.196.07 (nvidia-fabricmanager-580,
+docs/testing.md; jammy's libnvidia-cfg1-580-server_580.178.04-0ubuntu0.22.04.1, which the
+signed-install scenario needs, downloaded and pinned on 2026-12-07 too). The multiverse
+daemons listed at 580.196.07 (nvidia-fabricmanager-580,
 nvidia-imex-580, libnvidia-nscq-580) depend on nvidia-kernel-common-580-server-580.196.07,
 so their 580.178.04 files are used, as a node on the 1073 kernel needs them.
 """
@@ -161,6 +163,10 @@ RELEASES = {
             (
                 "libnvidia-compute-580-server",
                 "e187d63c36b9162954c7f75678c4444045fdb8e0d9df3073b9ab1245e27eb591",
+            ),
+            (  # downloaded 2026-12-07 (tests/booted/signed_install.py)
+                "libnvidia-cfg1-580-server",
+                "30f53b90037efba89f79fc7873e22bd719e1c7ad00dbcd52d248450274f35390",
             ),
             (
                 "nvidia-compute-utils-580-server",

@@ -12,22 +12,31 @@ as Canonical wrote it) with the files' real SHA256 and Size; its pool serves tho
 Canonical's (each file is checked against the sha256 the real signed index, or the pin of
 real_packages.py, gives it before it is copied in).
 
-bootfsm then runs with ``driver.source = "ubuntu-signed"`` on the simulated GPU node: it
-resolves the stack from those indexes, verifies the InRelease with gpgv and each .deb by
-its SHA256, and installs them with the image's real dpkg (their real maintainer scripts
-run). What the container cannot have is simulated: the GPU and the module load
-(booted_node.GPU_STANDINS: modprobe, nvidia-modprobe, modinfo and nvidia-smi on
-bootfsm.service's PATH), and the booted kernel's package: a container runs the host's
-kernel, so the node's dpkg database gets a stand-in ``linux-image-<kernel>`` (no files,
-built here with dpkg-deb, its Description says so) for the module package's Depends. The
-packages' base dependencies from Ubuntu's main (libpciaccess0, adduser; ocl-icd-libopencl1 from
-universe) are installed into the image first, each checked through the real signed noble
-main index: the image's job, as bootfsm's message says when they are missing.
+bootfsm then runs with ``driver.source = "ubuntu-signed"`` on the simulated GPU node, on
+Ubuntu 24.04 (noble) and 22.04 (jammy, linux-azure-6.8), booted as a Trusted Launch VM
+with Secure Boot on (the simulator's ``secure-boot`` fault: EFI SecureBoot = 1, lockdown
+integrity, module.sig_enforce Y, IMDS secureBootEnabled): it resolves the stack from
+those indexes, verifies the InRelease with gpgv and each .deb by its SHA256, installs
+them with the image's real dpkg (their real maintainer scripts run), loads the signed
+module with `modprobe` (no nvidia-modprobe: none of Canonical's packages ships one, so
+the node has no stand-in of it either) and goes to the end: exit 0, kubelet after it,
+no compile. What the container cannot have is simulated: the GPU and the module load
+(booted_node.GPU_STANDINS on bootfsm.service's PATH; the simulated kernel reads the REAL
+nvidia.ko, its .modinfo and its appended signature, bootfsm/sim/kmod_elf.py), udev's run
+of the package's ub-device-create, the packaged nvidia-persistenced's binary (a drop-in,
+``gpu_daemon``), and the booted kernel's package: a container runs the host's kernel, so
+the node's dpkg database gets a stand-in ``linux-image-<kernel>`` (no files, built here
+with dpkg-deb, its Description says so) for the module package's Depends. The packages'
+base dependencies from Ubuntu's main (libpciaccess0, adduser; ocl-icd-libopencl1 from
+universe) are installed into the image first, each checked through the real signed main
+index: the image's job, as bootfsm's message says when they are missing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import lzma
 import shutil
 import subprocess
@@ -59,9 +68,17 @@ PINNED = (
 )
 BASE_DEPS = (("main", "libpciaccess0"), ("universe", "ocl-icd-libopencl1"), ("main", "adduser"))
 KEYRING = "/etc/bootfsm/lane-archive-keyring.gpg"
-# where the run stops: the module load, the first step that needs a GPU (docs/testing.md)
-EXPECTED_CODE = "43"
-EXPECTED_STOP = "MODULE_LOAD_FAILED state=driver: nvidia-modprobe failed"
+# the run goes to the end: the simulated Secure Boot kernel loads Canonical's signed module
+EXPECTED_CODE = "0"
+EXPECTED_STATUS = "node provisioned"
+# a Trusted Launch VM with Secure Boot on (bootfsm.sim's fault: EFI SecureBoot = 1,
+# lockdown integrity, module.sig_enforce Y, IMDS secureBootEnabled "true")
+NODE_FAULTS = ["secure-boot"]
+# stand-ins a real Ubuntu node with Canonical's server user-space does not have: none of
+# the packages ships nvidia-modprobe (dpkg-deb -c of the 580.178.04 debs), so bootfsm
+# loads the packaged module with modprobe
+NOT_ON_NODE = ("nvidia-modprobe",)
+PERSISTENCED = "nvidia-persistenced"
 BootFn = Callable[..., object]
 
 
@@ -186,10 +203,13 @@ def scenario(
     img: Image, prepared: Path, work: Path, cache: Path, boot: BootFn
 ) -> list[tuple[str, bool, str, float]]:
     """One boot installing the real stack, then modinfo, uninstall, apt-get check."""
-    rel = RELEASES[img.suite]
-    if img.suite != "noble":
-        return []  # libnvidia-cfg1's 580.178.04 file is pinned for noble only
-    title = f"signed source installs Canonical's real {rel.driver} packages ({rel.kernel})"
+    rel = RELEASES.get(img.suite)
+    if rel is None:
+        return []  # Canonical builds no signed azure modules for Debian
+    title = (
+        f"signed source provisions a Secure Boot node from Canonical's real {rel.driver}"
+        f" packages ({rel.kernel}, no compile)"
+    )
     work.mkdir(parents=True, exist_ok=True)
     cfg = work / "signed-install-config.toml"
     text = config_text((prepared / "etc/bootfsm/config.toml").read_text())
@@ -205,6 +225,9 @@ def scenario(
     try:
         shutil.rmtree(node, ignore_errors=True)
         run(["cp", "-a", "--reflink=auto", str(prepared), str(node)])
+        for name in NOT_ON_NODE:
+            (node / "opt/bootfsm-sim/bin" / name).unlink()
+        gpu_daemon(node)
         debs = fetch(cache, rel, PINNED)
         module = next(d for d in debs if d.package == rel.module_package)
         module_version = subprocess.run(
@@ -232,18 +255,11 @@ def scenario(
         b = boot(
             node,
             work / "signed-install-boot",
-            {"name": "signed-install", "kernel_release": rel.kernel},
+            {"name": "signed-install", "kernel_release": rel.kernel, "node_faults": NODE_FAULTS},
             volatile=False,
             ro_binds={"/etc/bootfsm/config.toml": cfg.read_text()},
         )
-        bf = b.show("bootfsm")  # type: ignore[attr-defined]
-        status = bf.get("StatusText", "")
-        facts.append(f"exit {bf.get('ExecMainStatus')}: {status[:160]!r}")
-        if bf.get("ExecMainStatus") != EXPECTED_CODE or EXPECTED_STOP not in status:
-            problems.append(
-                f"bootfsm.service ExecMainStatus {bf.get('ExecMainStatus')} ({status[:300]!r}),"
-                f" expected {EXPECTED_CODE} at the module load ({EXPECTED_STOP!r})"
-            )
+        problems += boot_checks(b, node, rel, facts)
         problems += after_run(node, work, cfg, rel, [d.package for d in debs], facts)
     except Exception as exc:  # a broken scenario is a FAIL, never a skip
         problems.append(f"{type(exc).__name__}: {exc}"[-2000:])
@@ -251,6 +267,102 @@ def scenario(
         shutil.rmtree(node, ignore_errors=True)
     ok = not problems
     return [(title, ok, "; ".join(problems + facts), time.monotonic() - t0)]
+
+
+def gpu_daemon(node: Path) -> None:
+    """nvidia-persistenced needs a GPU: the packaged unit (nvidia-compute-utils-580-server:
+    Type=forking, ExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced
+    --no-persistence-mode --verbose, ExecStopPost) runs as packaged but for its binary,
+    which a drop-in points at the simulator's stand-in with the same arguments: the real
+    daemon, run here, logs "Failed to query NVIDIA devices" and exits 1 (no GPU). The
+    unit is StopWhenUnneeded=true: on a real node nvidia-kernel-common's udev rule makes
+    the bound driver's device (/bus/pci/drivers/nvidia) want it; no GPU binds in the
+    container, so the drop-in stands for that device (StopWhenUnneeded=false): without
+    it systemd stops the unit right after bootfsm starts it (seen: "Stopping
+    nvidia-persistenced.service" 4 ms after "Started", bootfsm 84)."""
+    bindir = node / "opt/bootfsm-sim/bin"
+    template = (bindir / "modprobe").read_text()  # booted_node.prepare's stand-in script
+    if "main('modprobe'," not in template:
+        raise RuntimeError("the image's modprobe stand-in is not the expected script")
+    daemon = bindir / PERSISTENCED
+    daemon.write_text(
+        template.replace("main('modprobe',", f"main({PERSISTENCED!r},").replace(
+            "stand-in for modprobe", f"stand-in for {PERSISTENCED}"
+        )
+    )
+    daemon.chmod(0o755)
+    dropin = node / f"etc/systemd/system/{PERSISTENCED}.service.d/booted-lane-gpu.conf"
+    dropin.parent.mkdir(parents=True, exist_ok=True)
+    dropin.write_text(
+        "# booted lane: the daemon needs a GPU; the simulator's stand-in answers for it.\n"
+        "# On a real node the bound driver's device unit wants this unit (71-nvidia.rules:\n"
+        '# ENV{SYSTEMD_WANTS}="nvidia-persistenced.service"), which keeps the packaged\n'
+        "# StopWhenUnneeded=true unit running; no GPU binds here, so nothing would.\n"
+        "[Unit]\nStopWhenUnneeded=false\n"
+        "[Service]\nExecStart=\n"
+        f"ExecStart=/{daemon.relative_to(node).as_posix()}"
+        f" --user {PERSISTENCED} --no-persistence-mode --verbose\n"
+    )
+
+
+def _mono(props: dict[str, str], key: str) -> float:
+    return int(props.get(key, "0") or "0") / 1e6
+
+
+def boot_checks(b: object, node: Path, rel: Release, facts: list[str]) -> list[str]:
+    """bootfsm.service ended 0 (node provisioned) on the Secure Boot node, kubelet started
+    after it, and its journal names the signed stack and the module it loaded."""
+    problems = []
+    bf, kl = b.show("bootfsm"), b.show("kubelet")  # type: ignore[attr-defined]
+    status = bf.get("StatusText", "")
+    facts.append(f"exit {bf.get('ExecMainStatus')}: {status[:160]!r}")
+    if bf.get("ExecMainStatus") != EXPECTED_CODE or EXPECTED_STATUS not in status:
+        problems.append(
+            f"bootfsm.service ExecMainStatus {bf.get('ExecMainStatus')} ({status[:300]!r}),"
+            f" expected {EXPECTED_CODE} ({EXPECTED_STATUS!r})"
+        )
+    start, done = (
+        _mono(kl, "ExecMainStartTimestampMonotonic"),
+        _mono(bf, "ExecMainExitTimestampMonotonic"),
+    )
+    if kl.get("SubState") != "running" or not start >= done > 0:
+        problems.append(
+            f"kubelet {kl.get('ActiveState')}/{kl.get('SubState')} started at {start:.3f},"
+            f" bootfsm exited at {done:.3f}"
+        )
+    else:
+        facts.append("kubelet running, started after bootfsm exited")
+    events = run_events(node)
+    signed = [e for e in events if e.get("event") == "driver.signed_installed"]
+    if not signed or signed[-1].get("module") != rel.module_package:
+        problems.append(f"bootfsm's journal has no driver.signed_installed of {rel.module_package}")
+    elif rel.driver not in json.dumps(signed[-1].get("userspace")):
+        problems.append(f"driver.signed_installed userspace {signed[-1].get('userspace')!r}")
+    else:
+        facts.append(f"journal: driver.signed_installed {rel.module_package}")
+    sb = [e for e in events if e.get("event") == "node.facts"][-1:]
+    if not sb or "true" not in json.dumps(sb[0].get("secure_boot", "")).lower():
+        problems.append(
+            f"node.facts says no Secure Boot: {sb[0].get('secure_boot') if sb else '-'}"
+        )
+    loaded = b.text("sys-module-nvidia-version.txt").strip()  # type: ignore[attr-defined]
+    if loaded != rel.driver:
+        problems.append(f"/sys/module/nvidia/version {loaded!r}, not {rel.driver}")
+    else:
+        facts.append(f"the simulated kernel loaded nvidia {loaded} under module.sig_enforce")
+    return problems
+
+
+def run_events(node: Path) -> list[dict[str, object]]:
+    """The events of bootfsm's newest run log on the node (/var/log/bootfsm/run-*.jsonl)."""
+    logs = sorted((node / "var/log/bootfsm").glob("run-*.jsonl"))
+    if not logs:
+        return []
+    out = []
+    for line in logs[-1].read_text(errors="replace").splitlines():
+        with contextlib.suppress(ValueError):
+            out.append(json.loads(line))
+    return out
 
 
 def _installed(node: Path, names: list[str]) -> dict[str, str]:

@@ -168,6 +168,8 @@ def setup() -> int:
         release = Path("/run/booted/osrelease")
         release.write_text(f"{scenario['kernel_release']}\n")
         _run("mount", "--bind", str(release), "/proc/sys/kernel/osrelease")
+    if "secure-boot" in state["faults"]:
+        _secure_boot()
     kernel = Path("/proc/sys/kernel/osrelease").read_text().strip()
     build = Path(f"/lib/modules/{kernel}/build")
     build.mkdir(parents=True, exist_ok=True)
@@ -244,6 +246,23 @@ def _resolved() -> str:
         if m:
             lines.append(f"resolved {m[1]} {m[2]} {os.path.realpath(m[2])}")
     return "\n".join(lines) + "\n"
+
+
+def _secure_boot() -> None:
+    """A Trusted Launch VM with Secure Boot on, as the simulator lays it out
+    (node_layout._write_firmware: the EFI variable SecureBoot = 1, lockdown integrity,
+    module.sig_enforce Y), on tmpfs mounts inside the container: nspawn's /sys has no
+    firmware/ and its kernel/ is the host's read-only sysfs."""
+    from bootfsm.sim import node_layout
+    from bootfsm.sim.nodestate import Node
+
+    for where in ("/sys/firmware", "/sys/kernel/security"):
+        if not Path(where).is_dir():
+            _run("mount", "-o", "remount,rw", "/sys")
+            Path(where).mkdir()
+            _run("mount", "-o", "remount,ro", "/sys")
+        _run("mount", "-t", "tmpfs", "-o", "mode=755", "tmpfs", where)
+    node_layout._write_firmware(Node(Path("/")), secure_boot=True)
 
 
 # -- mirror -----------------------------------------------------------------------------
@@ -386,6 +405,10 @@ def report() -> int:
             _out("systemctl", "status", "--no-pager", "-l", "-n", "80", unit)
         )
     (OUT / "jobs.txt").write_text(_out("systemctl", "list-jobs", "--no-pager"))
+    loaded = Path("/sys/module/nvidia/version")  # what the simulated kernel loaded
+    (OUT / "sys-module-nvidia-version.txt").write_text(
+        loaded.read_text() if loaded.is_file() else ""
+    )
     (OUT / "journal.txt").write_text(
         _out("journalctl", "-b", "--no-pager", "-o", "short-monotonic")
     )
