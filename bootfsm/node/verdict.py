@@ -14,7 +14,35 @@ from bootfsm.core.vmsizes import has_nvidia_gpu
 from bootfsm.node.facts import NodeFacts
 from bootfsm.node.guards import needs_fabric_manager
 
-__all__ = ["UBUNTU_CODENAMES", "fabric_manager_disagreement", "judge", "no_gpu_reason"]
+__all__ = [
+    "UBUNTU_CODENAMES",
+    "fabric_manager_disagreement",
+    "installs_driver",
+    "judge",
+    "keeps_image_driver",
+    "kept_image_driver",
+    "no_gpu_reason",
+]
+
+
+def keeps_image_driver(cfg: Config) -> bool:
+    """The config asks for AgentBaker's ``validateGPUDrivers`` (driver.install and
+    driver.keep_image_driver; the hook's ``CONFIG_GPU_DRIVER_IF_NEEDED=false``): the
+    image's driver is checked first and kept when its module loads."""
+    return cfg.driver.install and cfg.driver.keep_image_driver
+
+
+def kept_image_driver(cfg: Config, f: NodeFacts) -> str | None:
+    """The version of the image's driver this run keeps, or None: with
+    ``keeps_image_driver``, the nvidia module loaded when detect looked (at boot, or by
+    its ``nvidia-modprobe -u -c0``), whatever its version. Then nothing of
+    driver.version is judged, fetched or built. The one answer every state asks."""
+    return f.loaded_driver if keeps_image_driver(cfg) else None
+
+
+def installs_driver(cfg: Config, f: NodeFacts) -> bool:
+    """This run installs driver.version: driver.install, and no image driver kept."""
+    return cfg.driver.install and kept_image_driver(cfg, f) is None
 
 
 def judge(cfg: Config, f: NodeFacts) -> None:
@@ -36,10 +64,11 @@ def judge(cfg: Config, f: NodeFacts) -> None:
             f"OS {os_key} is not supported (detect.supported_os: "
             f"{', '.join(cfg.detect.supported_os)})",
         )
-    if cfg.driver.install and cfg.driver.source == "ubuntu-signed":
+    installs = installs_driver(cfg, f)  # a kept image driver needs no pin, no source
+    if installs and cfg.driver.source == "ubuntu-signed":
         _judge_ubuntu(f)
     _judge_gpus(cfg, f)
-    if cfg.driver.install:
+    if installs:
         _judge_driver(cfg, f, f.arch.runfile)
 
 
