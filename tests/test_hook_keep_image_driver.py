@@ -157,9 +157,13 @@ def test_a_kept_image_driver_without_the_toolkit_fetches_the_toolkit_alone(
     assert p.returncode == 0, (p.stdout, p.stderr)
     got = _downloads(w)
     assert got and all(path.startswith("/toolkit/") for path in got), got
-    assert sorted(path.rsplit("/", 1)[-1].split("_", 1)[0] for path in got if path.endswith(
-        ".deb")) == sorted(["libnvidia-container1", "libnvidia-container-tools",
-                            "nvidia-container-toolkit-base", "nvidia-container-toolkit"])  # fmt: skip
+    debs = [path.rsplit("/", 1)[-1].split("_", 1)[0] for path in got if path.endswith(".deb")]
+    assert sorted(debs) == [  # sources.toolkit_packages' default
+        "libnvidia-container-tools",
+        "libnvidia-container1",
+        "nvidia-container-toolkit",
+        "nvidia-container-toolkit-base",
+    ]
     assert (w.root / "sys/module/nvidia/version").read_text().strip() == IMAGE_DRIVER
     assert installer_calls(w) == []
 
