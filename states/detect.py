@@ -20,7 +20,6 @@ from bootfsm.node.verdict import (
     fabric_manager_disagreement,
     installs_driver,
     judge,
-    keeps_image_driver,
     no_gpu_reason,
 )
 from bootfsm.parsers import ParseError
@@ -166,8 +165,8 @@ def run(ctx: Context) -> None:
             "detect.nothing_to_provision", durable=True, reason=facts.no_gpu, message=message
         )
     else:  # a GPU to provision: fail fast on anything permanent
-        if keeps_image_driver(ctx.config):  # validateGPUDrivers: the image's driver first
-            facts = replace(facts, loaded_driver=check_image_driver(ctx))
+        # driver.keep_image_driver: validateGPUDrivers' check of the image's driver, first
+        facts = replace(facts, loaded_driver=check_image_driver(ctx, facts))
         judge(ctx.config, facts)
         disagreement = fabric_manager_disagreement(ctx.config, facts)
         if disagreement is not None:

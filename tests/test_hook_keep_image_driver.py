@@ -252,3 +252,24 @@ def test_plan_says_the_pin_matters_only_if_the_image_driver_does_not_load(
         "if the image's driver does not load (the run tries nvidia-modprobe -u -c0 first): "
         f"no sha256 is pinned for the cuda driver {UNPINNED} runfile"
     )
+
+
+def test_an_nvswitch_node_installs_gpu_dv_since_its_fabric_manager_must_match(
+    make_world: MakeWorld,
+) -> None:
+    """HGX H100 (NVSwitch): fabric manager must be the driver's exact version and bootfsm
+    installs it for GPU_DV alone, so the image's 535 driver is not kept: the journal
+    says why, GPU_DV is built, and its fabric manager runs beside it."""
+    w = make_world("h100-hgx", ("stale-driver",))
+    fresh_aks_node(w)
+    p = run_caller(w, aks_env(w, CONFIG_GPU_DRIVER_IF_NEEDED="false"))
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    [why] = _events(w, "driver.image_not_kept")
+    assert why["reason"] == (
+        "this node's fabric manager must match the driver exactly and bootfsm installs it "
+        f"for driver.version ({DRIVER_VERSION}) only, so that driver is installed"
+    )
+    assert _events(w, "driver.image_kept") == []
+    assert (w.root / "sys/module/nvidia/version").read_text().strip() == DRIVER_VERSION
+    assert len(installer_calls(w)) == 1
+    assert Node(w.root).unit_state("nvidia-fabricmanager.service") == "active"

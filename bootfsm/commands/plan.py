@@ -61,7 +61,7 @@ def make_plan(ctx: Context, offline: bool) -> dict[str, Any]:
         plan["facts"] = facts.summary()
         plan["states"] = [{"state": "detect", "would_run": True}]
         return plan
-    if keeps_image_driver(ctx.config):  # the run checks (loads) it first; plan only looks
+    if keeps_image_driver(ctx.config, facts):  # the run checks (loads) it first; plan only looks
         plan["image_driver"] = {"keep": True, "kept": kept_image_driver(ctx.config, facts)}
     try:
         judge(ctx.config, facts)

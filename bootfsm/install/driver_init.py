@@ -12,8 +12,8 @@ from bootfsm.core.errors import BootError, CommandError
 from bootfsm.install import records
 from bootfsm.install.daemons import DRIVER_USERS, IMEX, Daemon
 from bootfsm.machine.context import Context
-from bootfsm.node.facts import loaded_module_version
-from bootfsm.node.verdict import keeps_image_driver
+from bootfsm.node.facts import NodeFacts, loaded_module_version
+from bootfsm.node.verdict import keeps_image_driver, not_kept_reason
 from bootfsm.parsers.nvidia_smi import (
     SmiFailure,
     classify_smi_failure,
@@ -27,9 +27,9 @@ __all__ = [
     "LOADED_RECORD",
     "NV_MODULES",
     "SMI_POLL_S",
+    "check_image_driver",
     "device_nodes",
     "device_processes",
-    "check_image_driver",
     "inforom_error",
     "init_missing",
     "initialize",
@@ -202,14 +202,17 @@ def signature_rejection(ctx: Context, output: str) -> BootError | None:
     )
 
 
-def check_image_driver(ctx: Context) -> str | None:
+def check_image_driver(ctx: Context, f: NodeFacts) -> str | None:
     """validateGPUDrivers' check, an action (detect runs it once, before anything of
-    driver.version is judged): with ``keeps_image_driver``, the loaded nvidia module's
-    version, after `nvidia-modprobe -u -c0` tried to load the image's when none was;
-    journaled ``driver.image_kept`` or ``driver.image_not_loaded``. None without the keys
-    or when no module loads (then driver.version is installed, as configGPUDrivers)."""
-    if not keeps_image_driver(ctx.config):
-        return None
+    driver.version is judged): with ``keeps_image_driver``, `nvidia-modprobe -u -c0`
+    tries to load the image's driver when none is loaded; journaled ``driver.image_kept``
+    or ``driver.image_not_loaded`` (``driver.image_not_kept`` where the node does not
+    allow it). Returns the nvidia module loaded now (``f.loaded_driver`` unchanged
+    without the keys): what ``kept_image_driver`` reads from the facts."""
+    if not keeps_image_driver(ctx.config, f):
+        if (why := not_kept_reason(ctx.config, f)) is not None:
+            ctx.event("driver.image_not_kept", reason=why)
+        return f.loaded_driver
     loaded = loaded_module_version(ctx.host)
     output, how = "", "loaded at boot"
     if loaded is None and ctx.host.which("nvidia-modprobe"):

@@ -12,7 +12,7 @@ from bootfsm.core.hardware import (
 )
 from bootfsm.core.vmsizes import has_nvidia_gpu
 from bootfsm.node.facts import NodeFacts
-from bootfsm.node.guards import needs_fabric_manager
+from bootfsm.node.guards import needs_fabric_manager, needs_imex
 
 __all__ = [
     "UBUNTU_CODENAMES",
@@ -22,14 +22,33 @@ __all__ = [
     "keeps_image_driver",
     "kept_image_driver",
     "no_gpu_reason",
+    "not_kept_reason",
 ]
 
 
-def keeps_image_driver(cfg: Config) -> bool:
-    """The config asks for AgentBaker's ``validateGPUDrivers`` (driver.install and
-    driver.keep_image_driver; the hook's ``CONFIG_GPU_DRIVER_IF_NEEDED=false``): the
-    image's driver is checked first and kept when its module loads."""
+def _asks_to_keep(cfg: Config) -> bool:
     return cfg.driver.install and cfg.driver.keep_image_driver
+
+
+def not_kept_reason(cfg: Config, f: NodeFacts) -> str | None:
+    """Why the image's driver is not kept though driver.keep_image_driver asks, or None
+    (kept when it loads, or not asked): a fabric manager or IMEX must be the driver's
+    exact version, and bootfsm installs them for driver.version alone."""
+    if not _asks_to_keep(cfg) or not (needs_fabric_manager(f) or needs_imex(f)):
+        return None
+    what = "fabric manager" if needs_fabric_manager(f) else "IMEX"
+    return (
+        f"this node's {what} must match the driver exactly and bootfsm installs it for "
+        f"driver.version ({cfg.driver.version}) only, so that driver is installed"
+    )
+
+
+def keeps_image_driver(cfg: Config, f: NodeFacts) -> bool:
+    """The config asks for AgentBaker's ``validateGPUDrivers`` (driver.install and
+    driver.keep_image_driver; the hook's ``CONFIG_GPU_DRIVER_IF_NEEDED=false``) and this
+    node allows it (``not_kept_reason``): the image's driver is checked first and kept
+    when its module loads."""
+    return _asks_to_keep(cfg) and not_kept_reason(cfg, f) is None
 
 
 def kept_image_driver(cfg: Config, f: NodeFacts) -> str | None:
@@ -37,7 +56,7 @@ def kept_image_driver(cfg: Config, f: NodeFacts) -> str | None:
     ``keeps_image_driver``, the nvidia module loaded when detect looked (at boot, or by
     its ``nvidia-modprobe -u -c0``), whatever its version. Then nothing of
     driver.version is judged, fetched or built. The one answer every state asks."""
-    return f.loaded_driver if keeps_image_driver(cfg) else None
+    return f.loaded_driver if keeps_image_driver(cfg, f) else None
 
 
 def installs_driver(cfg: Config, f: NodeFacts) -> bool:
