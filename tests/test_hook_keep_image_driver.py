@@ -16,10 +16,18 @@ import subprocess
 import sys
 from typing import Any
 
+from bootfsm.sim.node import simulate_reboot
 from bootfsm.sim.nodestate import Node
 from bootfsm.sim.world import DRIVER_VERSION, World
 from tests.conftest import MakeWorld, installer_calls
-from tests.test_hook_callers import aks_env, fresh_aks_node, last_run, run_caller, summary
+from tests.test_hook_callers import (
+    aks_env,
+    bootfsm,
+    fresh_aks_node,
+    last_run,
+    run_caller,
+    summary,
+)
 
 IMAGE_DRIVER = "535.183.01"  # the "stale-driver" image's own driver (bootfsm/sim/skus.py)
 UNPINNED = "595.58.03"  # a GPU_DV the node's config has no sha256 for
@@ -105,6 +113,12 @@ def test_an_unpinned_gpu_dv_keeps_the_loaded_image_driver_without_a_download(
     _assert_kept(w, p, "loaded at boot")
     assert _downloads(w) == []
     assert _commands(w, "nvidia-modprobe", "detect") == []  # loaded: nothing to try
+    # the next boot (bootfsm.service, the drop-in keeps GPU_DV and the key) keeps it too
+    simulate_reboot(w.root)
+    again = bootfsm(w, "run", "--no-start-kubelet")
+    assert again.returncode == 0, again.stdout
+    assert _downloads(w) == [] and installer_calls(w) == []
+    assert _events(w, "driver.image_kept")[0]["configured"] == UNPINNED
 
 
 def test_the_image_driver_that_loads_with_nvidia_modprobe_is_kept(make_world: MakeWorld) -> None:
