@@ -249,6 +249,9 @@ def test_plan_says_a_loaded_image_driver_is_kept_and_nothing_is_fetched(
     assert states["fetch"] is False
     assert list(plan["indexes"]) == ["toolkit_packages"]
     assert all(a["role"] == "toolkit" for a in plan["artifacts"])
+    text = bootfsm(w, "plan").stdout
+    assert f"image driver: {IMAGE_DRIVER} loaded, kept (driver.keep_image_driver)\n" in text
+    assert "  fetch    skip (satisfied)\n" in text and "would fail" not in text
 
 
 def test_plan_says_the_pin_matters_only_if_the_image_driver_does_not_load(
@@ -262,6 +265,8 @@ def test_plan_says_the_pin_matters_only_if_the_image_driver_does_not_load(
     rc, plan = _plan(w)
     assert rc == 19, plan
     assert plan["image_driver"] == {"keep": True, "kept": None}
+    text = bootfsm(w, "plan").stdout
+    assert "image driver: none loaded; the run tries nvidia-modprobe -u -c0 first" in text
     assert plan["fail_fast"]["message"].startswith(
         "if the image's driver does not load (the run tries nvidia-modprobe -u -c0 first): "
         f"no sha256 is pinned for the cuda driver {UNPINNED} runfile"
