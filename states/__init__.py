@@ -53,7 +53,7 @@ REGISTRY: Mapping[str, StateModule] = {
     m.NAME: m for m in (detect, fetch, driver, fabric, imex, verify, mig, join)
 }
 if TYPE_CHECKING:  # mypy checks the optional protocols too
-    _EXPLAINS_SKIP: tuple[ExplainsSkip, ...] = (driver,)
+    _EXPLAINS_SKIP: tuple[ExplainsSkip, ...] = (driver, fetch)
 
 CALLBACKS: Mapping[str, Callable[[Context], None]] = {
     "disable_stale_fabric_manager": fabric.disable_stale_unit,

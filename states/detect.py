@@ -1,4 +1,9 @@
-"""detect: read the node's facts and fail fast on anything permanent, before any download."""
+"""detect: read the node's facts and fail fast on anything permanent, before any download.
+
+With driver.keep_image_driver it first checks the image's driver as AgentBaker's
+validateGPUDrivers does (`nvidia-modprobe -u -c0`, install/driver_init.py): a driver kept
+needs nothing of driver.version (node/verdict.py ``kept_image_driver``).
+"""
 
 from __future__ import annotations
 
@@ -6,11 +11,17 @@ from dataclasses import replace
 
 from bootfsm.core.codes import Code
 from bootfsm.core.errors import BootError, TransientError
+from bootfsm.install.driver_init import check_image_driver
 from bootfsm.install.marker import MarkerError, read_marker
 from bootfsm.install.prebuilt import mismatches
 from bootfsm.machine.context import Context
 from bootfsm.node.facts import NodeFacts, gather_facts, loaded_module_version
-from bootfsm.node.verdict import fabric_manager_disagreement, judge, no_gpu_reason
+from bootfsm.node.verdict import (
+    fabric_manager_disagreement,
+    installs_driver,
+    judge,
+    no_gpu_reason,
+)
 from bootfsm.parsers import ParseError
 from bootfsm.parsers.imds_tags import parse_imds_tags, skip_gpu_install, tag_value
 from bootfsm.parsers.secureboot import imds_secure_boot
@@ -85,10 +96,10 @@ def _mig_profile(ctx: Context, doc: str | None) -> tuple[str | None, str | None]
 
 
 def must_build(ctx: Context, f: NodeFacts) -> str | None:
-    """Why this boot will compile the driver, or None (driver.install false, the
-    version already loaded, or a matching bake marker); read-only."""
+    """Why this boot will compile the driver, or None (driver.install false, the image's
+    driver kept, the version already loaded, or a matching bake marker); read-only."""
     cfg = ctx.config.driver
-    if not cfg.install or cfg.source == "ubuntu-signed":  # prebuilt by Canonical
+    if not installs_driver(ctx.config, f) or cfg.source == "ubuntu-signed":  # or Canonical's
         return None
     if loaded_module_version(ctx.host) == cfg.version:
         return None
@@ -154,6 +165,8 @@ def run(ctx: Context) -> None:
             "detect.nothing_to_provision", durable=True, reason=facts.no_gpu, message=message
         )
     else:  # a GPU to provision: fail fast on anything permanent
+        # driver.keep_image_driver: validateGPUDrivers' check of the image's driver, first
+        facts = replace(facts, loaded_driver=check_image_driver(ctx, facts))
         judge(ctx.config, facts)
         disagreement = fabric_manager_disagreement(ctx.config, facts)
         if disagreement is not None:

@@ -5,7 +5,7 @@ Satisfied when the configured version is DKMS-built for the running kernel and l
 (under a matching marker, with Grace's coherent mode), the per-boot init is done and the
 toolkit installed. It compiles only when install/prebuilt.py says so, unloading any other
 loaded driver first; with driver.keep_image_driver, only when the image's driver does not
-load (AgentBaker's validateGPUDrivers).
+load (AgentBaker's validateGPUDrivers, checked by detect: node/verdict.py kept_image_driver).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from dataclasses import asdict
 from bootfsm.install import coherent, persistenced, prebuilt, records, signed_stack, teardown
 from bootfsm.install import driver_steps as steps
 from bootfsm.install.driver_init import (
-    image_driver_loads,
     init_missing,
     initialize,
     modules_present,
@@ -24,6 +23,7 @@ from bootfsm.install.driver_init import (
 )
 from bootfsm.machine.context import Context
 from bootfsm.node.facts import loaded_module_version
+from bootfsm.node.verdict import installs_driver, kept_image_driver
 
 NAME = "driver"
 
@@ -33,8 +33,10 @@ def satisfied(ctx: Context) -> bool:
     if not steps.nouveau_off(ctx) or not steps.toolkit_ok(ctx) or not coherent.conf_ok(ctx):
         return False
     loaded = loaded_module_version(ctx.host)
-    cfg = ctx.config.driver
-    if not cfg.install or (cfg.keep_image_driver and loaded is not None):
+    kept = kept_image_driver(ctx.config, ctx.facts)
+    if kept is not None:  # detect found it loaded, or loaded it (validateGPUDrivers)
+        module_ok = loaded == kept
+    elif not ctx.config.driver.install:
         module_ok = loaded is not None
     elif signed_stack.active(ctx):  # Canonical's packages, at the version of the kernel's
         module_ok = loaded == signed_stack.userspace(ctx) and signed_stack.installed(ctx)
@@ -48,6 +50,8 @@ def skip_reason(ctx: Context) -> str | None:
     """Why the state was skipped (read-only; called only after ``satisfied`` held)."""
     cfg = ctx.config.driver
     loaded = loaded_module_version(ctx.host)
+    if (kept := kept_image_driver(ctx.config, ctx.facts)) is not None:
+        return f"driver.keep_image_driver: the image's driver {kept} is kept, initialized this boot"
     if not cfg.install:
         return f"driver.install = false: the image's driver {loaded} is loaded"
     if signed_stack.active(ctx):
@@ -55,8 +59,6 @@ def skip_reason(ctx: Context) -> str | None:
             f"Ubuntu's signed driver {signed_stack.userspace(ctx)} for {ctx.facts.kernel}"
             " installed, loaded and initialized this boot"
         )
-    if cfg.keep_image_driver and loaded != cfg.version:
-        return f"driver.keep_image_driver: the image's driver {loaded} is loaded"
     m = prebuilt.current_marker(ctx.host, ctx.config)
     where = f"built by {m.source} for {m.kernel}" if m is not None else "DKMS-built"
     return f"driver {cfg.version} ({cfg.kind}) {where}, loaded and initialized this boot"
@@ -95,7 +97,7 @@ def run(ctx: Context) -> None:
         signed_stack.install(ctx)
         _unload_other(ctx, not coherent.applied(ctx))
         before = modules_present(ctx)
-    elif ctx.config.driver.install and not image_driver_loads(ctx):
+    elif installs_driver(ctx.config, ctx.facts):  # not with the image's driver kept (detect)
         rebuild = _needs_build(ctx)
         teardown.supersede(ctx)  # an aks-gpu prebake of another kind or version: its libraries go
         _unload_other(ctx, rebuild or not coherent.applied(ctx))  # loaded without it: reload

@@ -1,6 +1,8 @@
 """fetch: resolve this node's artifacts from manifests and indexes, download, verify.
 
 A cache that resolves and verifies whole (`bootfsm fetch --prefetch`) costs no network.
+With the image's driver kept (driver.keep_image_driver, checked by detect) nothing of
+driver.version is fetched: only the container toolkit, and only when it is not installed.
 Otherwise free space is checked against the indexes' sizes before any write, and what is
 missing downloads in parallel; a corrupt or stale cache entry never verifies, so it is
 replaced.
@@ -31,15 +33,39 @@ from bootfsm.fetch.stamps import remember
 from bootfsm.fetch.store import resolved, resolved_path
 from bootfsm.host.http import check_url
 from bootfsm.host.progress import Progress
+from bootfsm.install.driver_steps import toolkit_ok
 from bootfsm.machine.context import Context
+from bootfsm.node.verdict import kept_image_driver
 
 NAME = "fetch"
 
 
+def _image_driver_needs_nothing(ctx: Context) -> bool:
+    """The image's driver is kept (detect checked it: node/verdict.py) and the container
+    toolkit is installed at its version: nothing to fetch, no index, no pin."""
+    return kept_image_driver(ctx.config, ctx.facts) is not None and toolkit_ok(ctx)
+
+
 def satisfied(ctx: Context) -> bool:
-    """A resolution for this config exists and every artifact in it is cached and verifies."""
+    """Nothing to fetch for a kept image driver, or a resolution for this config exists
+    and every artifact in it is cached and verifies."""
+    if _image_driver_needs_nothing(ctx):
+        return True
     arts = resolved(ctx)
     return arts is not None and all(cached_ok(ctx, a) for a in arts)
+
+
+def skip_reason(ctx: Context) -> str | None:
+    """Why nothing was fetched when the image's driver is kept (read-only; after
+    ``satisfied`` held, so the toolkit is installed or a resolution is cached)."""
+    kept = kept_image_driver(ctx.config, ctx.facts)
+    if kept is None:
+        return None
+    return (
+        f"driver.keep_image_driver: the image's driver {kept} is kept (it loads, as "
+        f"validateGPUDrivers checks), so nothing of driver {ctx.config.driver.version} is "
+        "fetched; the container toolkit is in place"
+    )
 
 
 # -- indexes -----------------------------------------------------------------------------
@@ -128,6 +154,10 @@ class Fetch:
     def satisfied(self, ctx: Context) -> bool:
         """The module's postcondition."""
         return satisfied(ctx)
+
+    def skip_reason(self, ctx: Context) -> str | None:
+        """The module's reason for a skip."""
+        return skip_reason(ctx)
 
     def run(self, ctx: Context) -> None:
         """The module's action, counting into ``attempts``."""

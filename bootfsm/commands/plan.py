@@ -21,7 +21,7 @@ from bootfsm.machine.context import Context
 from bootfsm.machine.table import TRANSITIONS
 from bootfsm.node.facts import NodeFacts, gather_facts
 from bootfsm.node.guards import GUARDS
-from bootfsm.node.verdict import judge, no_gpu_reason
+from bootfsm.node.verdict import judge, keeps_image_driver, kept_image_driver, no_gpu_reason
 from bootfsm.observe.journal import Journal
 
 __all__ = ["main", "make_plan"]
@@ -61,10 +61,12 @@ def make_plan(ctx: Context, offline: bool) -> dict[str, Any]:
         plan["facts"] = facts.summary()
         plan["states"] = [{"state": "detect", "would_run": True}]
         return plan
+    if keeps_image_driver(ctx.config, facts):  # the run checks (loads) it first; plan only looks
+        plan["image_driver"] = {"keep": True, "kept": kept_image_driver(ctx.config, facts)}
     try:
         judge(ctx.config, facts)
     except BootError as exc:
-        plan["fail_fast"] = _fail_fast("detect", exc)
+        plan["fail_fast"] = _fail_fast("detect", exc, _unless_image_driver(plan))
         return plan
     ctx.facts_ = facts
     plan["guards"] = {name: fn(facts) for name, fn in GUARDS.items()}
@@ -94,8 +96,18 @@ def _artifacts(ctx: Context, facts: NodeFacts, urls: dict[str, str]) -> list[dic
     ]
 
 
-def _fail_fast(state: str, exc: BootError | TransientError) -> dict[str, Any]:
-    message = redact_text(exc.message)
+def _unless_image_driver(plan: dict[str, Any]) -> str:
+    """The condition a fail-fast verdict on driver.version holds under: with
+    driver.keep_image_driver and no module loaded, the run first tries to load the
+    image's (validateGPUDrivers), which plan does not do."""
+    image = plan.get("image_driver")
+    if image is None or image["kept"] is not None:
+        return ""
+    return "if the image's driver does not load (the run tries nvidia-modprobe -u -c0 first): "
+
+
+def _fail_fast(state: str, exc: BootError | TransientError, unless: str = "") -> dict[str, Any]:
+    message = unless + redact_text(exc.message)
     return {"state": state, "code": int(exc.code), "name": exc.code.name, "message": message}
 
 
@@ -121,6 +133,14 @@ def _show(plan: dict[str, Any]) -> None:
     print(_secure_boot_line(f))
     for name, value in plan["guards"].items():
         print(f"guard {name} = {value}")
+    if image := plan.get("image_driver"):
+        kept = image["kept"]
+        print(
+            f"image driver: {kept} loaded, kept (driver.keep_image_driver)"
+            if kept
+            else "image driver: none loaded; the run tries nvidia-modprobe -u -c0 first "
+            "(driver.keep_image_driver) and installs driver.version only if it loads none"
+        )
     for s in plan["states"]:
         print(f"  {s['state']:<8} {'run' if s['would_run'] else 'skip (satisfied)'}")
     if f["no_gpu"]:

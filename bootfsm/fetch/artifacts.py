@@ -19,6 +19,7 @@ from bootfsm.core.errors import BootError
 from bootfsm.core.redact import redact_url
 from bootfsm.node.facts import NodeFacts
 from bootfsm.node.guards import needs_fabric_manager, needs_imex
+from bootfsm.node.verdict import installs_driver, kept_image_driver
 from bootfsm.parsers import ParseError
 
 __all__ = [
@@ -99,16 +100,17 @@ def _index_sources(cfg: Config, facts: NodeFacts) -> dict[str, tuple[tuple[str, 
             "Packages",
         )
     }
-    if cfg.driver.install and cfg.driver.source == "ubuntu-signed":
+    installs = installs_driver(cfg, facts)  # a kept image driver: the toolkit alone
+    if installs and cfg.driver.source == "ubuntu-signed":
         from bootfsm.fetch.ubuntu_signed import archive_sources  # this source only
 
         return {**out, **archive_sources(cfg, facts)}  # fabric manager, IMEX: from it too
-    if cfg.driver.install and needs_fabric_manager(facts):
+    if installs and needs_fabric_manager(facts):
         out["redistrib"] = (
             _bases(cfg, facts, src.redist_base, src.redist_mirrors),
             f"redistrib_{cfg.driver.version}.json",
         )
-    if cfg.driver.install and needs_imex(facts):
+    if installs and needs_imex(facts):
         out["cuda_packages"] = (
             _bases(cfg, facts, src.cuda_repo, src.cuda_repo_mirrors),
             "Packages",
@@ -209,9 +211,9 @@ def resolve(
         return _ordered(sources[key][0], (served or {}).get(key, 0))
 
     out: list[Artifact] = []
-    if cfg.driver.install and cfg.driver.source == "ubuntu-signed":
+    if installs_driver(cfg, facts) and cfg.driver.source == "ubuntu-signed":
         out += _signed(cfg, facts, indexes, bases)
-    elif cfg.driver.install:
+    elif installs_driver(cfg, facts):
         out.append(_runfile(cfg, facts))
     tk = {
         n: ([n], cfg.sources.toolkit_version, facts.arch.debian)
@@ -302,6 +304,9 @@ def resolution_key(cfg: Config, facts: NodeFacts) -> str:
     parts = [cfg.digest(), facts.raw_arch, facts.os_id, facts.os_version]
     if cfg.driver.source == "ubuntu-signed":  # the module is the running kernel's
         parts.append(facts.kernel)
+    kept = kept_image_driver(cfg, facts)
+    if kept is not None:  # no driver of the config's in it: never reused for an install
+        parts.append(f"kept {kept}")
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 

@@ -12,7 +12,8 @@ from bootfsm.core.errors import BootError, CommandError
 from bootfsm.install import records
 from bootfsm.install.daemons import DRIVER_USERS, IMEX, Daemon
 from bootfsm.machine.context import Context
-from bootfsm.node.facts import loaded_module_version
+from bootfsm.node.facts import NodeFacts, loaded_module_version
+from bootfsm.node.verdict import keeps_image_driver, not_kept_reason
 from bootfsm.parsers.nvidia_smi import (
     SmiFailure,
     classify_smi_failure,
@@ -26,9 +27,9 @@ __all__ = [
     "LOADED_RECORD",
     "NV_MODULES",
     "SMI_POLL_S",
+    "check_image_driver",
     "device_nodes",
     "device_processes",
-    "image_driver_loads",
     "inforom_error",
     "init_missing",
     "initialize",
@@ -206,23 +207,43 @@ def signature_rejection(ctx: Context, output: str) -> BootError | None:
     )
 
 
-def image_driver_loads(ctx: Context) -> bool:
-    """With driver.keep_image_driver: whether a driver the image ships is loaded, or loads
-    with `nvidia-modprobe -u -c0` (validateGPUDrivers' check), whatever its version; journaled
-    ``driver.image_kept`` or ``driver.image_not_loaded``. False without the key."""
-    if not ctx.config.driver.keep_image_driver:
-        return False
+def check_image_driver(ctx: Context, f: NodeFacts) -> str | None:
+    """validateGPUDrivers' check, an action (detect runs it once, before anything of
+    driver.version is judged): with ``keeps_image_driver``, `nvidia-modprobe -u -c0`
+    tries to load the image's driver when none is loaded; journaled ``driver.image_kept``
+    or ``driver.image_not_loaded`` (``driver.image_not_kept`` where the node does not
+    allow it). Returns the nvidia module loaded now (``f.loaded_driver`` unchanged
+    without the keys): what ``kept_image_driver`` reads from the facts."""
+    if not keeps_image_driver(ctx.config, f):
+        if (why := not_kept_reason(ctx.config, f)) is not None:
+            ctx.event("driver.image_not_kept", reason=why)
+        return f.loaded_driver
     loaded = loaded_module_version(ctx.host)
-    output = ""
+    output, how = "", "loaded at boot"
     if loaded is None and ctx.host.which("nvidia-modprobe"):
-        r = ctx.run(["nvidia-modprobe", "-u", "-c0"], timeout=120, probe=True)
+        before = modules_present(ctx)
+        # a failure is an answer (no driver to keep), not a fault; it loads: tied to bootfsm
+        argv = ["nvidia-modprobe", "-u", "-c0"]
+        r = ctx.run(argv, timeout=120, probe=True, die_with_bootfsm=True)
+        record_loaded(ctx, modules_present(ctx) - before)
         loaded, output = loaded_module_version(ctx.host), r.tail.strip()[-300:]
+        how = "loaded by nvidia-modprobe -u -c0"
     if loaded is None:
         why = output or "nvidia-modprobe is not on PATH"
         ctx.event("driver.image_not_loaded", install=ctx.config.driver.version, output=why)
-        return False
-    ctx.event("driver.image_kept", version=loaded, configured=ctx.config.driver.version)
-    return True
+        return None
+    ctx.event(
+        "driver.image_kept",
+        durable=True,
+        version=loaded,
+        configured=ctx.config.driver.version,
+        how=how,
+        message=(
+            f"driver.keep_image_driver: the image's driver {loaded} is kept ({how}); "
+            f"driver {ctx.config.driver.version} is not judged, fetched or built"
+        ),
+    )
+    return loaded
 
 
 def _load(ctx: Context) -> None:

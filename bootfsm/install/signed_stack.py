@@ -22,6 +22,7 @@ from bootfsm.fetch.ubuntu_signed import (
 )
 from bootfsm.install import dpkg
 from bootfsm.machine.context import Context
+from bootfsm.node.verdict import installs_driver
 from bootfsm.parsers import ParseError
 from bootfsm.parsers.debian_relations import parse_relations, version_satisfies
 
@@ -31,8 +32,8 @@ ROLE = "signed"
 
 
 def active(ctx: Context) -> bool:
-    """This run installs the driver from Ubuntu's archive."""
-    return ctx.config.driver.install and ctx.config.driver.source == "ubuntu-signed"
+    """This run installs the driver from Ubuntu's archive (not when the image's is kept)."""
+    return installs_driver(ctx.config, ctx.facts) and ctx.config.driver.source == "ubuntu-signed"
 
 
 def _artifacts(ctx: Context) -> list[Artifact]:

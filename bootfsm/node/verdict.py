@@ -12,9 +12,56 @@ from bootfsm.core.hardware import (
 )
 from bootfsm.core.vmsizes import has_nvidia_gpu
 from bootfsm.node.facts import NodeFacts
-from bootfsm.node.guards import needs_fabric_manager
+from bootfsm.node.guards import needs_fabric_manager, needs_imex
 
-__all__ = ["UBUNTU_CODENAMES", "fabric_manager_disagreement", "judge", "no_gpu_reason"]
+__all__ = [
+    "UBUNTU_CODENAMES",
+    "fabric_manager_disagreement",
+    "installs_driver",
+    "judge",
+    "keeps_image_driver",
+    "kept_image_driver",
+    "no_gpu_reason",
+    "not_kept_reason",
+]
+
+
+def _asks_to_keep(cfg: Config) -> bool:
+    return cfg.driver.install and cfg.driver.keep_image_driver
+
+
+def not_kept_reason(cfg: Config, f: NodeFacts) -> str | None:
+    """Why the image's driver is not kept though driver.keep_image_driver asks, or None
+    (kept when it loads, or not asked): a fabric manager or IMEX must be the driver's
+    exact version, and bootfsm installs them for driver.version alone."""
+    if not _asks_to_keep(cfg) or not (needs_fabric_manager(f) or needs_imex(f)):
+        return None
+    what = "fabric manager" if needs_fabric_manager(f) else "IMEX"
+    return (
+        f"this node's {what} must match the driver exactly and bootfsm installs it for "
+        f"driver.version ({cfg.driver.version}) only, so that driver is installed"
+    )
+
+
+def keeps_image_driver(cfg: Config, f: NodeFacts) -> bool:
+    """The config asks for AgentBaker's ``validateGPUDrivers`` (driver.install and
+    driver.keep_image_driver; the hook's ``CONFIG_GPU_DRIVER_IF_NEEDED=false``) and this
+    node allows it (``not_kept_reason``): the image's driver is checked first and kept
+    when its module loads."""
+    return _asks_to_keep(cfg) and not_kept_reason(cfg, f) is None
+
+
+def kept_image_driver(cfg: Config, f: NodeFacts) -> str | None:
+    """The version of the image's driver this run keeps, or None: with
+    ``keeps_image_driver``, the nvidia module loaded when detect looked (at boot, or by
+    its ``nvidia-modprobe -u -c0``), whatever its version. Then nothing of
+    driver.version is judged, fetched or built. The one answer every state asks."""
+    return f.loaded_driver if keeps_image_driver(cfg, f) else None
+
+
+def installs_driver(cfg: Config, f: NodeFacts) -> bool:
+    """This run installs driver.version: driver.install, and no image driver kept."""
+    return cfg.driver.install and kept_image_driver(cfg, f) is None
 
 
 def judge(cfg: Config, f: NodeFacts) -> None:
@@ -36,10 +83,11 @@ def judge(cfg: Config, f: NodeFacts) -> None:
             f"OS {os_key} is not supported (detect.supported_os: "
             f"{', '.join(cfg.detect.supported_os)})",
         )
-    if cfg.driver.install and cfg.driver.source == "ubuntu-signed":
+    installs = installs_driver(cfg, f)  # a kept image driver needs no pin, no source
+    if installs and cfg.driver.source == "ubuntu-signed":
         _judge_ubuntu(f)
     _judge_gpus(cfg, f)
-    if cfg.driver.install:
+    if installs:
         _judge_driver(cfg, f, f.arch.runfile)
 
 
