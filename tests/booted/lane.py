@@ -94,6 +94,7 @@ OTHER_TOOLS = (
 BOOT_TIMEOUT = 240  # seconds per boot, all scenarios (the longest settles in ~40 s)
 VENV = "/opt/bootfsm"
 TEST_VENV = "/opt/booted-tests"
+UNIT_TIMEOUT = 2400  # seconds for an image's unit tests (the whole suite on one image)
 SUITE_VENV = "/opt/booted-suite"  # the whole suite: an editable install of /src
 DROPINS = "/etc/systemd/system/bootfsm.service.d"
 START = "ExecMainStartTimestampMonotonic"
@@ -377,7 +378,16 @@ def unit_tests(img: Image, prepared: Path, wheels: Path) -> tuple[bool, str]:
         ]
     # the whole suite takes both cores: never beside a boot, whose timings it would skew
     with BOOT_LOCK if img.tests == "full" else contextlib.nullcontext():
-        p = subprocess.run(cmd, text=True, capture_output=True, timeout=2400, check=False)
+        try:
+            p = subprocess.run(
+                cmd, text=True, capture_output=True, timeout=UNIT_TIMEOUT, check=False
+            )
+        except subprocess.TimeoutExpired as exc:  # its output arrives as bytes, or None
+            got = [
+                o.decode(errors="replace") if isinstance(o, bytes) else o or ""
+                for o in (exc.stdout, exc.stderr)
+            ]
+            return False, f"{''.join(got)}\nno pytest summary: killed after {UNIT_TIMEOUT} s"
     out = p.stdout + p.stderr
     return p.returncode == 0, out
 
@@ -1122,6 +1132,22 @@ def lane(img: Image, cache: Path, wheels: Path, results: list[Result], only: set
             log(results[-1].line())
 
 
+def guarded_lane(
+    img: Image, cache: Path, wheels: Path, results: list[Result], only: set[str]
+) -> None:
+    """lane(), where anything it raises is that image's FAIL: an image whose lane died
+    never reads as passed (its thread's traceback alone would leave the run green)."""
+    t0 = time.monotonic()
+    try:
+        lane(img, cache, wheels, results, only)
+    except Exception as exc:
+        why = f"{type(exc).__name__}: {exc}"[-2000:]
+        results.append(
+            Result(img.name, img.systemd, "?", "the lane", False, why, time.monotonic() - t0)
+        )
+        log(results[-1].line())
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--image", action="append", choices=[i.name for i in IMAGES])
@@ -1158,7 +1184,9 @@ def main(argv: list[str]) -> int:
     images = [i for i in IMAGES if not args.image or i.name in args.image]
     results: list[Result] = []
     threads = [
-        threading.Thread(target=lane, args=(i, cache, wheels, results, set(args.only or ())))
+        threading.Thread(
+            target=guarded_lane, args=(i, cache, wheels, results, set(args.only or ()))
+        )
         for i in images
     ]
     for t in threads:
