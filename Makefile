@@ -44,6 +44,9 @@ $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
+	# the build backend pyproject.toml names (a venv seeds an older setuptools, which
+	# cannot read PEP 639's license string); a test builds with it
+	$(PY) -m pip install -q $$($(PY) -c "import tomli; print(' '.join(tomli.load(open('pyproject.toml', 'rb'))['build-system']['requires']))")
 	@$(MAKE) --no-print-directory mypy-tree
 	touch $(STAMP)
 
