@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from bootfsm.core.codes import Code
 from bootfsm.core.config import parse_config
+from bootfsm.core.config_files import load_config
 from bootfsm.core.deadline import Deadline
 from bootfsm.core.errors import BootError
 from bootfsm.host.host import Host
@@ -19,6 +22,9 @@ from bootfsm.install.marker import MarkerError, ReadyMarker, ready_path
 from bootfsm.machine.context import Context
 from bootfsm.machine.table import row
 from bootfsm.observe.journal import Journal
+from bootfsm.sim.world import World
+from bootfsm.states import join
+from tests.conftest import run_in_process
 
 # the ready marker as join wrote it before it was a type (json.dumps of a dict in this
 # key order, then a newline): a node upgraded in place still has this file
@@ -99,3 +105,70 @@ def test_capture_cut_by_the_state_limit_is_the_states_timeout(tmp_path: Path) ->
         _ctx(tmp_path, state_limit=0.5).capture(_SLOW, timeout=30)
     assert err.value.code == Code.KUBELET_NOT_HEALTHY  # join's timeout code in the table
     assert "ran past its time limit" in str(err.value)
+
+
+# -- join's postcondition reads each step's result from the node -------------------------
+
+
+@pytest.fixture(scope="module")
+def joined(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[World, Context]]:
+    with World(tmp_path_factory.mktemp("joined"), "h100-pcie") as w:
+        assert run_in_process(w).outcome.ok
+        cfg = load_config(w.config_path, required=True)
+        yield w, Context.create(cfg, Host(w.root, env=w.env()), Journal(None, run_id="t"))
+
+
+@contextmanager
+def changed(
+    path: Path, text: str | None = None, *, newer_than: Path | None = None
+) -> Iterator[None]:
+    """``path`` rewritten (or only made newer than ``newer_than``), put back afterwards."""
+    before, st = path.read_bytes(), path.stat()
+    try:
+        if text is not None:
+            path.write_text(text)
+        if newer_than is not None:
+            t = newer_than.stat().st_mtime + 5
+            os.utime(path, (t, t))
+        yield
+    finally:
+        path.write_bytes(before)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_a_joined_node_is_satisfied(joined: tuple[World, Context]) -> None:
+    assert join.satisfied(joined[1])
+
+
+def test_config_toml_no_longer_importing_the_dropin_means_join_again(
+    joined: tuple[World, Context],
+) -> None:
+    w, ctx = joined
+    config = w.root / "etc/containerd/config.toml"
+    without = "\n".join(
+        ln for ln in config.read_text().splitlines() if not ln.startswith("imports")
+    )
+    with changed(config, without + "\n"):
+        assert not join.satisfied(ctx)
+    assert join.satisfied(ctx)
+
+
+def test_a_reboot_after_the_spec_was_written_means_join_again(
+    joined: tuple[World, Context],
+) -> None:
+    w, ctx = joined
+    spec = w.root / "etc/cdi/nvidia.yaml"
+    with changed(w.root / "dev/nvidia-uvm", newer_than=spec):  # devtmpfs: made at boot
+        assert not join.satisfied(ctx)
+
+
+@pytest.mark.parametrize("how", ["another config", "not json"])
+def test_a_marker_of_another_config_or_unreadable_means_join_again(
+    joined: tuple[World, Context], how: str
+) -> None:
+    w, ctx = joined
+    marker = w.root / "var/lib/bootfsm/ready"
+    m = ReadyMarker.parse(marker.read_text())
+    text = ReadyMarker(m.driver_version, "0" * 64).render() if how == "another config" else "{"
+    with changed(marker, text):
+        assert not join.satisfied(ctx)
