@@ -40,10 +40,13 @@ _apt:
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
+# the venv also gets the build backend pyproject.toml names (a venv seeds an older
+# setuptools, which cannot read PEP 639's license string): a test builds with it
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q $$($(PY) -c "import tomli; print(' '.join(tomli.load(open('pyproject.toml', 'rb'))['build-system']['requires']))")
 	@$(MAKE) --no-print-directory mypy-tree
 	touch $(STAMP)
 

@@ -10,7 +10,6 @@ replaced.
 
 from __future__ import annotations
 
-import sys
 from urllib.parse import urlsplit
 
 from bootfsm.core.errors import TransientError
@@ -32,7 +31,7 @@ from bootfsm.fetch.indexes import (
 from bootfsm.fetch.stamps import remember
 from bootfsm.fetch.store import resolved, resolved_path
 from bootfsm.host.http import check_url
-from bootfsm.host.progress import Progress
+from bootfsm.host.progress import Progress, terminal
 from bootfsm.install.driver_steps import toolkit_ok
 from bootfsm.machine.context import Context
 from bootfsm.node.verdict import kept_image_driver
@@ -92,7 +91,7 @@ def _download(ctx: Context, missing: list[Artifact], attempts: dict[str, int]) -
         progress.clear()  # the status line never splits a console line
         ctx.event(event, **fields)
 
-    progress = Progress(emit, tty=sys.stderr if sys.stderr.isatty() else None)
+    progress = Progress(emit, tty=terminal())
     fetcher = Fetcher(
         ctx.http,
         parallel=cfg.fetch.parallel,

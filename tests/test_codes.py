@@ -7,7 +7,10 @@ import json
 import pytest
 
 from bootfsm.cli import main
-from bootfsm.core.codes import CODES, Code, failure_line, info
+from bootfsm.commands import run, status
+from bootfsm.core.codes import CODES, Code, info, verdict_line
+from bootfsm.machine.engine import Outcome
+from bootfsm.run.session import SessionResult
 
 
 def test_codes_avoid_reserved_ranges() -> None:
@@ -61,14 +64,39 @@ def test_every_command_ends_a_failure_with_the_same_line() -> None:
     message's first line only (a command's output follows it), the code's own hint."""
     msg = "sha256 mismatch for NVIDIA-Linux-x86_64.run\nexpected abc\ngot def"
     hint = info(Code.CHECKSUM_MISMATCH).hint
-    assert failure_line(Code.CHECKSUM_MISMATCH, msg, state="fetch") == (
+    assert verdict_line(Code.CHECKSUM_MISMATCH, msg, state="fetch") == (
         "bootfsm: FAILED code=31 CHECKSUM_MISMATCH state=fetch: sha256 mismatch for "
         f"NVIDIA-Linux-x86_64.run | hint: {hint}"
     )
-    assert failure_line(Code.CHECKSUM_MISMATCH, msg, command="prefetch") == (
+    assert verdict_line(Code.CHECKSUM_MISMATCH, msg, command="prefetch") == (
         "bootfsm: prefetch FAILED code=31 CHECKSUM_MISMATCH: sha256 mismatch for "
         f"NVIDIA-Linux-x86_64.run | hint: {hint}"
     )
-    assert failure_line(Code.INTERRUPTED, "", state="").startswith(
+    assert verdict_line(Code.INTERRUPTED, "", state="").startswith(
         "bootfsm: INTERRUPTED code=12 INTERRUPTED state=-:  | hint: "
+    )
+
+
+def test_the_run_hook_and_status_lines_come_from_the_same_builder() -> None:
+    """run's OK line, the hook's line (its CSE code, the run id) and `bootfsm status`'s
+    line for a failed run: one layout, written out here as a reader sees it."""
+    ok = SessionResult(Outcome(Code.OK, "done", "node provisioned"), "0fb68e04", None, 41.26)
+    assert run.summary_line(ok, "cse") == (
+        "bootfsm: OK code=0 OK state=done: node provisioned in 41.3 s | run 0fb68e04"
+    )
+    hint = info(Code.DEADLINE_EXCEEDED).hint
+    late = Outcome(Code.DEADLINE_EXCEEDED, "driver", "global deadline of 5 s ran out\nmore")
+    assert run.summary_line(SessionResult(late, "b3a9e30b", None), "cse") == (
+        "bootfsm: FAILED code=100 DEADLINE_EXCEEDED state=driver: global deadline of 5 s ran "
+        f"out | hint: {hint} | cse exit 85 ERR_GPU_DRIVERS_INSTALL_TIMEOUT | run b3a9e30b"
+    )
+    assert run.summary_line(SessionResult(late, "", None)) == (
+        "bootfsm: FAILED code=100 DEADLINE_EXCEEDED state=driver: global deadline of 5 s ran "
+        f"out | hint: {hint}"
+    )
+    st = status.Status("failed", 31, state="fetch", run_id="acf95737", code=31)
+    st.message = "runfile: sha256 628ff95d != expected 3228d6fe"
+    assert status._line(st, 5.0) == (
+        "bootfsm: failed: run acf95737 code=31 CHECKSUM_MISMATCH state=fetch: runfile: "
+        f"sha256 628ff95d != expected 3228d6fe | hint: {info(Code.CHECKSUM_MISMATCH).hint}"
     )

@@ -50,6 +50,10 @@ def test_wheel_layout_and_console_script(tmp_path: Path) -> None:
     shipped = {n: zipfile.ZipFile(wheel).read(n).decode() for n in names if n.endswith(".py")}
     runs_commands = sorted(n for n, text in shipped.items() if "import subprocess" in text)
     assert runs_commands == ["bootfsm/host/process.py"]
+    # PEP 639: an SPDX expression and the licence text itself, not the deprecated table
+    meta = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("/METADATA")))
+    assert "License-Expression: MIT" in meta.decode().splitlines()
+    assert [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
 
 
 def test_an_installed_wheel_says_the_demo_needs_the_source_tree(tmp_path: Path) -> None:

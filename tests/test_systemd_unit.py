@@ -397,7 +397,7 @@ def test_packaged_unit_files_install_without_the_checkout(image_root: Path, tmp_
     repo = Path(__file__).resolve().parent.parent
     src = tmp_path / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):  # what pyproject.toml names
         shutil.copy(repo / name, src / name)
     for name in ("bootfsm", "states", "systemd"):
         shutil.copytree(

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from bootfsm.commands.common import config_path, load_or_exit
-from bootfsm.core.codes import failure_line
+from bootfsm.core.codes import verdict_line
 from bootfsm.image.bake import BakeOptions, BakeResult, bake
 from bootfsm.install.marker import marker_path
 
@@ -18,7 +18,7 @@ __all__ = ["main", "summary_line"]
 def summary_line(result: BakeResult, marker: str) -> str:
     """The one line a build log shows at the end."""
     if not result.ok:
-        return failure_line(result.code, result.message, command="bake")
+        return verdict_line(result.code, result.message, command="bake")
     m = result.marker
     what = (
         f"driver {m.driver_version} ({m.driver_kind}, {m.module_type}) for kernel {m.kernel}"

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import IO
 
 from bootfsm.commands.common import load_or_exit
-from bootfsm.core.codes import Code, failure_line
+from bootfsm.core.codes import Code, verdict_line
 from bootfsm.core.config import Config
 from bootfsm.machine.context import Context
 from bootfsm.machine.engine import Outcome
@@ -82,7 +82,7 @@ def summary_line(outcome: Outcome, prefetch: bool) -> str:
     what = "prefetch" if prefetch else "fetch"
     if outcome.ok:
         return f"bootfsm: {what} OK: {outcome.message}"
-    return failure_line(outcome.code, outcome.message, command=what)
+    return verdict_line(outcome.code, outcome.message, command=what)
 
 
 def main(args: argparse.Namespace) -> int:

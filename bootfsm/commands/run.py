@@ -13,7 +13,7 @@ from pathlib import Path
 
 from bootfsm.commands.common import config_path, node_env
 from bootfsm.core import caller, cse_clock
-from bootfsm.core.codes import Code, failure_line
+from bootfsm.core.codes import Code, verdict_line
 from bootfsm.core.config import Config, ConfigError
 from bootfsm.core.config_files import load_config_sources
 from bootfsm.core.cse import CSE_NAMES, cse_exit
@@ -30,14 +30,14 @@ __all__ = ["exit_code", "main", "summary_line"]
 def summary_line(result: SessionResult, exit_codes: str = "bootfsm") -> str:
     """The one line a human (and the provisioning hook) sees at the end."""
     o = result.outcome
-    run = f" | run {result.run_id}" if result.run_id else ""
+    tail = [f"run {result.run_id}"] if result.run_id else []
     if o.ok:
-        return f"bootfsm: OK code=0 OK state=done: {o.message} in {result.duration_s:.1f} s{run}"
-    cse = ""
+        message = f"{o.message} in {result.duration_s:.1f} s"
+        return verdict_line(Code.OK, message, state="done", tail=tail)
     if exit_codes == "cse":
         number = exit_code(o, exit_codes)
-        cse = f" | cse exit {number} {CSE_NAMES.get(number, '')}".rstrip()
-    return failure_line(o.code, o.message, state=o.state) + cse + run
+        tail.insert(0, f"cse exit {number} {CSE_NAMES.get(number, '')}".rstrip())
+    return verdict_line(o.code, o.message, state=o.state, tail=tail)
 
 
 def exit_code(outcome: Outcome, exit_codes: str = "bootfsm") -> int:

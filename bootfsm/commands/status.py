@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bootfsm.commands.common import load_or_exit
-from bootfsm.core.codes import Code, info
+from bootfsm.core.codes import Code, info, verdict_line
 from bootfsm.core.config import Config
 from bootfsm.core.errors import BootError
 from bootfsm.core.redact import redact_text
@@ -152,14 +152,13 @@ def _details(st: Status) -> None:
             st.message = redact_text(r.message.splitlines()[0])
 
 
-#: The one-line form of each status; any other is a failed or interrupted run's.
+#: The one-line form of each status; any other is a failed or interrupted run's verdict.
 _LINES = {
     "done": "{run} provisioned the node (code 0)",
     "running": "{run} pid {pid} in state {state}{late}",
     "never-started": "no bootfsm run on this node yet{late}",
     "killed": "{run} stopped in state {state} without a verdict | hint: {hint}",
 }
-_FAILED = "{run} code={code} {code_name} state={where}: {message} | hint: {hint}"
 _LATE = {
     "running": " (still running after --timeout {:g} s)",
     "never-started": " (none started within --timeout {:g} s)",
@@ -170,8 +169,11 @@ def _line(st: Status, timeout: float) -> str:
     late = _LATE.get(st.status, "").format(timeout) if st.timed_out else ""
     shown = {**asdict(st), "pid": st.pid or "?", "state": st.state or "?"}
     run = f"run {st.run_id or '?'}"
-    text = _LINES.get(st.status, _FAILED).format(**shown, run=run, where=st.state or "-", late=late)
-    return f"bootfsm: {st.status.replace('-', ' ')}: {text}"
+    head = f"{st.status.replace('-', ' ')}: "
+    if st.status not in _LINES:
+        code = Code(st.code if st.code is not None else Code.INTERNAL_ERROR)
+        return verdict_line(code, st.message, state=st.state, head=head + run)
+    return f"bootfsm: {head}{_LINES[st.status].format(**shown, run=run, late=late)}"
 
 
 def main(args: argparse.Namespace) -> int:

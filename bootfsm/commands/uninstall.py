@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from bootfsm.commands.common import load_or_exit, node_env
-from bootfsm.core.codes import Code, failure_line
+from bootfsm.core.codes import Code, verdict_line
 from bootfsm.core.config import Config
 from bootfsm.core.errors import BootError, TransientError
 from bootfsm.host.host import Host
@@ -53,7 +53,7 @@ def _print_json(code: Code, **fields: object) -> None:
 def _failed(args: argparse.Namespace, code: Code, message: str) -> int:
     if args.json:
         _print_json(code, message=message)
-    print(failure_line(code, message, command="uninstall"), file=sys.stderr)
+    print(verdict_line(code, message, command="uninstall"), file=sys.stderr)
     for line in message.splitlines()[1:]:  # the failed command's output
         print(f"  {line}", file=sys.stderr)
     return int(code)

@@ -5,9 +5,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from bootfsm.core.code_names import Code, CodeInfo
 
-__all__ = ["CODES", "Code", "CodeInfo", "failure_line", "info"]
+__all__ = ["CODES", "Code", "CodeInfo", "info", "verdict_line"]
 
 
 # (code, the CSE exit code of the same meaning): (summary, hint)
@@ -345,11 +347,27 @@ def info(code: int) -> CodeInfo:
     return CODES[Code(code)]
 
 
-def failure_line(code: Code, message: str, *, command: str = "", state: str | None = None) -> str:
-    """The line every command ends a failure with (INTERRUPTED for an interrupted run):
-    ``bootfsm: [command ]FAILED code=N NAME[ state=S]: <first line> | hint: <hint>``."""
-    verdict = "INTERRUPTED" if code is Code.INTERRUPTED else "FAILED"
+def verdict_line(
+    code: Code,
+    message: str,
+    *,
+    command: str = "",
+    state: str | None = None,
+    head: str = "",
+    tail: Sequence[str] = (),
+) -> str:
+    """The one line that ends ``run``, ``fetch``, ``bake`` and ``uninstall`` (the hook's
+    last line, systemd's STATUS=) and ``status``'s for a failed run; the only builder:
+    ``bootfsm: HEAD code=N NAME[ state=S]: MESSAGE[ | hint: HINT][ | TAIL]...``.
+
+    HEAD is ``[command ]OK`` for code 0, ``INTERRUPTED`` for an interrupted run, else
+    ``FAILED``, unless ``head`` names it (``failed: run ID``). A failure shows only its
+    message's first line (a command's output follows it) and always the code's hint."""
+    verdict = "OK" if code is Code.OK else "INTERRUPTED" if code is Code.INTERRUPTED else "FAILED"
+    ok = code is Code.OK and not head
+    lead = head or (f"{command} {verdict}" if command else verdict)
     where = "" if state is None else f" state={state or '-'}"
-    first = message.splitlines()[0] if message else ""
-    head = f"bootfsm: {command} {verdict}" if command else f"bootfsm: {verdict}"
-    return f"{head} code={int(code)} {code.name}{where}: {first} | hint: {info(code).hint}"
+    text = message if ok else (message.splitlines() or [""])[0]
+    hint = [] if ok else [f"hint: {info(code).hint}"]
+    line = f"bootfsm: {lead} code={int(code)} {code.name}{where}: {text}"
+    return " | ".join([line, *hint, *tail])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -13,9 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["LogWatch", "Progress", "Track", "human_bytes", "last_line"]
+__all__ = ["LogWatch", "Progress", "Track", "human_bytes", "last_line", "terminal"]
 
 Emit = Callable[..., None]  # emit(event, **fields): a journal event
+
+
+def terminal() -> IO[str] | None:
+    """Where a status line may be redrawn: stderr when it is a terminal, else None."""
+    return sys.stderr if sys.stderr.isatty() else None
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Which `nvidia-ctk cdi generate` failures are harmless (pure), and the CDI refresh.
+"""Which `nvidia-ctk cdi generate` failures are harmless (pure), the CDI refresh, and
+whether this boot's spec is fresh.
 
 Only "invalid device, empty device edits" while a GPU is in MIG mode with no instances
 yet (Azure/AgentBaker PR #8736); anything else is CDI_REFRESH_FAILED (92). A failed
@@ -16,8 +17,8 @@ from bootfsm.parsers import ParseError
 from bootfsm.parsers.nvidia_smi_xml import parse_smi_xml
 
 __all__ = ["CDI_SPEC", "CDI_TOLERATED", "CDI_UNIT", "CDI_UNIT_DIRS", "EMPTY_DEVICE_EDITS",
-           "MIG_NO_INSTANCES", "mig_modes", "refresh_cdi", "tolerated_case",
-           "unit_installed"]  # fmt: skip
+           "MIG_NO_INSTANCES", "mig_modes", "refresh_cdi", "spec_fresh",
+           "tolerated_case", "unit_installed"]  # fmt: skip
 
 EMPTY_DEVICE_EDITS = "invalid device, empty device edits"
 MIG_NO_INSTANCES = "mig-on-no-instances"
@@ -47,6 +48,17 @@ def tolerated_case(generate_output: str, modes: list[str]) -> str | None:
 def unit_installed(ctx: Context) -> bool:
     """The toolkit's refresh unit is on the node."""
     return any(ctx.host.exists(f"{d}/{CDI_UNIT}") for d in CDI_UNIT_DIRS)
+
+
+def spec_fresh(ctx: Context) -> bool:
+    """Read-only: the refresh unit is installed (its spec is its own, per boot), or a CDI
+    spec (or this boot's tolerated-failure mark) is newer than this boot's
+    /dev/nvidia-uvm (devtmpfs), so every boot regenerates it."""
+    if unit_installed(ctx):
+        return True
+    uvm = ctx.host.mtime("/dev/nvidia-uvm")
+    spec = max((ctx.host.mtime(p) or -1.0 for p in (CDI_SPEC, CDI_TOLERATED)), default=-1.0)
+    return uvm is not None and spec >= uvm
 
 
 def _unit_run_output(ctx: Context) -> str:

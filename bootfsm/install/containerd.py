@@ -1,5 +1,6 @@
-"""containerd's configuration, pure: the NVIDIA runtime drop-in, the ``imports`` line of
-config.toml, and what ``containerd config dump`` says.
+"""containerd's NVIDIA runtime: the drop-in, the ``imports`` line of config.toml and what
+``containerd config dump`` says (pure), and the verbs that wire it on the node
+(``major``, ``wired``, ``wire``: I/O through the context).
 
 An imported plugin table replaces config.toml's whole (containerd 1.6-2.x), so the
 drop-in carries config.toml's entire CRI runtime plugin table plus the nvidia runtime, as
@@ -15,7 +16,13 @@ import posixpath
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from bootfsm.core.codes import Code
 from bootfsm.core.compat import tomllib
+from bootfsm.core.errors import BootError
+from bootfsm.install import records
+from bootfsm.machine.context import Context
+from bootfsm.parsers import ParseError
+from bootfsm.parsers.driver_info import parse_containerd_version
 
 __all__ = [
     "CONFIG",
@@ -27,10 +34,13 @@ __all__ = [
     "ensure_import",
     "import_edit",
     "imports_cover",
+    "major",
     "plugin_for_version",
     "render_toml",
     "runtime_problem",
     "undo_import",
+    "wire",
+    "wired",
 ]
 
 CONFIG = "/etc/containerd/config.toml"
@@ -300,3 +310,66 @@ def runtime_problem(dump: str, major: int, config_text: str | None = None) -> st
         if lost:
             return f"the merged config lost config.toml's runtime(s) {', '.join(lost)}"
     return None
+
+
+# -- the verbs (I/O through the context) -------------------------------------------------
+
+
+def major(ctx: Context) -> int:
+    """containerd's major version (``containerd --version``); CONTAINERD_RESTART_FAILED."""
+    argv, code = ["containerd", "--version"], Code.CONTAINERD_RESTART_FAILED
+    r = ctx.require(argv, code=code, timeout=30, die_with_bootfsm=False)  # only reads
+    try:
+        return parse_containerd_version(r.output)[0]
+    except ParseError as exc:
+        raise BootError(code, str(exc)) from exc
+
+
+def wired(ctx: Context) -> bool:
+    """Read-only: the drop-in is there and config.toml imports it (not edited away since)."""
+    try:
+        return ctx.host.exists(DROPIN) and ensure_import(ctx.host.read_text(CONFIG)) is None
+    except ContainerdConfigError:
+        return False
+
+
+def wire(ctx: Context, version: int) -> bool:
+    """Write the drop-in for containerd ``version``.x, import it from config.toml (its
+    imports line only, atomic, recorded for uninstall), check containerd's merged view;
+    True when a file changed. CONTAINERD_CONFIG_INVALID or CONTAINERD_RUNTIME_MISSING."""
+    current = ctx.host.read_text(CONFIG)
+    try:
+        dropin = dropin_text(current, version)
+        edited = ensure_import(current, major=version)
+    except ContainerdConfigError as exc:
+        raise BootError(Code.CONTAINERD_CONFIG_INVALID, f"{CONFIG}: {exc}") from exc
+    changed = ctx.host.read_text(DROPIN) != dropin
+    if changed:
+        records.write_file(ctx, DROPIN, dropin)
+    if edited is not None:
+        st = ctx.host.stat(CONFIG)
+        mode = st.st_mode & 0o7777 if st else 0o644
+        edit = import_edit(current, edited) if current is not None else None
+        records.write_file(ctx, CONFIG, edited, mode, edit=edit)  # uninstall undoes it
+        ctx.event("containerd.import_added", config=CONFIG, entry=DROPIN_GLOB)
+        changed = True
+    _check_merged(ctx, version, edited or current)
+    return changed
+
+
+def _check_merged(ctx: Context, version: int, config_text: str | None) -> None:
+    """``containerd config dump`` holds the nvidia runtime and config.toml's runtimes."""
+    argv = ["containerd", "--config", str(ctx.host.path(CONFIG)), "config", "dump"]
+    r, dump = ctx.capture(argv, timeout=30, die_with_bootfsm=False)  # only reads
+    if not r.ok:
+        raise BootError(
+            Code.CONTAINERD_CONFIG_INVALID,
+            f"containerd config dump refused {CONFIG}",
+            output=r.output[-1000:],
+        )
+    try:
+        problem = runtime_problem(dump, version, config_text)
+    except ContainerdConfigError as exc:
+        problem = str(exc)
+    if problem:
+        raise BootError(Code.CONTAINERD_RUNTIME_MISSING, f"containerd config dump: {problem}")

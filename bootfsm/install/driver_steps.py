@@ -6,7 +6,6 @@ Bake runs them against an image root; only a boot loads, initializes or unloads.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterable, Sequence
 
 from bootfsm.core.codes import Code
@@ -15,7 +14,7 @@ from bootfsm.core.hardware import GpuModel, requires_open_module, requires_propr
 from bootfsm.core.node_paths import INSTALLER_LOG
 from bootfsm.fetch.artifacts import cache_node_path
 from bootfsm.fetch.store import verified
-from bootfsm.host.progress import LogWatch
+from bootfsm.host.progress import LogWatch, terminal
 from bootfsm.install import dpkg, records
 from bootfsm.install.marker import module_type_of, parse_modinfo
 from bootfsm.machine.context import Context
@@ -240,7 +239,7 @@ def build_module(
         label="driver: nvidia-installer building",
         emit=ctx.event,
         status=ctx.status,
-        tty=sys.stderr if sys.stderr.isatty() else None,
+        tty=terminal(),
         every_s=PROGRESS_EVERY_S,
         clock=ctx.host.monotonic,
         wall=ctx.host.wall,

@@ -1,11 +1,14 @@
-"""The prebake marker: what DKMS built, written by `bootfsm bake` or a boot that compiled.
+"""The prebake marker: what DKMS built, written by `bootfsm bake` or a boot that compiled;
+and the ready marker join writes last (``ReadyMarker``).
 
-Pure apart from reading and writing it through the Host. The driver state skips the
-compile only when it matches (``check_marker``); its first four keys are the bash path's.
+Pure apart from reading and writing the bake marker through the Host. The driver state
+skips the compile only when it matches (``check_marker``); its first four keys are the
+bash path's.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, fields, replace
 
 from bootfsm.core.config import Config
@@ -19,6 +22,7 @@ __all__ = [
     "Marker",
     "MarkerError",
     "Mismatch",
+    "ReadyMarker",
     "check_marker",
     "expected_marker",
     "marker_path",
@@ -27,6 +31,7 @@ __all__ = [
     "parse_modinfo",
     "parse_peer_marker",
     "read_marker",
+    "ready_path",
     "render_marker",
     "render_peer_marker",
     "required_module_type",
@@ -209,3 +214,42 @@ def parse_modinfo(text: str) -> dict[str, str]:
 def module_type_of(modinfo: dict[str, str]) -> str:
     """``open`` (licence ``Dual MIT/GPL``), ``proprietary`` (``NVIDIA``) or ""."""
     return {"Dual MIT/GPL": "open", "NVIDIA": "proprietary"}.get(modinfo.get("license", ""), "")
+
+
+@dataclass(frozen=True)
+class ReadyMarker:
+    """join's last write, ``<run.state_dir>/ready`` (one JSON object): the driver and
+    config this node joined with, and the run that wrote it."""
+
+    driver_version: str
+    config_digest: str
+    run_id: str = ""
+    wall_time: float = 0.0
+
+    def render(self) -> str:
+        """The file's text: the fields as one JSON object and a newline."""
+        return json.dumps(asdict(self)) + "\n"
+
+    @classmethod
+    def parse(cls, text: str) -> ReadyMarker:
+        """The file's fields (pure; unknown keys ignored); MarkerError when it is not a JSON
+        object whose driver version and config digest are strings."""
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise MarkerError(f"ready marker is not JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise MarkerError("ready marker is not a JSON object")
+        known = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        if not all(isinstance(known.get(k), str) for k in ("driver_version", "config_digest")):
+            raise MarkerError("ready marker lacks a driver_version or config_digest string")
+        return cls(**known)
+
+    def fits(self, cfg: Config) -> bool:
+        """Written for ``cfg``'s driver version and configuration."""
+        return (self.driver_version, self.config_digest) == (cfg.driver.version, cfg.digest())
+
+
+def ready_path(cfg: Config) -> str:
+    """Node path of the ready marker: ``<run.state_dir>/ready``."""
+    return f"{cfg.run.state_dir}/ready"

@@ -156,16 +156,33 @@ class Context:
         ``probe``: a non-zero answer is expected, not a fault (journaled at info). A probe is not
         tied to bootfsm's life; pass ``die_with_bootfsm=False`` for any command harmless if left
         running (it only reads, or only asks a daemon to act)."""
-        budget = self.remaining()
-        if budget <= 0:
-            raise self.time_error()
-        limit = budget if timeout is None else min(timeout, budget)
+        budget, limit = self._limit(timeout)
         self.probing = probe
         try:
             tied = not probe if die_with_bootfsm is None else die_with_bootfsm
             result = self.host.run(argv, timeout=limit, die_with_bootfsm=tied, **kw)
         finally:
             self.probing = False
+        return self._timed(result, timeout, budget)
+
+    def capture(
+        self, argv: Sequence[str], *, timeout: float | None = None, die_with_bootfsm: bool = True
+    ) -> tuple[CommandResult, str]:
+        """``run`` for a command whose standard output is data (``Host.capture``): the
+        result's output is stderr's tail, the second value the whole standard output."""
+        budget, limit = self._limit(timeout)
+        result, out = self.host.capture(argv, timeout=limit, die_with_bootfsm=die_with_bootfsm)
+        return self._timed(result, timeout, budget), out
+
+    def _limit(self, timeout: float | None) -> tuple[float, float]:
+        """(what remains, a command's limit: ``timeout`` capped by it); the time error at 0."""
+        budget = self.remaining()
+        if budget <= 0:
+            raise self.time_error()
+        return budget, budget if timeout is None else min(timeout, budget)
+
+    def _timed(self, result: CommandResult, timeout: float | None, budget: float) -> CommandResult:
+        """``result``, or the time error when the budget, not ``timeout``, cut it short."""
         if result.timed_out and (timeout is None or budget <= timeout):
             raise self.time_error()
         return result

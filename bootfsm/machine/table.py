@@ -113,7 +113,8 @@ STATES: tuple[StateRow, ...] = (
     ),
     StateRow(
         "join",
-        "containerd runtime, device symlinks, kubelet healthy, ready marker",
+        "containerd NVIDIA runtime, /dev/char symlinks, CDI spec; optional last step"
+        " (join.start_kubelet): kubelet healthy; the ready marker records it all",
         240,
         Code.KUBELET_NOT_HEALTHY,
         Code.KUBELET_NOT_HEALTHY,
