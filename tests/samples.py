@@ -10,11 +10,12 @@ test instead: a CI run that cannot see the real captures proves nothing about th
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 
-__all__ = ["SAMPLES", "SKIP_REASON", "on_ci", "sample", "sample_bytes"]
+__all__ = ["SAMPLES", "SKIP_REASON", "on_ci", "real_tool", "sample", "sample_bytes"]
 
 SKIP_REASON = "samples absent"
 
@@ -33,6 +34,17 @@ SAMPLES = _samples_dir()
 def on_ci() -> bool:
     """True on a CI run (CI=true, as CI sets it)."""
     return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+
+
+def real_tool(name: str) -> str:
+    """The path of a real tool (PATH, then /usr/sbin and /sbin); skip (fail on CI, where
+    make deps installs it) when it is absent."""
+    found = shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin")
+    if found is None:
+        if on_ci():
+            pytest.fail(f"{name} is not installed (make deps)", pytrace=False)
+        pytest.skip(f"{name} is not installed (make deps)")
+    return found
 
 
 def sample_bytes(relpath: str) -> bytes:

@@ -8,7 +8,6 @@ import io
 import json
 import os
 import pty
-import shutil
 import signal
 import subprocess
 import sys
@@ -22,19 +21,10 @@ from bootfsm.cli import EXIT_CODES, build_parser, main
 from bootfsm.commands.completion import bash, manpage, zsh
 from bootfsm.observe.journal import Journal
 from tests.conftest import MakeWorld
-from tests.samples import on_ci
+from tests.samples import real_tool
 
 REPO = Path(__file__).resolve().parents[1]
 BOOTFSM = [sys.executable, "-m", "bootfsm"]
-
-
-def _tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        if on_ci():
-            pytest.fail(f"{name} not installed (make deps)", pytrace=False)
-        pytest.skip(f"{name} not installed (make deps)")
-    return path
 
 
 def _console_through_a_pty(no_color: str | None, monkeypatch: pytest.MonkeyPatch) -> bytes:
@@ -271,7 +261,7 @@ def _bash_complete(words: str) -> list[str]:
         f"COMP_WORDS=({' '.join(repr(w) for w in line)}); COMP_CWORD={len(line) - 1}\n"
         "_bootfsm; printf '%s\\n' \"${COMPREPLY[@]}\"\n"
     )
-    p = subprocess.run([_tool("bash"), "-c", code], capture_output=True, text=True, check=True)
+    p = subprocess.run([real_tool("bash"), "-c", code], capture_output=True, text=True, check=True)
     return p.stdout.split()
 
 
@@ -284,7 +274,7 @@ def test_bash_completion_in_real_bash() -> None:
 
 
 def test_zsh_completion_parses_in_real_zsh() -> None:
-    zsh_bin = _tool("zsh")
+    zsh_bin = real_tool("zsh")
     script = REPO / "docs" / "completion" / "_bootfsm"
     assert script.read_text().startswith("#compdef bootfsm\n")
     p = subprocess.run([zsh_bin, "-n", str(script)], capture_output=True, text=True)
@@ -294,7 +284,7 @@ def test_zsh_completion_parses_in_real_zsh() -> None:
 def test_man_page_renders_in_groff_without_warnings() -> None:
     page = REPO / "docs" / "man" / "bootfsm.1"
     p = subprocess.run(
-        [_tool("groff"), "-t", "-man", "-Tutf8", "-ww", "-P", "-cbou", str(page)],
+        [real_tool("groff"), "-t", "-man", "-Tutf8", "-ww", "-P", "-cbou", str(page)],
         capture_output=True,
         text=True,
         check=False,

@@ -3,23 +3,13 @@ caches them by their SONAME, the real readelf reads their dynamic section."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from bootfsm.sim.elf import shared_object
-from tests.samples import on_ci
-
-
-def _tool(name: str) -> str:
-    found = shutil.which(name) or (f"/sbin/{name}" if Path(f"/sbin/{name}").exists() else None)
-    if found is None:
-        if on_ci():
-            pytest.fail(f"{name} missing", pytrace=False)
-        pytest.skip(f"{name} missing")
-    return found
+from tests.samples import real_tool
 
 
 def test_real_ldconfig_caches_the_library_by_its_soname(tmp_path: Path) -> None:
@@ -31,7 +21,7 @@ def test_real_ldconfig_caches_the_library_by_its_soname(tmp_path: Path) -> None:
     conf = tmp_path / "ld.so.conf"
     conf.write_text(f"{lib}\n")
     cache = tmp_path / "ld.so.cache"
-    ldconfig = _tool("ldconfig")
+    ldconfig = real_tool("ldconfig")
     subprocess.run([ldconfig, "-C", str(cache), "-f", str(conf)], check=True, capture_output=True)
     listed = subprocess.run(
         [ldconfig, "-p", "-C", str(cache)], check=True, capture_output=True, text=True
@@ -47,7 +37,7 @@ def test_readelf_sees_a_shared_object_with_the_soname(
 ) -> None:
     path = tmp_path / "libcuda.so.580.95.05"
     path.write_bytes(shared_object("libcuda.so.1", arch))
-    readelf = _tool("readelf")
+    readelf = real_tool("readelf")
     header = subprocess.run([readelf, "-h", str(path)], capture_output=True, text=True).stdout
     assert "DYN (Shared object file)" in header and machine in header
     dynamic = subprocess.run([readelf, "-d", str(path)], capture_output=True, text=True).stdout

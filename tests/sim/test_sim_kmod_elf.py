@@ -12,7 +12,6 @@ struct module_signature and "~Module signature appended~\\n").
 from __future__ import annotations
 
 import os
-import shutil
 import struct
 import subprocess
 from pathlib import Path
@@ -21,7 +20,7 @@ import pytest
 
 from bootfsm.sim.kmod_elf import MODULE_SIG_STRING, ModuleFormatError, read_module
 from bootfsm.sim.node import SKUS, build_node
-from tests.samples import on_ci
+from tests.samples import on_ci, real_tool
 
 KERNEL = "6.8.0-1073-azure"
 REAL_DEB = (
@@ -34,15 +33,6 @@ REJECTED = "modprobe: ERROR: could not insert 'nvidia': Key was rejected by serv
 ENOEXEC = "modprobe: ERROR: could not insert 'nvidia': Exec format error\n"
 
 
-def _need(tool: str) -> str:
-    found = shutil.which(tool) or shutil.which(tool, path="/usr/sbin:/sbin")
-    if found is None:
-        if on_ci():
-            pytest.fail(f"{tool} is not installed", pytrace=False)
-        pytest.skip(f"{tool} is not installed")
-    return found
-
-
 @pytest.fixture(scope="module")
 def real_ko(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     """Canonical's signed nvidia.ko, extracted from the cached .deb by the real dpkg-deb."""
@@ -52,7 +42,7 @@ def real_ko(tmp_path_factory: pytest.TempPathFactory) -> bytes:
             pytest.fail(f"{deb} is not cached (make test-booted fetches it)", pytrace=False)
         pytest.skip(f"{deb} is not cached (make test-booted fetches it)")
     out = tmp_path_factory.mktemp("deb")
-    subprocess.run([_need("dpkg-deb"), "-x", str(deb), str(out)], check=True, timeout=120)
+    subprocess.run([real_tool("dpkg-deb"), "-x", str(deb), str(out)], check=True, timeout=120)
     return (out / REAL_KO).read_bytes()
 
 
@@ -86,7 +76,7 @@ def elf_module(info: dict[str, str], *, versions: bool = True) -> bytes:
 def sign(module: bytes, work: Path, cn: str) -> bytes:
     """``module`` signed as scripts/sign-file signs: `openssl cms -sign -binary -noattr
     -nocerts -outform DER` (issuerAndSerialNumber), then the trailer."""
-    openssl = _need("openssl")
+    openssl = real_tool("openssl")
     key, cert, data = work / "key.pem", work / "cert.pem", work / "mod.bin"
     subprocess.run(
         [openssl, "req", "-new", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
@@ -197,7 +187,7 @@ def test_modinfo_standin_prints_what_real_kmod_prints(real_ko: bytes, tmp_path: 
     node = Node(tmp_path / "n")
     node.place(real_ko)
     real = subprocess.run(
-        [_need("modinfo"), str(node.root / REAL_KO)], capture_output=True, text=True, timeout=60
+        [real_tool("modinfo"), str(node.root / REAL_KO)], capture_output=True, text=True, timeout=60
     )
     ours = node.run("modinfo", "nvidia")
     assert ours.returncode == real.returncode == 0
@@ -231,7 +221,7 @@ def test_host_kmod_reads_the_test_signature_alike(tmp_path: Path) -> None:
     """The real kmod modinfo names the same signer and key in the file this test signs."""
     ko = tmp_path / "nvidia.ko"
     ko.write_bytes(sign(elf_module(INFO), tmp_path, "bootfsm test signing key"))
-    modinfo = _need("modinfo")
+    modinfo = real_tool("modinfo")
     got = {
         f: subprocess.run(
             [modinfo, "-F", f, str(ko)], capture_output=True, text=True, timeout=60

@@ -14,14 +14,13 @@ from __future__ import annotations
 import gzip
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from bootfsm.sim.node import SKUS, build_node
-from tests.samples import on_ci
+from tests.samples import real_tool
 
 KERNEL = "6.0.0-bootfsm-test"
 CASES = [
@@ -30,15 +29,6 @@ CASES = [
     (("MODPROBE_OPTIONS", "--first-time"), ("-r", "nvidia")),
     ((), ("-r", "nvidia_peermem")),
 ]
-
-
-def _tool(name: str) -> str:
-    found = shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin")
-    if found is None:
-        if on_ci():
-            pytest.fail(f"{name} (kmod) is not installed", pytrace=False)
-        pytest.skip(f"{name} (kmod) is not installed")
-    return found
 
 
 @pytest.fixture
@@ -50,7 +40,7 @@ def kmod_tree(tmp_path: Path) -> Path:
     for name in ("nvidia", "nvidia-uvm"):
         (dkms / f"{name}.ko").write_bytes(b"")
     subprocess.run(
-        [_tool("depmod"), "-b", str(base), KERNEL], capture_output=True, check=True, timeout=60
+        [real_tool("depmod"), "-b", str(base), KERNEL], capture_output=True, check=True, timeout=60
     )
     return base
 
@@ -70,7 +60,7 @@ def _run(argv: list[str], env_extra: tuple[str, ...], path: str = "") -> tuple[i
 def test_remove_of_a_module_not_loaded_is_worded_as_kmod_words_it(
     tmp_path: Path, kmod_tree: Path, env: tuple[str, ...], args: tuple[str, ...]
 ) -> None:
-    real = _run([_tool("modprobe"), "-d", str(kmod_tree), "-S", KERNEL, *args], env)
+    real = _run([real_tool("modprobe"), "-d", str(kmod_tree), "-S", KERNEL, *args], env)
     bin_dir = build_node(tmp_path / "node", SKUS["h100-pcie"], (), compile_seconds=0.01)
     node_kernel = SKUS["h100-pcie"].kernel
     dkms = tmp_path / "node" / f"lib/modules/{node_kernel}/updates/dkms"
@@ -87,7 +77,7 @@ def test_the_man_page_says_unused_dependencies_go_too() -> None:
     removed without a word unless --first-time."""
     page = Path("/usr/share/man/man8/modprobe.8.gz")
     if not page.exists():
-        _tool("modprobe")  # fails on CI, skips elsewhere, when kmod is absent
+        real_tool("modprobe")  # fails on CI, skips elsewhere, when kmod is absent
         pytest.skip("modprobe(8) is not installed (man pages excluded)")
     roff = gzip.decompress(page.read_bytes()).decode()
     flat = " ".join(re.sub(r"\\f[BRI]|\\&|\\\*\(Aq", "", roff).replace("'", "").split())
